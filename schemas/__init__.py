@@ -1,0 +1,38 @@
+"""The contract's JSON Schema files, loaded by the client library, the job and the tests.
+
+The files in this folder are the single source of the wire format: ``events/<type>.json`` for
+every input event, ``outputs/<name>.json`` for directives, alerts and dead letters.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = ["EVENT_TYPES", "NODE_EVENT_TYPES", "CLUSTER_EVENT_TYPES", "OUTPUT_NAMES", "load"]
+
+NODE_EVENT_TYPES = (
+    "reader_open",
+    "reader_close",
+    "tx_begin",
+    "tx_prepare",
+    "tx_end",
+    "heartbeat",
+    "snapshot",
+)
+CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance")
+EVENT_TYPES = NODE_EVENT_TYPES + CLUSTER_EVENT_TYPES
+OUTPUT_NAMES = ("compaction", "expire", "alert", "deadletter")
+
+
+@cache
+def load(kind: str, name: str) -> dict[str, Any]:
+    """Return the parsed schema ``<kind>/<name>.json`` (kind is ``events`` or ``outputs``)."""
+    if kind not in ("events", "outputs"):
+        msg = f"unknown schema kind {kind!r}: use 'events' or 'outputs'"
+        raise ValueError(msg)
+    text = resources.files(__name__).joinpath(kind, f"{name}.json").read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema

@@ -1,0 +1,182 @@
+"""The embedded Kafka-protocol broker for local runs and tests: noida-db 0.2.3, pinned.
+
+Not for production: it keeps data in memory with a JSON snapshot and is not crash-safe.
+Point ``--bootstrap`` at real Kafka for anything that matters.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+from safepoint.errors import BrokerError
+
+__all__ = ["EmbeddedBroker", "find_binary", "free_port", "wait_for_kafka"]
+
+BROKER_PACKAGE = "noida-db==0.2.3"
+
+
+def find_binary() -> str:
+    """Path of the pinned noida-db binary installed with the project."""
+    try:
+        import noida_db  # type: ignore[import-not-found]
+    except ImportError as exc:
+        msg = f"the embedded broker is not installed: pip install '{BROKER_PACKAGE}' (it is a project dependency)"
+        raise BrokerError(msg) from exc
+    candidate = Path(noida_db.__file__).parent / "noida-db"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("noida-db")
+    if found:
+        return found
+    msg = f"noida-db binary not found next to {noida_db.__file__}; reinstall '{BROKER_PACKAGE}'"
+    raise BrokerError(msg)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_for_kafka(bootstrap: str, timeout_s: float = 30.0) -> None:
+    """Block until a Kafka client can fetch metadata from ``bootstrap``."""
+    from confluent_kafka.admin import AdminClient
+
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "logger": _QuietLogger()})
+    while time.monotonic() < deadline:
+        try:
+            md = admin.list_topics(timeout=2)
+            if md.brokers:
+                return
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready yet
+            last = exc
+        time.sleep(0.2)
+    msg = f"Kafka at {bootstrap} did not answer within {timeout_s:.0f} s ({last})"
+    raise BrokerError(msg)
+
+
+class _QuietLogger:
+    def log(self, *args: object) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> object:
+        return lambda *a, **k: None
+
+
+class EmbeddedBroker:
+    """Start and stop the pinned broker as a child process."""
+
+    def __init__(self, port: int | None = None, data_dir: str | None = None, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = port or free_port()
+        self._own_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="safepoint-broker-")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(self.data_dir) / "broker.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> EmbeddedBroker:
+        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        cmd = [
+            find_binary(),
+            "start",
+            "--only",
+            "kafka",
+            "--kafka-port",
+            str(self.port),
+            "--host",
+            self.host,
+            "--data-dir",
+            self.data_dir,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    tail = self.log_path.read_text(errors="replace")[-2000:]
+                    msg = f"broker exited with code {self.proc.returncode} before it was ready:\n{tail}"
+                    raise BrokerError(msg)
+                with socket.socket() as s:
+                    s.settimeout(0.5)
+                    if s.connect_ex((self.host, self.port)) == 0:
+                        break
+                time.sleep(0.1)
+            wait_for_kafka(self.bootstrap, max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        """Stop without a clean shutdown (the broker may lose its last second of data)."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    def cleanup(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.cleanup()
+
+
+def run_foreground(port: int, data_dir: str | None) -> int:
+    """``safepoint broker``: run until SIGINT/SIGTERM, print one ``ready`` line."""
+    broker = EmbeddedBroker(port=port, data_dir=data_dir)
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    try:
+        broker.start()
+        print(f"safepoint broker ready bootstrap={broker.bootstrap} data_dir={broker.data_dir}", flush=True)
+        while not stop:
+            if broker.proc is None or broker.proc.poll() is not None:
+                print("safepoint broker: the broker process exited; see " + str(broker.log_path), file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        print("safepoint broker stopping", flush=True)
+        return 0
+    finally:
+        broker.stop()
+        if data_dir is None and not os.environ.get("SAFEPOINT_KEEP_BROKER_DATA"):
+            shutil.rmtree(broker.data_dir, ignore_errors=True)

@@ -1,0 +1,26 @@
+"""The pure core: no Spark, no Kafka, no clock. Time comes from the events."""
+
+from safepoint.core.cluster import ClusterState
+from safepoint.core.engine import Engine, Position, StageOne, cluster_stage, node_stage
+from safepoint.core.events import Rejected, parse
+from safepoint.core.node import NodeState, NodeUpdate
+from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES, Output
+from safepoint.core.policy import Policy
+
+__all__ = [
+    "ALERTS",
+    "DEADLETTER",
+    "DIRECTIVES",
+    "ClusterState",
+    "Engine",
+    "NodeState",
+    "NodeUpdate",
+    "Output",
+    "Policy",
+    "Position",
+    "Rejected",
+    "StageOne",
+    "cluster_stage",
+    "node_stage",
+    "parse",
+]

@@ -1,0 +1,374 @@
+"""One database cluster: its nodes' summaries, topology, catalog, and the safe point.
+
+The cluster stage of the job keeps one ``ClusterState`` per cluster. It learns about nodes
+only through ``NodeUpdate`` summaries and about the cluster through cluster events, and after
+each one it re-evaluates the round: aborts (with alerts), the global minimum, the monotonic
+safe point and the catalog floor, and emits a directive when either advances.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sortedcontainers import SortedList
+
+from safepoint.core.node import NodeUpdate
+from safepoint.core.outputs import DIRECTIVES, Output, alert
+from safepoint.core.policy import Policy
+
+__all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
+
+IGNORED_STALE_VERSION = "stale_version"
+ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group")
+
+# A node summary in state: [incarnation, seq, local_min, unknown, blocker, groups, last_wall, first_wall]
+N_INC, N_SEQ, N_MIN, N_UNKNOWN, N_BLOCKER, N_GROUPS, N_LAST, N_FIRST = range(8)
+
+
+class ClusterState:
+    """The cluster stage's state for one cluster."""
+
+    __slots__ = (
+        "name",
+        "nodes",
+        "topology",
+        "versions",
+        "catalogs",
+        "index_builds",
+        "rebalances",
+        "cluster_time",
+        "first_wall",
+        "safe_ts",
+        "catalog_floor",
+        "dseq",
+        "last_directive_wall",
+        "dirty",
+        "raised",
+        "_members",
+        "_mins",
+        "_walls",
+        "_unknown",
+        "_missing_groups",
+        "_never",
+    )
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.nodes: dict[str, list[Any]] = {}
+        self.topology: dict[str, list[str]] | None = None
+        self.versions: dict[str, int] = {}
+        self.catalogs: dict[int, int] = {}
+        self.index_builds: dict[str, int] = {}
+        self.rebalances: dict[str, int] = {}
+        self.cluster_time: int | None = None
+        self.first_wall: int | None = None
+        self.safe_ts: int | None = None
+        self.catalog_floor: int | None = None
+        self.dseq = 0
+        self.last_directive_wall: int | None = None
+        self.dirty = False
+        self.raised: dict[str, dict[str, Any]] = {}
+        self._rebuild()
+
+    # -- persistence ------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "nodes": self.nodes,
+            "topology": self.topology,
+            "versions": self.versions,
+            "catalogs": [[v, a] for v, a in self.catalogs.items()],
+            "index_builds": self.index_builds,
+            "rebalances": self.rebalances,
+            "cluster_time": self.cluster_time,
+            "first_wall": self.first_wall,
+            "safe_ts": self.safe_ts,
+            "catalog_floor": self.catalog_floor,
+            "dseq": self.dseq,
+            "last_directive_wall": self.last_directive_wall,
+            "dirty": self.dirty,
+            "raised": self.raised,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClusterState:
+        state = cls(data["name"])
+        state.nodes = data["nodes"]
+        state.topology = data["topology"]
+        state.versions = data["versions"]
+        state.catalogs = {v: a for v, a in data["catalogs"]}
+        state.index_builds = data["index_builds"]
+        state.rebalances = data["rebalances"]
+        state.cluster_time = data["cluster_time"]
+        state.first_wall = data["first_wall"]
+        state.safe_ts = data["safe_ts"]
+        state.catalog_floor = data["catalog_floor"]
+        state.dseq = data["dseq"]
+        state.last_directive_wall = data["last_directive_wall"]
+        state.dirty = data["dirty"]
+        state.raised = data["raised"]
+        state._rebuild()
+        return state
+
+    def _rebuild(self) -> None:
+        """Recompute the derived indexes from the persisted fields."""
+        self._members: set[str] = set(self.topology) if self.topology is not None else set(self.nodes)
+        self._mins: SortedList = SortedList()
+        self._walls: SortedList = SortedList()
+        self._unknown: dict[str, str] = {}
+        self._missing_groups: dict[str, list[str]] = {}
+        self._never: set[str] = {n for n in self._members if n not in self.nodes}
+        for node in self._members:
+            rec = self.nodes.get(node)
+            if rec is not None:
+                self._index(node, rec)
+
+    def _index(self, node: str, rec: list[Any]) -> None:
+        if rec[N_MIN] is not None:
+            self._mins.add((rec[N_MIN], node))
+        else:
+            self._unknown[node] = rec[N_UNKNOWN] or "unknown"
+        self._walls.add((rec[N_LAST], node))
+        if self.topology is not None:
+            missing = sorted(set(self.topology.get(node) or ()) - set(rec[N_GROUPS]))
+            if missing:
+                self._missing_groups[node] = missing
+
+    def _unindex(self, node: str, rec: list[Any]) -> None:
+        if rec[N_MIN] is not None:
+            self._mins.discard((rec[N_MIN], node))
+        self._unknown.pop(node, None)
+        self._walls.discard((rec[N_LAST], node))
+        self._missing_groups.pop(node, None)
+
+    # -- inputs -----------------------------------------------------------------------
+    def _advance(self, wall: int) -> None:
+        if self.cluster_time is None or wall > self.cluster_time:
+            self.cluster_time = wall
+        if self.first_wall is None:
+            self.first_wall = wall
+
+    def apply_node_update(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
+        """Take one node's summary after one of its applied events, then re-evaluate."""
+        self._advance(u.wall_ms)
+        rec = self.nodes.get(u.node)
+        member = u.node in self._members
+        if rec is None:
+            groups: list[str] = u.groups if u.groups is not None else []
+            rec = [u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms]
+            self.nodes[u.node] = rec
+            if self.topology is None:
+                self._members.add(u.node)
+                member = True
+            self._never.discard(u.node)
+            self.dirty = True
+        else:
+            if member:
+                self._unindex(u.node, rec)
+            rec[N_INC] = u.incarnation
+            rec[N_SEQ] = u.seq
+            rec[N_MIN] = u.local_min
+            rec[N_UNKNOWN] = u.unknown
+            rec[N_BLOCKER] = u.blocker
+            if u.groups is not None:
+                rec[N_GROUPS] = u.groups
+            if u.wall_ms > rec[N_LAST]:
+                rec[N_LAST] = u.wall_ms
+            if u.changed:
+                self.dirty = True
+        if member:
+            self._index(u.node, rec)
+        for kind, hid in u.closed:
+            self._clear_violation(f"horizon_violation/{u.node}/{kind}/{hid}", out)
+        if self.safe_ts is not None:
+            for kind, hid, ts in u.opened:
+                if ts < self.safe_ts:
+                    self._raise_violation(u.node, kind, hid, ts, out)
+        self.evaluate(policy, out)
+
+    def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
+        """Apply a validated cluster event. Returns why it was ignored, or None."""
+        kind = event["type"]
+        version = event["version"]
+        if version <= self.versions.get(kind, -1):
+            return IGNORED_STALE_VERSION
+        self.versions[kind] = version
+        if kind == "topology":
+            self.topology = {n: list(gs) for n, gs in event["nodes"].items()}
+            self._rebuild()
+        elif kind == "catalog":
+            self.catalogs[event["catalog_version"]] = event["activated_at"]
+        elif kind == "index_build":
+            if event["state"] == "started":
+                self.index_builds[event["index"]] = event["catalog_version"]
+            else:
+                self.index_builds.pop(event["index"], None)
+        elif kind == "rebalance":
+            if event["state"] == "started":
+                self.rebalances[event["group"]] = event["catalog_version"]
+            else:
+                self.rebalances.pop(event["group"], None)
+        self.dirty = True
+        self.evaluate(policy, out)
+        return None
+
+    # -- the round ----------------------------------------------------------------------
+    def problems(self, policy: Policy) -> dict[str, tuple[str, str, int | None, int | None, str]]:
+        """Every reason the current round must abort: id -> (kind, node, value, threshold, detail)."""
+        found: dict[str, tuple[str, str, int | None, int | None, str]] = {}
+        now = self.cluster_time
+        assert now is not None
+        for node in self._never:
+            found[f"missing_node/{node}"] = ("missing_node", node, None, None, f"node {node} is in the topology but never reported")
+        limit = now - policy.node_lease_ms
+        for last, node in self._walls:
+            if last >= limit:
+                break
+            age = now - last
+            found[f"missing_node/{node}"] = (
+                "missing_node",
+                node,
+                age,
+                policy.node_lease_ms,
+                f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
+            )
+        for node, why in self._unknown.items():
+            found[f"unknown_node_min/{node}"] = ("unknown_node_min", node, None, None, f"minimum of node {node} is unknown: {why}")
+        for node, groups in self._missing_groups.items():
+            found[f"missing_group/{node}"] = (
+                "missing_group",
+                node,
+                len(groups),
+                None,
+                f"node {node} does not report required group(s) {', '.join(groups)}",
+            )
+        return found
+
+    def evaluate(self, policy: Policy, out: list[Output]) -> None:
+        now = self.cluster_time
+        if now is None or self.first_wall is None:
+            return
+        if self.topology is None and now < self.first_wall + policy.node_lease_ms:
+            return  # discovery window: every live node gets a lease to report first
+        found = self.problems(policy)
+        self._sync_abort_alerts(found, out)
+        if found or not self.dirty:
+            return
+        if (
+            policy.directive_interval_ms
+            and self.last_directive_wall is not None
+            and now - self.last_directive_wall < policy.directive_interval_ms
+        ):
+            return
+        self.dirty = False
+        if not self._members or len(self._mins) != len(self._members):
+            return
+        global_min, gnode = self._mins[0]
+        safe = global_min if self.safe_ts is None else max(self.safe_ts, global_min)
+        floor = self._floor(safe)
+        if safe == self.safe_ts and floor == self.catalog_floor:
+            return
+        self.safe_ts = safe
+        self.catalog_floor = floor
+        self.dseq += 1
+        self.last_directive_wall = now
+        out.append(Output(DIRECTIVES, self.name, self._directive(gnode, now)))
+
+    def _floor(self, safe: int) -> int | None:
+        eligible = [v for v, at in self.catalogs.items() if at <= safe]
+        if not eligible:
+            return self.catalog_floor
+        candidate = max(eligible)
+        pins = list(self.index_builds.values()) + list(self.rebalances.values())
+        if pins:
+            candidate = min(candidate, min(pins))
+        if self.catalog_floor is not None and candidate < self.catalog_floor:
+            return self.catalog_floor
+        for v in [v for v in self.catalogs if v < candidate]:
+            del self.catalogs[v]  # dropped versions are never needed again
+        return candidate
+
+    def _directive(self, gnode: str, now: int) -> dict[str, Any]:
+        blocker = self.nodes[gnode][N_BLOCKER]
+        blocker_out = None
+        if blocker is not None:
+            kind, hid, ts, opened_wall, label = blocker
+            blocker_out = {
+                "node": gnode,
+                "kind": kind,
+                "id": hid,
+                "ts": ts,
+                "age_ms": now - opened_wall if opened_wall is not None else None,
+                "label": label,
+            }
+        basis = {
+            n: {"incarnation": self.nodes[n][N_INC], "seq": self.nodes[n][N_SEQ], "local_min": self.nodes[n][N_MIN]}
+            for n in sorted(self._members)
+        }
+        return {
+            "v": 1,
+            "type": "compaction",
+            "cluster": self.name,
+            "seq": self.dseq,
+            "safe_ts": self.safe_ts,
+            "catalog_floor": self.catalog_floor,
+            "cluster_wall_ms": now,
+            "blocker": blocker_out,
+            "basis": basis,
+        }
+
+    # -- alerts -------------------------------------------------------------------------
+    def _sync_abort_alerts(self, found: dict[str, tuple[str, str, int | None, int | None, str]], out: list[Output]) -> None:
+        now = self.cluster_time
+        assert now is not None
+        for aid in [a for a in self.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
+            body = self.raised.pop(aid)
+            out.append(self._alert(body, "cleared", now))
+        for aid, (kind, node, value, threshold, detail) in found.items():
+            if aid in self.raised:
+                continue
+            body = {"id": aid, "kind": kind, "node": node, "severity": "warning", "value": value, "threshold": threshold,
+                    "since": now, "detail": f"{detail}; the safe point holds until it recovers"}
+            self.raised[aid] = body
+            out.append(self._alert(body, "raised", now))
+
+    def _raise_violation(self, node: str, kind: str, hid: str, ts: int, out: list[Output]) -> None:
+        aid = f"horizon_violation/{node}/{kind}/{hid}"
+        now = self.cluster_time
+        assert now is not None and self.safe_ts is not None
+        body = {
+            "id": aid,
+            "kind": "horizon_violation",
+            "node": node,
+            "severity": "critical",
+            "value": ts,
+            "threshold": self.safe_ts,
+            "since": now,
+            "detail": f"{kind} {hid} on node {node} needs ts {ts}, below safe_ts {self.safe_ts} already "
+            "sent: versions it reads may be compacted",
+        }
+        self.raised[aid] = body
+        out.append(self._alert(body, "raised", now))
+
+    def _clear_violation(self, aid: str, out: list[Output]) -> None:
+        body = self.raised.pop(aid, None)
+        if body is not None:
+            now = self.cluster_time
+            assert now is not None
+            out.append(self._alert(body, "cleared", now))
+
+    def _alert(self, body: dict[str, Any], state: str, now: int) -> Output:
+        kind = body["kind"]
+        return alert(
+            kind=kind,
+            state=state,
+            severity=body["severity"],
+            cluster=self.name,
+            node=body["node"],
+            value=body["value"],
+            threshold=body["threshold"],
+            since_wall_ms=body["since"],
+            cluster_wall_ms=now,
+            detail=body["detail"],
+            alert_id=f"{self.name}/{body['id']}",
+        )

@@ -1,0 +1,111 @@
+"""The two stages of the core composed in log order: what ``replay`` runs and the job mirrors.
+
+``node_stage`` is what the job's per-node stateful operator runs for each input message;
+``ClusterState`` is what its per-cluster operator runs for each stage-one result. ``Engine``
+chains them one message at a time, so replay and the job share every rule.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from safepoint.core.cluster import ClusterState
+from safepoint.core.events import Rejected, is_node_event, parse
+from safepoint.core.node import NodeState, NodeUpdate
+from safepoint.core.outputs import Output, dead_letter
+from safepoint.core.policy import Policy
+
+__all__ = ["Engine", "StageOne", "node_stage", "cluster_stage", "Position"]
+
+APPLIED = "applied"
+IGNORED = "ignored"
+DEADLETTERED = "deadlettered"
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where a message came from; dead letters and accounting name it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | str | None = None
+
+
+@dataclass(slots=True)
+class StageOne:
+    """Result of the node stage for one message, handed to the cluster stage."""
+
+    cluster: str
+    outcome: str  # applied | ignored | deadlettered
+    reason: str | None = None  # why ignored, or the dead letter's error
+    update: NodeUpdate | None = None  # node event applied
+    event: dict[str, Any] | None = None  # cluster event to apply in the cluster stage
+    output: Output | None = None  # a dead letter
+
+
+def node_stage(
+    nodes: dict[tuple[str, str], NodeState],
+    value: bytes | str | None,
+    pos: Position,
+    policy: Policy,
+) -> StageOne:
+    """Parse one message and apply it to its node's state (``nodes`` is updated in place)."""
+    event = parse(value, policy.max_message_bytes)
+    if isinstance(event, Rejected):
+        out = dead_letter(event.error, value, pos.key, pos.topic, pos.partition, pos.offset)
+        return StageOne(cluster="", outcome=DEADLETTERED, reason=event.error, output=out)
+    cluster = event["cluster"]
+    if not is_node_event(event):
+        return StageOne(cluster=cluster, outcome=APPLIED, event=event)
+    key = (cluster, event["node"])
+    state = nodes.get(key)
+    if state is None:
+        state = nodes[key] = NodeState(cluster, event["node"])
+    result = state.apply(event, policy)
+    if isinstance(result, str):
+        return StageOne(cluster=cluster, outcome=IGNORED, reason=result)
+    return StageOne(cluster=cluster, outcome=APPLIED, update=result)
+
+
+def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list[Output]) -> str:
+    """Apply one stage-one result to its cluster. Returns the final outcome label."""
+    if item.output is not None:
+        out.append(item.output)
+        return DEADLETTERED
+    if item.update is not None:
+        state.apply_node_update(item.update, policy, out)
+        return APPLIED
+    if item.event is not None:
+        ignored = state.apply_cluster_event(item.event, policy, out)
+        return APPLIED if ignored is None else f"{IGNORED}:{ignored}"
+    return f"{IGNORED}:{item.reason}"
+
+
+class Engine:
+    """Both stages over a log in order, with the accounting of every message."""
+
+    def __init__(self, policy: Policy | None = None) -> None:
+        self.policy = policy or Policy()
+        self.nodes: dict[tuple[str, str], NodeState] = {}
+        self.clusters: dict[str, ClusterState] = {}
+        self.counts: Counter[str] = Counter()
+
+    def process(self, value: bytes | str | None, pos: Position) -> list[Output]:
+        out: list[Output] = []
+        item = node_stage(self.nodes, value, pos, self.policy)
+        if item.output is not None:
+            out.append(item.output)
+            self.counts[DEADLETTERED] += 1
+            return out
+        state = self.clusters.get(item.cluster)
+        if state is None:
+            state = self.clusters[item.cluster] = ClusterState(item.cluster)
+        outcome = cluster_stage(state, item, self.policy, out)
+        self.counts[outcome] += 1
+        return out
+
+    def cluster(self, name: str) -> ClusterState | None:
+        return self.clusters.get(name)

@@ -1,0 +1,133 @@
+"""Parsing and validation of input events against the contract's JSON Schemas.
+
+``parse`` turns one message value into a validated event dict or a ``Rejected`` with a
+precise reason for the dead-letter topic. It never raises on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import fastjsonschema
+
+from safepoint.schemas import CLUSTER_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES, load
+
+__all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER"]
+
+DEFAULT_CLUSTER = "default"
+_NODE_TYPES = frozenset(NODE_EVENT_TYPES)
+_CLUSTER_TYPES = frozenset(CLUSTER_EVENT_TYPES)
+_KNOWN = frozenset(EVENT_TYPES)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A message that cannot be applied, and why (the dead letter's ``error``)."""
+
+    error: str
+
+
+class _JsonFloat(str):
+    """A JSON number with a fraction or exponent; never valid where the contract wants an int."""
+
+    __slots__ = ()
+
+
+def _bad_constant(name: str) -> Any:
+    msg = f"not JSON: {name} is not a JSON number"
+    raise ValueError(msg)
+
+
+@cache
+def _validator(event_type: str) -> Callable[[Any], Any]:
+    validate: Callable[[Any], Any] = fastjsonschema.compile(load("events", event_type))
+    return validate
+
+
+def is_node_event(event: dict[str, Any]) -> bool:
+    return event["type"] in _NODE_TYPES
+
+
+def parse(value: bytes | str | None, max_bytes: int) -> dict[str, Any] | Rejected:
+    """Decode, parse and validate one message value."""
+    if value is None:
+        return Rejected("empty message: the value is null")
+    if isinstance(value, str):
+        size = len(value.encode("utf-8", "surrogatepass"))
+        text = value
+    else:
+        size = len(value)
+        if size > max_bytes:
+            return Rejected(f"oversized message: {size} bytes > max_message_bytes {max_bytes}")
+        try:
+            text = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return Rejected(f"not UTF-8: {exc.reason} at byte {exc.start}")
+    if size > max_bytes:
+        return Rejected(f"oversized message: {size} bytes > max_message_bytes {max_bytes}")
+    try:
+        obj = json.loads(text, parse_float=_JsonFloat, parse_constant=_bad_constant)
+    except ValueError as exc:
+        reason = str(exc)
+        if not reason.startswith("not JSON"):
+            reason = f"not JSON: {reason}"
+        return Rejected(reason)
+    except RecursionError:
+        return Rejected("not JSON: nested too deeply")
+    return parse_obj(obj)
+
+
+def _type_name(obj: Any) -> str:
+    if obj is None:
+        return "null"
+    if isinstance(obj, bool):
+        return "boolean"
+    if isinstance(obj, _JsonFloat):
+        return "number with a fraction"
+    return {int: "integer", str: "string", list: "array", dict: "object"}.get(type(obj), type(obj).__name__)
+
+
+def parse_obj(obj: Any) -> dict[str, Any] | Rejected:
+    """Validate an already decoded JSON value."""
+    if not isinstance(obj, dict):
+        return Rejected(f"not an object: the value is a JSON {_type_name(obj)}")
+    if "v" not in obj:
+        return Rejected("missing field v (contract version)")
+    v = obj["v"]
+    if not isinstance(v, int) or isinstance(v, bool):
+        return Rejected(f"mistyped field v: expected integer, got {_type_name(v)}")
+    if v != 1:
+        return Rejected(f"unsupported v {v}: this job reads contract version 1")
+    if "type" not in obj:
+        return Rejected("missing field type")
+    event_type = obj["type"]
+    if not isinstance(event_type, str):
+        return Rejected(f"mistyped field type: expected string, got {_type_name(event_type)}")
+    if event_type not in _KNOWN:
+        shown = event_type if len(event_type) <= 64 else event_type[:64] + "..."
+        return Rejected(f"unknown type {shown!r}")
+    try:
+        _validator(event_type)(obj)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        return Rejected(f"invalid {event_type}: {_explain(exc)}")
+    if "cluster" not in obj:
+        obj["cluster"] = DEFAULT_CLUSTER
+    return obj
+
+
+def _explain(exc: fastjsonschema.JsonSchemaValueException) -> str:
+    """Turn fastjsonschema's message into the contract's vocabulary."""
+    message = exc.message.replace("data.", "field ").replace("data[", "field [")
+    if message.startswith("data must contain"):
+        missing = message.removeprefix("data must contain ").removesuffix(" properties")
+        return f"missing field(s) {missing}"
+    rule = exc.rule
+    if rule == "type":
+        return f"mistyped {message}"
+    if rule in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"out of range: {message}"
+    return message

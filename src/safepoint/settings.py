@@ -1,0 +1,164 @@
+"""One typed settings object per process: defaults < TOML file < SAFEPOINT_* environment < flags."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from safepoint.core.policy import Policy
+from safepoint.errors import ConfigError
+
+__all__ = ["Settings", "Secret", "ENV_PREFIX", "load_settings", "env_name"]
+
+ENV_PREFIX = "SAFEPOINT_"
+_SECRET_HINTS = ("password", "secret", "token", "key.pem", "keystore")
+
+
+class Secret(str):
+    """A string that never shows itself in logs or reprs."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "Secret('********')"
+
+    def get(self) -> str:
+        return str.__str__(self)
+
+
+def env_name(key: str) -> str:
+    return ENV_PREFIX + key.upper().replace("-", "_").replace(".", "_")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a safepoint process can be told. Field names are the TOML keys and flags."""
+
+    bootstrap: str = "127.0.0.1:9092"
+    checkpoint: str = ""
+    events_topic: str = "safepoint.events"
+    directives_topic: str = "safepoint.directives"
+    alerts_topic: str = "safepoint.alerts"
+    deadletter_topic: str = "safepoint.deadletter"
+    events_partitions: int = 4
+    """Partitions of the events topic when the job creates it."""
+    trigger_ms: int = 500
+    """Micro-batch trigger interval (processing time)."""
+    max_offsets_per_trigger: int = 200_000
+    """Most input messages one micro-batch reads, over all partitions."""
+    starting_offsets: str = "earliest"
+    """Where a new query (no checkpoint yet) starts: earliest or latest."""
+    source_format: str = "python"
+    """python: the built-in Python Data Source (no jars); kafka: Spark's own connector (needs its jar)."""
+    shuffle_partitions: int = 4
+    """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over."""
+    spark_master: str = "local[2]"
+    retention: int = 0
+    node_lease_ms: int = 30_000
+    directive_interval_ms: int = 0
+    max_message_bytes: int = 1_048_576
+    kafka: dict[str, Any] = field(default_factory=dict)
+    """Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed to every client."""
+
+    def policy(self) -> Policy:
+        return Policy(
+            retention=self.retention,
+            node_lease_ms=self.node_lease_ms,
+            directive_interval_ms=self.directive_interval_ms,
+            max_message_bytes=self.max_message_bytes,
+        )
+
+    def librdkafka(self, **extra: Any) -> dict[str, Any]:
+        """The dotted librdkafka configuration for a client of this deployment."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        for k, v in self.kafka.items():
+            conf[k] = v.get() if isinstance(v, Secret) else v
+        conf.update(extra)
+        return conf
+
+    def topics(self) -> dict[str, str]:
+        return {
+            "events": self.events_topic,
+            "directives": self.directives_topic,
+            "alerts": self.alerts_topic,
+            "deadletter": self.deadletter_topic,
+        }
+
+    def with_overrides(self, **values: Any) -> Settings:
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+_FIELDS = {f.name: f for f in fields(Settings)}
+
+
+def _coerce(name: str, raw: Any) -> Any:
+    default = getattr(Settings(), name)
+    if name == "kafka":
+        if not isinstance(raw, dict):
+            msg = "setting kafka must be a table of librdkafka keys, e.g. [kafka] \"security.protocol\" = \"SASL_SSL\""
+            raise ConfigError(msg)
+        return {k: Secret(v) if any(h in k for h in _SECRET_HINTS) and isinstance(v, str) else v for k, v in raw.items()}
+    if isinstance(default, bool):
+        return str(raw).lower() in ("1", "true", "yes", "on") if not isinstance(raw, bool) else raw
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except (TypeError, ValueError) as exc:
+            msg = f"setting {name} must be an integer, got {raw!r}"
+            raise ConfigError(msg) from exc
+    if not isinstance(raw, str):
+        msg = f"setting {name} must be a string, got {raw!r}"
+        raise ConfigError(msg)
+    return raw
+
+
+def load_settings(
+    config: str | os.PathLike[str] | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Merge defaults, the TOML file, the environment and the flags (later wins)."""
+    values: dict[str, Any] = {}
+    env = os.environ if environ is None else environ
+    config = config or env.get(env_name("config")) or None
+    if config:
+        path = Path(config)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            msg = f"config file {path} not found"
+            raise ConfigError(msg) from exc
+        except tomllib.TOMLDecodeError as exc:
+            msg = f"config file {path} is not valid TOML: {exc}"
+            raise ConfigError(msg) from exc
+        for k, v in data.items():
+            if k not in _FIELDS:
+                if k in ("alerts", "policy"):
+                    continue  # tables other modules read
+                msg = f"unknown setting {k!r} in {path}; known: {', '.join(sorted(_FIELDS))}"
+                raise ConfigError(msg)
+            values[k] = _coerce(k, v)
+    for name in _FIELDS:
+        if name == "kafka":
+            continue
+        raw = env.get(env_name(name))
+        if raw is not None and raw != "":
+            values[name] = _coerce(name, raw)
+    for name, raw in (flags or {}).items():
+        if raw is not None and name in _FIELDS:
+            values[name] = _coerce(name, raw)
+    try:
+        settings = Settings(**values)
+        settings.policy()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if settings.source_format not in ("python", "kafka"):
+        msg = f"source_format must be 'python' or 'kafka', got {settings.source_format!r}"
+        raise ConfigError(msg)
+    if settings.starting_offsets not in ("earliest", "latest"):
+        msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"
+        raise ConfigError(msg)
+    return settings
