@@ -15,8 +15,7 @@ __all__ = ["ensure_topics", "topic_specs"]
 def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic]:
     """The contract's topics: events (delete), directives (compact), alerts and dead letters (delete)."""
     return [
-        NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=1,
-                 config={"cleanup.policy": "delete"}),
+        NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["directives"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}),
         NewTopic(topics["alerts"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["deadletter"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),

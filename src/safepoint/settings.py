@@ -98,7 +98,7 @@ def _coerce(name: str, raw: Any) -> Any:
     default = getattr(Settings(), name)
     if name == "kafka":
         if not isinstance(raw, dict):
-            msg = "setting kafka must be a table of librdkafka keys, e.g. [kafka] \"security.protocol\" = \"SASL_SSL\""
+            msg = 'setting kafka must be a table of librdkafka keys, e.g. [kafka] "security.protocol" = "SASL_SSL"'
             raise ConfigError(msg)
         return {k: Secret(v) if any(h in k for h in _SECRET_HINTS) and isinstance(v, str) else v for k, v in raw.items()}
     if isinstance(default, bool):

@@ -44,6 +44,7 @@ class ClusterState:
         "last_directive_wall",
         "dirty",
         "raised",
+        "topology_wall",
         "_members",
         "_mins",
         "_walls",
@@ -68,6 +69,7 @@ class ClusterState:
         self.last_directive_wall: int | None = None
         self.dirty = False
         self.raised: dict[str, dict[str, Any]] = {}
+        self.topology_wall: int | None = None
         self._rebuild()
 
     # -- persistence ------------------------------------------------------------------
@@ -88,6 +90,7 @@ class ClusterState:
             "last_directive_wall": self.last_directive_wall,
             "dirty": self.dirty,
             "raised": self.raised,
+            "topology_wall": self.topology_wall,
         }
 
     @classmethod
@@ -107,6 +110,7 @@ class ClusterState:
         state.last_directive_wall = data["last_directive_wall"]
         state.dirty = data["dirty"]
         state.raised = data["raised"]
+        state.topology_wall = data["topology_wall"]
         state._rebuild()
         return state
 
@@ -147,6 +151,8 @@ class ClusterState:
             self.cluster_time = wall
         if self.first_wall is None:
             self.first_wall = wall
+        if self.topology is not None and self.topology_wall is None:
+            self.topology_wall = wall
 
     def apply_node_update(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
         """Take one node's summary after one of its applied events, then re-evaluate."""
@@ -195,6 +201,7 @@ class ClusterState:
         self.versions[kind] = version
         if kind == "topology":
             self.topology = {n: list(gs) for n, gs in event["nodes"].items()}
+            self.topology_wall = self.cluster_time
             self._rebuild()
         elif kind == "catalog":
             self.catalogs[event["catalog_version"]] = event["activated_at"]
@@ -219,7 +226,13 @@ class ClusterState:
         now = self.cluster_time
         assert now is not None
         for node in self._never:
-            found[f"missing_node/{node}"] = ("missing_node", node, None, None, f"node {node} is in the topology but never reported")
+            found[f"missing_node/{node}"] = (
+                "missing_node",
+                node,
+                None,
+                None,
+                f"node {node} is in the topology but never reported",
+            )
         limit = now - policy.node_lease_ms
         for last, node in self._walls:
             if last >= limit:
@@ -233,7 +246,13 @@ class ClusterState:
                 f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
             )
         for node, why in self._unknown.items():
-            found[f"unknown_node_min/{node}"] = ("unknown_node_min", node, None, None, f"minimum of node {node} is unknown: {why}")
+            found[f"unknown_node_min/{node}"] = (
+                "unknown_node_min",
+                node,
+                None,
+                None,
+                f"minimum of node {node} is unknown: {why}",
+            )
         for node, groups in self._missing_groups.items():
             found[f"missing_group/{node}"] = (
                 "missing_group",
@@ -251,7 +270,7 @@ class ClusterState:
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         found = self.problems(policy)
-        self._sync_abort_alerts(found, out)
+        self._sync_abort_alerts(found, out, self._quiet(found, policy))
         if found or not self.dirty:
             return
         if (
@@ -318,17 +337,42 @@ class ClusterState:
         }
 
     # -- alerts -------------------------------------------------------------------------
-    def _sync_abort_alerts(self, found: dict[str, tuple[str, str, int | None, int | None, str]], out: list[Output]) -> None:
+    def _quiet(self, found: dict[str, tuple[str, str, int | None, int | None, str]], policy: Policy) -> set[str]:
+        """Never-reported nodes abort the round at once, but are alerted only after a lease.
+
+        A topology names nodes before they have said anything; each gets ``node_lease_ms``
+        of cluster time from the topology's arrival to report before it is called missing.
+        """
+        now = self.cluster_time
+        since = self.topology_wall
+        if since is None or now is None or now >= since + policy.node_lease_ms:
+            return set()
+        return {f"missing_node/{n}" for n in self._never}
+
+    def _sync_abort_alerts(
+        self,
+        found: dict[str, tuple[str, str, int | None, int | None, str]],
+        out: list[Output],
+        quiet: set[str] | None = None,
+    ) -> None:
         now = self.cluster_time
         assert now is not None
         for aid in [a for a in self.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
             body = self.raised.pop(aid)
             out.append(self._alert(body, "cleared", now))
         for aid, (kind, node, value, threshold, detail) in found.items():
-            if aid in self.raised:
+            if aid in self.raised or (quiet and aid in quiet):
                 continue
-            body = {"id": aid, "kind": kind, "node": node, "severity": "warning", "value": value, "threshold": threshold,
-                    "since": now, "detail": f"{detail}; the safe point holds until it recovers"}
+            body = {
+                "id": aid,
+                "kind": kind,
+                "node": node,
+                "severity": "warning",
+                "value": value,
+                "threshold": threshold,
+                "since": now,
+                "detail": f"{detail}; the safe point holds until it recovers",
+            }
             self.raised[aid] = body
             out.append(self._alert(body, "raised", now))
 

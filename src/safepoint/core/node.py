@@ -186,10 +186,7 @@ class NodeState:
             if "debt_bytes" in event:
                 self.debt_bytes = event["debt_bytes"]
             if "groups" in event:
-                new_groups = {
-                    g["group"]: [bool(g.get("leader", False)), g.get("published_min_tx_time")]
-                    for g in event["groups"]
-                }
+                new_groups = {g["group"]: [bool(g.get("leader", False)), g.get("published_min_tx_time")] for g in event["groups"]}
                 groups_changed = set(new_groups) != set(self.groups)
                 self.groups = new_groups
         elif kind == "snapshot":

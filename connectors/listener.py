@@ -1,0 +1,519 @@
+"""The node side of the directives: learn the cluster's safe point from the compacted topic.
+
+A :class:`DirectiveListener` reads ``safepoint.directives`` for one cluster without a consumer
+group (it assigns every partition from the beginning, so a fresh node learns the latest directive
+the compacted topic kept). The sink that writes directives is at-least-once, so repeats happen:
+only a directive whose ``seq`` advances is delivered. Use it either way::
+
+    listener = DirectiveListener("kafka:9092", "c1", reporter=reporter)
+    while running:
+        directive = listener.poll(1.0)
+        if directive is not None:
+            db.compact(compact_up_to(directive, db.oldest_local_hold()))
+
+    # or in a background thread:
+    listener = DirectiveListener("kafka:9092", "c1", on_directive=apply, reporter=reporter).start()
+
+With ``reporter=`` every new ``safe_ts`` is fed to :meth:`Reporter.observe_safe_ts`, so readers
+below it are refused on the node. Forced-expiry directives (``"type": "expire"``) have their own
+``seq`` per cluster and go to ``on_expire``.
+
+On start the listener first catches up with the topic: of the backlog it delivers only the
+directive with the highest ``seq`` (the older ones are superseded). Expiry directives of the
+backlog are each delivered (each names a different reader or transaction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from functools import cache
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import fastjsonschema
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from safepoint.schemas import load
+
+from safepoint.errors import BrokerError, ClientClosed, SafepointError
+
+if TYPE_CHECKING:
+    from safepoint.connectors.reporter import Reporter
+
+    from safepoint.settings import Settings
+
+__all__ = [
+    "DEFAULT_DIRECTIVES_TOPIC",
+    "Directive",
+    "ExpireDirective",
+    "DirectiveListener",
+    "ListenerStats",
+    "compact_up_to",
+]
+
+log = logging.getLogger("safepoint.listener")
+
+DEFAULT_DIRECTIVES_TOPIC = "safepoint.directives"
+RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000
+"""The consumer's ``receive.message.max.bytes``: the embedded broker ignores fetch size limits and
+may answer one fetch with the whole backlog (a directive's ``basis`` names every node)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """A compaction directive (contract: Directives). ``raw`` is the whole JSON object."""
+
+    cluster: str
+    seq: int
+    safe_ts: int
+    catalog_floor: int | None
+    cluster_wall_ms: int
+    blocker: dict[str, Any] | None
+    basis: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Directive:
+        return cls(
+            cluster=obj["cluster"],
+            seq=obj["seq"],
+            safe_ts=obj["safe_ts"],
+            catalog_floor=obj["catalog_floor"],
+            cluster_wall_ms=obj["cluster_wall_ms"],
+            blocker=obj["blocker"],
+            basis=obj["basis"],
+            raw=obj,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireDirective:
+    """A forced expiry of one reader (``reader_id``) or transaction (``tx_id``) on ``node``."""
+
+    cluster: str
+    seq: int
+    node: str
+    reader_id: str | None
+    tx_id: str | None
+    reason: str
+    mode: str
+    """``graceful`` (let it finish its current step) or ``hard`` (stop it now)."""
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ExpireDirective:
+        return cls(
+            cluster=obj["cluster"],
+            seq=obj["seq"],
+            node=obj["node"],
+            reader_id=obj.get("reader_id"),
+            tx_id=obj.get("tx_id"),
+            reason=obj["reason"],
+            mode=obj["mode"],
+            raw=obj,
+        )
+
+
+def compact_up_to(directive: Directive | Mapping[str, Any] | int, oldest_local_hold: int | None) -> int:
+    """The contract's apply rule: compact up to min(``safe_ts``, the node's own oldest local hold).
+
+    ``oldest_local_hold`` is the smallest ``read_ts``/``begin_ts`` the node itself still serves
+    (None when it has none). A node never compacts past its own holds, whatever the directive says.
+    """
+    if isinstance(directive, Directive):
+        safe_ts = directive.safe_ts
+    elif isinstance(directive, int):
+        safe_ts = directive
+    else:
+        safe_ts = int(directive["safe_ts"])
+    if oldest_local_hold is None:
+        return safe_ts
+    return min(safe_ts, oldest_local_hold)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStats:
+    """Counters of one listener (since it was made)."""
+
+    received: int
+    """Messages read from the topic (any cluster)."""
+    delivered: int
+    """Compaction directives delivered (their seq advanced)."""
+    repeats: int
+    """Directives of this cluster ignored because their seq did not advance."""
+    superseded: int
+    """Backlog directives skipped at start because a newer one followed."""
+    other_clusters: int
+    """Messages for other clusters."""
+    invalid: int
+    """Messages that are not a valid directive (logged and skipped)."""
+    expires_delivered: int
+    handler_failures: int
+    """Exceptions raised by on_directive or on_expire (logged)."""
+
+
+@cache
+def _validator(name: str) -> Callable[[Any], Any]:
+    validate: Callable[[Any], Any] = fastjsonschema.compile(load("outputs", name))
+    return validate
+
+
+class DirectiveListener:
+    """Follows one cluster's directives; see the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        cluster: str | None = None,
+        *,
+        topic: str = DEFAULT_DIRECTIVES_TOPIC,
+        on_directive: Callable[[Directive], object] | None = None,
+        on_expire: Callable[[ExpireDirective], object] | None = None,
+        reporter: Reporter | None = None,
+        node: str | None = None,
+        kafka_conf: Mapping[str, Any] | None = None,
+        retry_backoff_s: float = 1.0,
+    ) -> None:
+        """``cluster`` defaults to the reporter's, else ``"default"``. ``node`` (default: the
+        reporter's node) limits ``on_expire`` to this node's readers and transactions; with
+        neither, every expiry of the cluster is delivered.
+        """
+        if cluster is None:
+            cluster = reporter.cluster if reporter is not None else "default"
+        if node is None and reporter is not None:
+            node = reporter.node
+        self.cluster = cluster
+        self.node = node
+        self.topic = topic
+        self.bootstrap = bootstrap
+        self._on_directive = on_directive
+        self._on_expire = on_expire
+        self._reporter = reporter
+        self._retry_backoff_s = retry_backoff_s
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            # librdkafka wants a group.id even for a consumer that only assign()s; it never joins
+            # the group and never commits offsets.
+            "group.id": f"safepoint-listener-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
+            "client.id": f"safepoint-listener-{cluster}",
+            "logger": logging.getLogger("safepoint.listener.librdkafka"),
+        }
+        conf.update(kafka_conf or {})
+        conf["error_cb"] = self._on_error
+        try:
+            self._consumer = Consumer(conf)
+        except KafkaException as exc:
+            msg = f"cannot create the directive listener's Kafka consumer for {bootstrap}: {exc}"
+            raise BrokerError(msg) from exc
+
+        self._partitions: set[int] = set()
+        self._eof: set[int] = set()
+        self._caught_up = False
+        self._backlog_best: Directive | None = None
+        self._last_seq = 0
+        self._last_expire_seq = 0
+        self._safe_ts: int | None = None
+        self._catalog_floor: int | None = None
+        self._last: Directive | None = None
+        self._waiting_logged = False
+        self._counts = {f.name: 0 for f in fields(ListenerStats)}
+
+        self._closed = False
+        self._consumer_closed = False
+        self._close_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cluster: str | None = None, **kwargs: Any) -> DirectiveListener:
+        """A listener for the deployment ``settings`` describe (bootstrap, directives topic, extra Kafka keys)."""
+        conf = settings.librdkafka()
+        conf.update(kwargs.pop("kafka_conf", None) or {})
+        return cls(
+            conf.pop("bootstrap.servers"),
+            cluster,
+            topic=kwargs.pop("topic", settings.directives_topic),
+            kafka_conf=conf,
+            **kwargs,
+        )
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def safe_ts(self) -> int | None:
+        """The newest safe point delivered (it never goes backwards), or None before the first."""
+        return self._safe_ts
+
+    @property
+    def catalog_floor(self) -> int | None:
+        """The catalog floor of the newest directive delivered, or None."""
+        return self._catalog_floor
+
+    @property
+    def last_directive(self) -> Directive | None:
+        return self._last
+
+    @property
+    def seq(self) -> int:
+        """The ``seq`` of the newest directive delivered (0 before the first)."""
+        return self._last_seq
+
+    @property
+    def caught_up(self) -> bool:
+        """True once the backlog the topic held at start has been read."""
+        return self._caught_up
+
+    def stats(self) -> ListenerStats:
+        return ListenerStats(**self._counts)
+
+    # -- iteration -------------------------------------------------------------------------
+    def poll(self, timeout: float = 1.0) -> Directive | None:
+        """The next directive of this cluster whose seq advances, or None after ``timeout`` seconds.
+
+        Expiry directives met on the way are handed to ``on_expire`` in this thread.
+        """
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            msg = "this listener runs in its background thread (start()); use on_directive instead of poll()"
+            raise SafepointError(msg)
+        return self._poll(timeout)
+
+    def __iter__(self) -> Iterator[Directive]:
+        """Yield advancing directives until :meth:`close`."""
+        while not self._closed:
+            directive = self.poll(1.0)
+            if directive is not None:
+                yield directive
+
+    def _poll(self, timeout: float) -> Directive | None:
+        if self._closed:
+            closed = f"directive listener for cluster {self.cluster} is closed; make a new one"
+            raise ClientClosed(closed)
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self._partitions and not self._assign(deadline):
+            return None
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                msg = self._consumer.poll(max(0.0, remaining))
+            except KafkaException as exc:
+                msg_text = f"cannot read {self.topic} at {self.bootstrap}: {exc}"
+                raise BrokerError(msg_text) from exc
+            if msg is None:
+                return None
+            directive = self._handle(msg)
+            if directive is not None:
+                return directive
+            if remaining <= 0:
+                return None
+
+    def _assign(self, deadline: float) -> bool:
+        """Assign every partition of the topic from the beginning; False if it does not exist yet."""
+        try:
+            md = self._consumer.list_topics(self.topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            meta = md.topics.get(self.topic)
+        except KafkaException as exc:
+            log.warning("directive listener: cannot read metadata of %s at %s: %s", self.topic, self.bootstrap, exc)
+            meta = None
+        if meta is None or meta.error is not None or not meta.partitions:
+            if not self._waiting_logged:
+                self._waiting_logged = True
+                log.info("directive listener: topic %s does not exist yet at %s; waiting", self.topic, self.bootstrap)
+            time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
+            return False
+        self._partitions = set(meta.partitions)
+        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(self._partitions)])
+        return True
+
+    def _handle(self, msg: Message) -> Directive | None:
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return self._on_eof(msg.partition())
+            log.warning("directive listener: error reading %s: %s", self.topic, err)
+            return None
+        self._counts["received"] += 1
+        raw = msg.value()
+        if raw is None:
+            return None  # a tombstone: nothing to apply
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            return self._invalid(msg, f"not JSON: {exc}")
+        if not isinstance(obj, dict):
+            return self._invalid(msg, "not a JSON object")
+        if obj.get("cluster") != self.cluster:
+            self._counts["other_clusters"] += 1
+            return None
+        kind = obj.get("type")
+        if kind not in ("compaction", "expire"):
+            return self._invalid(msg, f"unknown directive type {kind!r}")
+        try:
+            _validator(kind)(obj)
+        except fastjsonschema.JsonSchemaValueException as exc:
+            return self._invalid(msg, f"invalid {kind}: {exc.message}")
+        if kind == "expire":
+            self._expire(ExpireDirective.from_json(obj))
+            return None
+        directive = Directive.from_json(obj)
+        if directive.seq <= self._last_seq:
+            self._counts["repeats"] += 1
+            log.debug("directive listener: ignored directive seq %d (last %d)", directive.seq, self._last_seq)
+            return None
+        if not self._caught_up:
+            best = self._backlog_best
+            if best is None or directive.seq > best.seq:
+                if best is not None:
+                    self._counts["superseded"] += 1
+                self._backlog_best = directive
+            else:
+                self._counts["repeats"] += 1
+            return None
+        return self._accept(directive)
+
+    def _on_eof(self, partition: int | None) -> Directive | None:
+        if self._caught_up or partition is None:
+            return None
+        self._eof.add(partition)
+        if not self._partitions <= self._eof:
+            return None
+        self._caught_up = True
+        best, self._backlog_best = self._backlog_best, None
+        return self._accept(best) if best is not None else None
+
+    def _accept(self, directive: Directive) -> Directive:
+        self._last_seq = directive.seq
+        self._last = directive
+        if self._safe_ts is not None and directive.safe_ts < self._safe_ts:
+            log.warning(
+                "directive listener: directive seq %d has safe_ts %d below the previous %d; keeping %d "
+                "(was the job's checkpoint reset?)",
+                directive.seq,
+                directive.safe_ts,
+                self._safe_ts,
+                self._safe_ts,
+            )
+        else:
+            self._safe_ts = directive.safe_ts
+        self._catalog_floor = directive.catalog_floor
+        self._counts["delivered"] += 1
+        if self._reporter is not None:
+            self._reporter.observe_safe_ts(self._safe_ts)
+        return directive
+
+    def _expire(self, expire: ExpireDirective) -> None:
+        if expire.seq <= self._last_expire_seq:
+            self._counts["repeats"] += 1
+            return
+        self._last_expire_seq = expire.seq
+        if self.node is not None and expire.node != self.node:
+            return
+        self._counts["expires_delivered"] += 1
+        if self._on_expire is None:
+            log.info("directive listener: expiry seq %d of %s not handled (no on_expire)", expire.seq, expire.raw)
+            return
+        try:
+            self._on_expire(expire)
+        except Exception:
+            self._counts["handler_failures"] += 1
+            log.exception("directive listener: on_expire failed for expiry seq %d", expire.seq)
+
+    def _invalid(self, msg: Message, reason: str) -> Directive | None:
+        self._counts["invalid"] += 1
+        log.warning("directive listener: skipped %s [%s] offset %s: %s", self.topic, msg.partition(), msg.offset(), reason)
+        return None
+
+    def _on_error(self, err: KafkaError) -> None:
+        log.log(logging.ERROR if err.fatal() else logging.DEBUG, "directive listener: consumer error: %s", err)
+
+    # -- background thread ---------------------------------------------------------------
+    def start(self) -> Self:
+        """Run in a background thread, calling ``on_directive`` for each advancing directive.
+
+        A directive whose handler raises is logged and retried every ``retry_backoff_s`` until it
+        succeeds or a newer directive supersedes it.
+        """
+        if self._on_directive is None:
+            msg = "start() needs on_directive=...; without a handler, iterate with poll() instead"
+            raise SafepointError(msg)
+        if self._thread is not None:
+            return self
+        if self._closed:
+            msg = f"directive listener for cluster {self.cluster} is closed; make a new one"
+            raise ClientClosed(msg)
+        self._thread = threading.Thread(target=self._run, name=f"safepoint-listener-{self.cluster}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        handler = self._on_directive
+        assert handler is not None
+        pending: Directive | None = None
+        try:
+            while not self._stop.is_set():
+                try:
+                    newer = self._poll(0.2 if pending is None else self._retry_backoff_s)
+                except ClientClosed:
+                    return
+                except SafepointError as exc:
+                    log.warning("directive listener: %s; retrying", exc)
+                    self._stop.wait(self._retry_backoff_s)
+                    continue
+                if newer is not None:
+                    pending = newer
+                if pending is None:
+                    continue
+                current = pending
+                try:
+                    handler(current)
+                    pending = None
+                except Exception:
+                    self._counts["handler_failures"] += 1
+                    log.exception(
+                        "directive listener: on_directive failed for seq %d; retrying in %.1f s",
+                        current.seq,
+                        self._retry_backoff_s,
+                    )
+        finally:
+            if self._closed:
+                self._close_consumer()
+
+    # -- closing ---------------------------------------------------------------------------
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread (if any) and close the consumer. Idempotent; safe from a handler."""
+        self._closed = True
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("directive listener: the background thread did not stop within %.1f s", timeout_s)
+                return
+        if thread is None or thread is not threading.current_thread():
+            self._close_consumer()
+
+    def _close_consumer(self) -> None:
+        with self._close_lock:
+            if self._consumer_closed:
+                return
+            self._consumer_closed = True
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self._consumer.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DirectiveListener(cluster={self.cluster!r}, topic={self.topic!r}, seq={self._last_seq})"

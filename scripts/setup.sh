@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets up everything safepoint needs on a fresh machine: Java check (and install where
+# possible), a virtualenv in .venv, the project and its pinned dependencies (PySpark, the
+# embedded broker noida-db, confluent-kafka). Idempotent: a second run is quick.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${SAFEPOINT_PYTHON:-}"
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)'; then
+      PY="$cand"; break
+    fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "setup: Python 3.11 is required (set SAFEPOINT_PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
+
+java_major() {
+  java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1
+}
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: Java 17+ not found; installing openjdk-17-jre-headless with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jre-headless >/dev/null
+  fi
+fi
+if ! command -v java >/dev/null 2>&1; then
+  echo "setup: Java not found. Spark needs Java 17 or newer:" >&2
+  echo "       Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless; macOS: brew install openjdk@17" >&2
+  exit 1
+fi
+echo "setup: $("$PY" --version), java $(java_major)"
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.safepoint-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -m pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import pyspark, confluent_kafka, noida_db, safepoint.streaming, safepoint.connectors" 
+  touch "$stamp"
+fi
+echo "setup: ready (.venv/bin/safepoint)"

@@ -1,0 +1,229 @@
+"""``safepoint``: the one console script. Every flag can also come from SAFEPOINT_<FLAG> or --config."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from safepoint import __version__
+from safepoint.errors import SafepointError
+from safepoint.settings import Settings, env_name, load_settings
+
+__all__ = ["main", "build_parser"]
+
+_DEFAULTS = Settings()
+
+
+def _flag(p: argparse.ArgumentParser, name: str, help_text: str, type_: Any = str, default: Any = None) -> None:
+    dest = name.replace("-", "_")
+    shown = getattr(_DEFAULTS, dest, default)
+    p.add_argument(
+        f"--{name}", dest=dest, type=type_, default=None, help=f"{help_text} [env {env_name(dest)}; default {shown!r}]"
+    )
+
+
+def _common_job_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+    _flag(p, "retention", "history kept regardless of readers, in MVCC units", int)
+    _flag(p, "node-lease-ms", "a node silent this long in cluster time is stale", int)
+    _flag(p, "directive-interval-ms", "least cluster time between two directives of a cluster", int)
+    _flag(p, "max-message-bytes", "larger input messages are dead-lettered", int)
+
+
+def _kafka_flags(p: argparse.ArgumentParser) -> None:
+    _flag(p, "bootstrap", "Kafka bootstrap servers HOST:PORT")
+    _flag(p, "events-topic", "input topic")
+    _flag(p, "directives-topic", "compacted output topic of directives")
+    _flag(p, "alerts-topic", "output topic of alerts")
+    _flag(p, "deadletter-topic", "output topic of dead letters")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="safepoint", description="MVCC safe-point service for distributed databases.")
+    parser.add_argument("--version", action="version", version=f"safepoint {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (local use and tests)")
+    p.add_argument("--port", type=int, default=None, help=f"listen port [env {env_name('port')}; default 9092]")
+    p.add_argument(
+        "--data-dir", default=None, help=f"data directory [env {env_name('data_dir')}; default: a fresh temporary one]"
+    )
+
+    p = sub.add_parser("run", help="run the streaming job until SIGINT/SIGTERM")
+    _kafka_flags(p)
+    _flag(p, "checkpoint", "checkpoint directory (shared storage on a cluster)")
+    _flag(p, "trigger-ms", "micro-batch interval", int)
+    _flag(p, "max-offsets-per-trigger", "most messages one micro-batch reads", int)
+    _flag(p, "starting-offsets", "earliest or latest, for a new checkpoint")
+    _flag(p, "source-format", "python (no jars) or kafka (Spark's connector)")
+    _flag(p, "shuffle-partitions", "tasks the stateful stages spread over", int)
+    _flag(p, "spark-master", "Spark master URL")
+    _flag(p, "events-partitions", "partitions of the events topic if the job creates it", int)
+    _common_job_flags(p)
+
+    p = sub.add_parser("replay", help="run the core over a JSONL file of events, without Spark or Kafka")
+    p.add_argument("--input", required=True, help="events, one JSON object a line, in log order ('-' for stdin)")
+    p.add_argument("--output", default=None, help="directives and alerts, one JSON object a line (default stdout)")
+    p.add_argument("--deadletter-output", default=None, help="dead letters, one JSON object a line")
+    _common_job_flags(p)
+
+    p = sub.add_parser("simulate", help="publish a synthetic cluster's events")
+    _kafka_flags(p)
+    p.add_argument("--nodes", type=int, default=None, help=f"nodes per cluster [env {env_name('nodes')}; default 3]")
+    p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 200]")
+    p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
+    p.add_argument("--clusters", type=int, default=None, help=f"database clusters [env {env_name('clusters')}; default 1]")
+    p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+
+    p = sub.add_parser("demo", help="broker + simulated cluster + job + live view, on this machine")
+    p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
+    p.add_argument("--nodes", type=int, default=None, help=f"simulated nodes [env {env_name('nodes')}; default 5]")
+    p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 300]")
+    p.add_argument("--checkpoint", default=None, help=f"checkpoint directory [env {env_name('checkpoint')}; default: temporary]")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+    return parser
+
+
+def _env_or(args: argparse.Namespace, name: str, default: Any, type_: Any) -> Any:
+    value = getattr(args, name, None)
+    if value is not None:
+        return value
+    raw = os.environ.get(env_name(name))
+    return type_(raw) if raw not in (None, "") else default
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+    return load_settings(getattr(args, "config", None), flags)
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    from safepoint.broker import run_foreground
+
+    port = _env_or(args, "port", 9092, int)
+    return run_foreground(port, _env_or(args, "data_dir", None, str))
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from safepoint.replay import replay_file
+
+    settings = _settings(args)
+    out = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    dl = open(args.deadletter_output, "w", encoding="utf-8") if args.deadletter_output else None  # noqa: SIM115
+    try:
+        engine = replay_file(args.input, out, settings.policy(), dl)
+    except FileNotFoundError as exc:
+        msg = f"input file not found: {exc.filename}"
+        raise SafepointError(msg) from exc
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        if dl is not None:
+            dl.close()
+    counts = dict(sorted(engine.counts.items()))
+    safe = {name: c.safe_ts for name, c in sorted(engine.clusters.items()) if name}
+    print(f"replay: {sum(counts.values())} messages {counts}; final safe_ts {safe}", file=sys.stderr)
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from safepoint.simulate import SimConfig, run_simulator
+
+    settings = _settings(args)
+    cfg = SimConfig(nodes=_env_or(args, "nodes", 3, int), rate=_env_or(args, "rate", 200.0, float))
+    return run_simulator(
+        settings.bootstrap,
+        settings.events_topic,
+        cfg,
+        _env_or(args, "duration", None, float),
+        _env_or(args, "seed", 0, int),
+        settings.librdkafka(),
+        clusters=_env_or(args, "clusters", 1, int),
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.streaming.job import build_query
+    from safepoint.streaming.session import build_session
+
+    settings = _settings(args)
+    if not settings.checkpoint:
+        msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
+        raise SafepointError(msg)
+    created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
+    if created:
+        print(f"created topics: {', '.join(created)}", flush=True)
+    spark = build_session(settings.spark_master, settings.shuffle_partitions)
+    query = build_query(spark, settings)
+    print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    last = None
+    try:
+        while not stopping and query.isActive:
+            time.sleep(0.5)
+            progress = query.lastProgress
+            if progress and progress.get("batchId") != last:
+                last = progress.get("batchId")
+                print(
+                    f"batch {last}: {progress.get('numInputRows')} events, {progress.get('processedRowsPerSecond', 0):.0f}/s",
+                    flush=True,
+                )
+        if not query.isActive and query.exception() is not None:
+            print(f"safepoint run: the query failed: {query.exception()}", file=sys.stderr)
+            return 1
+    finally:
+        if query.isActive:
+            query.stop()
+        spark.stop()
+    print("safepoint run: stopped", flush=True)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from safepoint.demo import run_demo
+
+    settings = _settings(args)
+    return run_demo(
+        settings,
+        duration_s=_env_or(args, "duration", None, float),
+        nodes=_env_or(args, "nodes", 5, int),
+        rate=_env_or(args, "rate", 300.0, float),
+        checkpoint=args.checkpoint,
+    )
+
+
+COMMANDS = {"broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return COMMANDS[args.command](args)
+    except SafepointError as exc:
+        print(f"safepoint {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

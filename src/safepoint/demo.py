@@ -1,0 +1,156 @@
+"""``safepoint demo``: embedded broker, simulated cluster, the job, and a live terminal view."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import replace
+from typing import Any
+
+from safepoint.settings import Settings
+
+__all__ = ["run_demo", "LiveView"]
+
+
+class LiveView:
+    """Follows the directives and alerts topics and renders the cluster's safe point."""
+
+    def __init__(self, settings: Settings) -> None:
+        from confluent_kafka import Consumer
+
+        self.settings = settings
+        self.consumer = Consumer(
+            settings.librdkafka(
+                **{
+                    "group.id": f"safepoint-demo-view-{time.time_ns()}",
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                    "receive.message.max.bytes": 1_000_000_000,
+                }
+            )
+        )
+        self.consumer.subscribe([settings.directives_topic, settings.alerts_topic])
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.directives: deque[dict[str, Any]] = deque(maxlen=6)
+        self.alerts: deque[dict[str, Any]] = deque(maxlen=6)
+        self.raised: dict[str, dict[str, Any]] = {}
+        self.count = 0
+
+    def poll(self, timeout: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.consumer.poll(0.1)
+            if msg is None or msg.error():
+                continue
+            value = json.loads(msg.value())
+            if msg.topic() == self.settings.directives_topic and value.get("type") == "compaction":
+                prev = self.latest.get(value["cluster"])
+                if prev is None or value["seq"] > prev["seq"]:
+                    self.latest[value["cluster"]] = value
+                    self.directives.append(value)
+                    self.count += 1
+            elif value.get("type") == "alert":
+                self.alerts.append(value)
+                if value["state"] == "raised":
+                    self.raised[value["id"]] = value
+                else:
+                    self.raised.pop(value["id"], None)
+
+    def render(self, elapsed: float, job: str) -> str:
+        lines = [f"safepoint demo  t+{elapsed:5.0f}s  job: {job}  directives seen: {self.count}", ""]
+        lines.append(f"{'cluster':<12}{'seq':>6}{'safe_ts (us)':>20}{'lag s':>8}  blocker")
+        for name, d in sorted(self.latest.items()):
+            lag = d["cluster_wall_ms"] / 1000 - d["safe_ts"] / 1e6
+            b = d.get("blocker") or {}
+            blocker = f"{b.get('node')} {b.get('kind')} {b.get('id') or ''} {b.get('label') or ''}".strip()
+            if b.get("age_ms") is not None:
+                blocker += f" age {b['age_ms'] / 1000:.1f}s"
+            lines.append(f"{name:<12}{d['seq']:>6}{d['safe_ts']:>20}{lag:>8.1f}  {blocker}")
+        if not self.latest:
+            lines.append("  (waiting for the first directive: Spark starts, then every node reports)")
+        lines += ["", "recent directives:"]
+        for d in list(self.directives)[::-1]:
+            lines.append(f"  {d['cluster']} seq {d['seq']} safe_ts {d['safe_ts']} floor {d['catalog_floor']}")
+        lines += ["", f"active alerts: {len(self.raised)}   recent:"]
+        for a in list(self.alerts)[::-1]:
+            lines.append(f"  {a['state']:<8}{a['severity']:<9}{a['kind']:<18}{a['detail'][:90]}")
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None) -> int:
+    from safepoint.broker import EmbeddedBroker
+    from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.simulate import SimConfig, run_simulator
+    from safepoint.streaming.job import build_query
+    from safepoint.streaming.session import build_session, check_java
+
+    check_java()
+    tty = sys.stdout.isatty()
+    own_ckpt = checkpoint is None
+    checkpoint = checkpoint or tempfile.mkdtemp(prefix="safepoint-demo-ckpt-")
+    print("starting the embedded broker ...", flush=True)
+    broker = EmbeddedBroker().start()
+    settings = replace(
+        settings,
+        bootstrap=broker.bootstrap,
+        checkpoint=checkpoint,
+        retention=settings.retention or 2_000_000,
+        node_lease_ms=settings.node_lease_ms if settings.node_lease_ms != 30_000 else 10_000,
+        directive_interval_ms=settings.directive_interval_ms or 1000,
+    )
+    print(f"broker ready at {broker.bootstrap}; retention {settings.retention} us, lease {settings.node_lease_ms} ms", flush=True)
+    spark = query = view = None
+    sim_thread = None
+    start = time.monotonic()
+    try:
+        ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
+        sim_thread = threading.Thread(
+            target=run_simulator,
+            args=(broker.bootstrap, settings.events_topic, SimConfig(nodes=nodes, rate=rate), duration_s, 0),
+            kwargs={"quiet": True},
+            daemon=True,
+        )
+        sim_thread.start()
+        print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark ...", flush=True)
+        spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo")
+        query = build_query(spark, settings)
+        view = LiveView(settings)
+        last_print = 0.0
+        while duration_s is None or time.monotonic() - start < duration_s:
+            view.poll(1.0)
+            if not query.isActive:
+                print(f"the job stopped: {query.exception()}", file=sys.stderr)
+                return 1
+            prog = query.lastProgress
+            job = f"batch {prog['batchId']}, {prog['numInputRows']} events" if prog else "starting"
+            screen = view.render(time.monotonic() - start, job)
+            if tty:
+                sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
+                sys.stdout.flush()
+            elif time.monotonic() - last_print >= 5:
+                last_print = time.monotonic()
+                print(screen + "\n", flush=True)
+        print(f"demo finished: {view.count} directives; final:", flush=True)
+        for name, d in sorted(view.latest.items()):
+            print(f"  cluster {name}: seq {d['seq']} safe_ts {d['safe_ts']}", flush=True)
+        return 0 if view.count > 0 else 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if view is not None:
+            view.close()
+        if query is not None and query.isActive:
+            query.stop()
+        if spark is not None:
+            spark.stop()
+        broker.cleanup()
+        if own_ckpt:
+            shutil.rmtree(checkpoint, ignore_errors=True)

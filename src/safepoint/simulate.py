@@ -1,0 +1,250 @@
+"""A synthetic database cluster: nodes with short and long readers, transactions, heartbeats,
+two-phase commits and a restart now and then. Deterministic for a seed and a clock.
+
+``ClusterSim.advance(now_ms)`` returns the events due up to ``now_ms``; ``safepoint simulate``
+drives it with the wall clock and publishes to Kafka, tests and benchmarks drive it with a
+simulated clock. MVCC time is the wall clock in microseconds (a hybrid-clock stand-in).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ClusterSim", "SimConfig", "generate_log", "run_simulator"]
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    nodes: int = 3
+    rate: float = 200.0
+    """Target events per second over the whole cluster."""
+    cluster: str = "default"
+    heartbeat_ms: int = 1000
+    long_reader_share: float = 0.0005
+    long_reader_ms: tuple[int, int] = (8_000, 30_000)
+    short_reader_ms: tuple[int, int] = (5, 400)
+    tx_share: float = 0.3
+    prepare_share: float = 0.1
+    restart_per_node_per_min: float = 0.05
+    publish_topology: bool = True
+    groups_per_node: int = 0
+    pinned_bytes_per_s_of_age: int = 50_000_000
+
+
+@dataclass
+class _Node:
+    name: str
+    incarnation: int
+    seq: int = 0
+    readers: dict[str, tuple[int, int]] = field(default_factory=dict)  # id -> (read_ts, close_at)
+    txs: dict[str, tuple[int, int, bool]] = field(default_factory=dict)  # id -> (begin_ts, end_at, prepared)
+    next_hb: int = 0
+
+
+class ClusterSim:
+    def __init__(self, config: SimConfig, seed: int = 0, start_ms: int | None = None) -> None:
+        self.cfg = config
+        self.rng = random.Random(seed)
+        self.now = start_ms if start_ms is not None else int(time.time() * 1000)
+        self.nodes = [_Node(f"{config.cluster}-n{i + 1}", incarnation=0) for i in range(config.nodes)]
+        for i, n in enumerate(self.nodes):
+            n.next_hb = self.now + (i * config.heartbeat_ms) // max(1, config.nodes)
+        self._ids = 0
+        self._carry = 0.0
+        self._started = False
+        self._topology_version = 0
+
+    # -- event builders -------------------------------------------------------------
+    def _node_event(self, n: _Node, kind: str, **fields: Any) -> dict[str, Any]:
+        n.seq += 1
+        return {
+            "v": 1,
+            "type": kind,
+            "cluster": self.cfg.cluster,
+            "node": n.name,
+            "incarnation": n.incarnation,
+            "seq": n.seq,
+            "wall_ms": self.now,
+            **fields,
+        }
+
+    def _mvcc(self) -> int:
+        return self.now * 1000
+
+    def _id(self, prefix: str) -> str:
+        self._ids += 1
+        return f"{prefix}{self._ids}"
+
+    def topology(self) -> dict[str, Any]:
+        self._topology_version += 1
+        groups = {n.name: [f"g{n.name}-{k}" for k in range(self.cfg.groups_per_node)] for n in self.nodes}
+        return {
+            "v": 1,
+            "type": "topology",
+            "cluster": self.cfg.cluster,
+            "wall_ms": self.now,
+            "version": self._topology_version,
+            "nodes": groups,
+        }
+
+    def heartbeat(self, n: _Node) -> dict[str, Any]:
+        oldest = min([r[0] for r in n.readers.values()] + [t[0] for t in n.txs.values()] + [self._mvcc()])
+        pinned = max(0, (self._mvcc() - oldest) // 1_000_000) * self.cfg.pinned_bytes_per_s_of_age
+        hb: dict[str, Any] = {
+            "mvcc_now": self._mvcc(),
+            "pinned_bytes": pinned,
+            "active_readers": len(n.readers),
+            "active_txs": len(n.txs),
+        }
+        if self.cfg.groups_per_node:
+            hb["groups"] = [
+                {"group": f"g{n.name}-{k}", "leader": True, "published_min_tx_time": oldest}
+                for k in range(self.cfg.groups_per_node)
+            ]
+        return self._node_event(n, "heartbeat", **hb)
+
+    # -- the clock ----------------------------------------------------------------------
+    def advance(self, now_ms: int) -> list[dict[str, Any]]:
+        """Every event due between the last call and ``now_ms``, in emission order."""
+        events: list[dict[str, Any]] = []
+        step = max(1, min(50, now_ms - self.now))
+        while self.now < now_ms:
+            self.now = min(now_ms, self.now + step)
+            events.extend(self._tick(step))
+        return events
+
+    def _tick(self, dt_ms: int) -> list[dict[str, Any]]:
+        cfg, rng, out = self.cfg, self.rng, []
+        if not self._started:
+            self._started = True
+            if cfg.publish_topology:
+                out.append(self.topology())
+            for n in self.nodes:
+                out.append(self.heartbeat(n))
+        for n in self.nodes:
+            for rid, (_, close_at) in list(n.readers.items()):
+                if close_at <= self.now:
+                    del n.readers[rid]
+                    out.append(self._node_event(n, "reader_close", reader_id=rid))
+            for tid, (_, end_at, _) in list(n.txs.items()):
+                if end_at <= self.now:
+                    del n.txs[tid]
+                    out.append(self._node_event(n, "tx_end", tx_id=tid, outcome="commit" if rng.random() < 0.9 else "abort"))
+            if n.next_hb <= self.now:
+                n.next_hb += cfg.heartbeat_ms
+                out.append(self.heartbeat(n))
+            if rng.random() < cfg.restart_per_node_per_min * dt_ms / 60_000:
+                n.incarnation += 1
+                n.seq = 0
+                n.readers.clear()
+                n.txs = {t: v for t, v in n.txs.items() if v[2]}
+                out.append(self.heartbeat(n))
+        # New work: each opening is followed by a close later, so ~2 events per opening.
+        self._carry += cfg.rate * dt_ms / 1000 / 2.2
+        while self._carry >= 1:
+            self._carry -= 1
+            n = rng.choice(self.nodes)
+            ts = self._mvcc()
+            if rng.random() < cfg.tx_share:
+                tid = self._id("tx")
+                life = rng.randint(20, 500)
+                prepared = rng.random() < cfg.prepare_share
+                n.txs[tid] = (ts, self.now + life, prepared)
+                out.append(self._node_event(n, "tx_begin", tx_id=tid, begin_ts=ts, label="oltp"))
+                if prepared:
+                    others = [m.name for m in rng.sample(self.nodes, min(2, len(self.nodes)))]
+                    out.append(
+                        self._node_event(
+                            n, "tx_prepare", tx_id=tid, coordinator=others[0], participants=sorted({n.name, *others})
+                        )
+                    )
+            else:
+                rid = self._id("r")
+                long = rng.random() < cfg.long_reader_share
+                lo, hi = cfg.long_reader_ms if long else cfg.short_reader_ms
+                n.readers[rid] = (ts, self.now + rng.randint(lo, hi))
+                out.append(self._node_event(n, "reader_open", reader_id=rid, read_ts=ts, label="report-job" if long else "query"))
+        return out
+
+
+def generate_log(config: SimConfig, duration_ms: int, seed: int = 0, start_ms: int = 1_700_000_000_000) -> list[dict[str, Any]]:
+    """A whole log on a simulated clock (no sleeping), for tests and benchmarks."""
+    sim = ClusterSim(config, seed=seed, start_ms=start_ms)
+    return sim.advance(start_ms + duration_ms)
+
+
+def key_of(event: dict[str, Any]) -> str:
+    return str(event.get("node") or event.get("cluster", "default"))
+
+
+def run_simulator(
+    bootstrap: str,
+    topic: str,
+    config: SimConfig,
+    duration_s: float | None,
+    seed: int,
+    kafka_conf: dict[str, Any] | None = None,
+    clusters: int = 1,
+    quiet: bool = False,
+) -> int:
+    """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM."""
+    from confluent_kafka import Producer
+
+    conf = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, **(kafka_conf or {})}
+    producer = Producer(conf)
+    failures = 0
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        nonlocal failures
+        if err is not None:
+            failures += 1
+
+    sims = [
+        ClusterSim(
+            SimConfig(
+                **{
+                    **config.__dict__,
+                    "cluster": config.cluster if clusters == 1 else f"{config.cluster}{c + 1}",
+                    "rate": config.rate / clusters,
+                }
+            ),
+            seed=seed + c,
+        )
+        for c in range(clusters)
+    ]
+    stop = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    try:
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+    except ValueError:
+        pass  # not the main thread: the caller stops us through duration or KeyboardInterrupt
+    start = time.monotonic()
+    sent = 0
+    last_report = start
+    try:
+        while not stop and (duration_s is None or time.monotonic() - start < duration_s):
+            now = int(time.time() * 1000)
+            for sim in sims:
+                for ev in sim.advance(now):
+                    producer.produce(topic, key=key_of(ev), value=json.dumps(ev, separators=(",", ":")), on_delivery=on_delivery)
+                    producer.poll(0)
+                    sent += 1
+            if not quiet and time.monotonic() - last_report >= 5:
+                last_report = time.monotonic()
+                print(f"simulate: {sent} events sent ({sent / (last_report - start):.0f}/s), {failures} failed", flush=True)
+            time.sleep(0.05)
+    finally:
+        producer.flush(30)
+    if not quiet:
+        print(f"simulate: done, {sent} events sent, {failures} delivery failures", flush=True)
+    return 0 if failures == 0 else 1

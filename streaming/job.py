@@ -1,0 +1,105 @@
+"""The streaming job: events in, per-node state, per-cluster round, directives and alerts out.
+
+source (safepoint_kafka or kafka) -> from_json envelope (JVM) -> group by (cluster, node)
+-> NodeProcessor (transformWithState, RocksDB) -> group by cluster
+-> ClusterProcessor (transformWithState, RocksDB) -> sink (topic, key, value)
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from safepoint.schemas import load
+from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
+
+from safepoint.core.events import DEFAULT_CLUSTER
+from safepoint.settings import Settings
+
+__all__ = ["build_query", "envelope_schema", "read_events", "QUERY_NAME"]
+
+log = logging.getLogger(__name__)
+QUERY_NAME = "safepoint"
+
+
+def envelope_schema() -> Any:
+    """The JVM-side routing fields, taken from the contract's schemas (strings: never fails)."""
+    from pyspark.sql.types import StringType, StructField, StructType
+
+    fields = ["type", "cluster", "node"]
+    for name in fields:
+        assert name in load("events", "reader_open")["properties"] or name == "node"
+    return StructType([StructField(f, StringType(), True) for f in fields])
+
+
+def _kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
+    opts: dict[str, str] = {}
+    prefix = "kafka."
+    opts[(prefix if builtin else "") + "bootstrap.servers"] = settings.bootstrap
+    for k, v in settings.librdkafka().items():
+        if k == "bootstrap.servers":
+            continue
+        opts[prefix + k] = v.get() if hasattr(v, "get") and not isinstance(v, dict) else str(v)
+    return opts
+
+
+def read_events(spark: Any, settings: Settings) -> Any:
+    """The raw input: topic, partition, offset, key, value (binary)."""
+    builtin = settings.source_format == "kafka"
+    reader = spark.readStream.format("kafka" if builtin else "safepoint_kafka")
+    for k, v in _kafka_options(settings, builtin).items():
+        reader = reader.option(k, v)
+    reader = (
+        reader.option("subscribe", settings.events_topic)
+        .option("startingOffsets", settings.starting_offsets)
+        .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
+    )
+    if builtin:
+        reader = reader.option("failOnDataLoss", "true")
+    return reader.load().select("partition", "offset", "key", "value")
+
+
+def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -> Any:
+    """Start the streaming query and return it."""
+    from pyspark.sql import functions as F
+    from safepoint.connectors.kafka_source import KafkaDataSource
+
+    if settings.source_format == "python":
+        spark.dataSource.register(KafkaDataSource)
+    checkpoint = checkpoint or settings.checkpoint
+    if not checkpoint:
+        msg = "the job needs a checkpoint directory (--checkpoint)"
+        raise ValueError(msg)
+    raw = read_events(spark, settings)
+    env = F.from_json(F.col("value").cast("string"), envelope_schema())
+    keyed = raw.select(
+        F.coalesce(env.getField("cluster"), F.when(env.isNotNull(), F.lit(DEFAULT_CLUSTER)), F.lit("")).alias("cluster"),
+        F.coalesce(env.getField("node"), F.lit("")).alias("node"),
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("long").alias("offset"),
+        F.col("key").cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+    )
+    policy = settings.policy().to_dict()
+    stage_one = keyed.groupBy("cluster", "node").transformWithState(
+        statefulProcessor=NodeProcessor(policy, settings.events_topic),
+        outputStructType=STAGE_ONE_SCHEMA,
+        outputMode="Append",
+        timeMode="None",
+    )
+    outputs = stage_one.groupBy("cluster").transformWithState(
+        statefulProcessor=ClusterProcessor(policy, settings.topics()),
+        outputStructType=OUTPUT_SCHEMA,
+        outputMode="Append",
+        timeMode="None",
+    )
+    builtin = settings.source_format == "kafka"
+    writer = outputs.writeStream.format("kafka" if builtin else "safepoint_kafka").queryName(QUERY_NAME)
+    for k, v in _kafka_options(settings, builtin).items():
+        writer = writer.option(k, v)
+    return (
+        writer.option("checkpointLocation", checkpoint)
+        .outputMode("append")
+        .trigger(processingTime=f"{settings.trigger_ms} milliseconds")
+        .start()
+    )

@@ -1,0 +1,167 @@
+"""The job's two stateful processors: thin adapters around the core's two stages.
+
+``NodeProcessor`` (grouped by cluster and node) runs ``node_stage`` on a node's messages in
+offset order and forwards one compact row per message. ``ClusterProcessor`` (grouped by
+cluster) merges those rows in log order and runs ``cluster_stage``. Neither reimplements a
+rule: they only sort, (de)serialize state and translate rows.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Iterator
+from itertools import groupby
+from typing import Any
+
+from pyspark.sql import Row
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from safepoint.core.cluster import ClusterState
+from safepoint.core.codec import encode
+from safepoint.core.engine import Position, StageOne, cluster_stage, node_stage
+from safepoint.core.node import NodeState, NodeUpdate
+from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES, Output
+from safepoint.core.policy import Policy
+
+__all__ = ["NodeProcessor", "ClusterProcessor", "STAGE_ONE_SCHEMA", "OUTPUT_SCHEMA"]
+
+STAGE_ONE_SCHEMA = StructType(
+    [
+        StructField("cluster", StringType(), False),
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("wall_ms", LongType(), False),
+        StructField("payload", StringType(), False),
+    ]
+)
+OUTPUT_SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), False),
+        StructField("key", StringType(), True),
+        StructField("value", StringType(), False),
+    ]
+)
+_STATE_SCHEMA = StructType([StructField("json", StringType(), False)])
+
+
+def encode_stage_one(item: StageOne) -> tuple[int, str]:
+    """(wall_ms, payload) of one stage-one result."""
+    if item.output is not None:
+        return -1, json.dumps(["d", item.output.key, item.output.value, item.reason])
+    if item.update is not None:
+        return item.update.wall_ms, json.dumps(["u", item.update.to_json()])
+    if item.event is not None:
+        return item.event["wall_ms"], json.dumps(["e", item.event])
+    return -1, json.dumps(["i", item.reason])
+
+
+def decode_stage_one(cluster: str, payload: str) -> StageOne:
+    data = json.loads(payload)
+    tag = data[0]
+    if tag == "u":
+        return StageOne(cluster=cluster, outcome="applied", update=NodeUpdate.from_json(data[1]))
+    if tag == "e":
+        return StageOne(cluster=cluster, outcome="applied", event=data[1])
+    if tag == "d":
+        return StageOne(cluster=cluster, outcome="deadlettered", reason=data[3], output=Output(DEADLETTER, data[1], data[2]))
+    return StageOne(cluster=cluster, outcome="ignored", reason=data[1])
+
+
+def merge_log_order(rows: list[Any]) -> Iterator[Any]:
+    """One batch's rows of a cluster in log order.
+
+    Each Kafka partition's rows keep their offset order; partitions are interleaved by the
+    events' ``wall_ms`` (ties: lower partition first), which is deterministic for a batch and
+    is the file order for a single-partition log.
+    """
+    rows = sorted(rows, key=lambda r: (r["partition"], r["offset"]))
+    runs = [list(g) for _, g in groupby(rows, key=lambda r: r["partition"])]
+    if len(runs) == 1:
+        return iter(runs[0])
+    return heapq.merge(*runs, key=lambda r: r["wall_ms"])
+
+
+class NodeProcessor(StatefulProcessor):
+    """Stage one: a node's holds and identity (grouping key: cluster, node)."""
+
+    def __init__(self, policy: dict[str, Any], topic: str) -> None:
+        self.policy_dict = policy
+        self.topic = topic
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.policy = Policy.from_dict(self.policy_dict)
+        self.state = handle.getValueState("nodes", _STATE_SCHEMA)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802, N803
+        group_cluster = key[0]
+        nodes: dict[tuple[str, str], NodeState] = {}
+        if self.state.exists():
+            stored = self.state.get()
+            assert stored is not None
+            for item in json.loads(stored[0]):
+                ns = NodeState.from_json(item)
+                nodes[(ns.cluster, ns.node)] = ns
+        before = len(nodes)
+        ordered = sorted(rows, key=lambda r: r["offset"])
+        for row in ordered:
+            pos = Position(self.topic, row["partition"], row["offset"], row["key"])
+            item = node_stage(nodes, row["value"], pos, self.policy)
+            wall, payload = encode_stage_one(item)
+            yield Row(
+                cluster=item.cluster or group_cluster,
+                partition=row["partition"],
+                offset=row["offset"],
+                wall_ms=wall,
+                payload=payload,
+            )
+        if nodes or before:
+            self.state.update((json.dumps([ns.to_json() for ns in nodes.values()]),))
+
+    def close(self) -> None:
+        pass
+
+
+class ClusterProcessor(StatefulProcessor):
+    """Stage two: the cluster's round, safe point, directives and alerts (grouping key: cluster)."""
+
+    def __init__(self, policy: dict[str, Any], topics: dict[str, str]) -> None:
+        self.policy_dict = policy
+        self.topics = topics
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.policy = Policy.from_dict(self.policy_dict)
+        self.state = handle.getValueState("cluster", _STATE_SCHEMA)
+        self.channel_topic = {
+            DIRECTIVES: self.topics["directives"],
+            ALERTS: self.topics["alerts"],
+            DEADLETTER: self.topics["deadletter"],
+        }
+
+    def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802, N803
+        cluster = key[0]
+        state: ClusterState | None = None
+        if self.state.exists():
+            stored = self.state.get()
+            assert stored is not None
+            state = ClusterState.from_json(json.loads(stored[0]))
+        touched = False
+        out: list[Output] = []
+        for row in merge_log_order(list(rows)):
+            item = decode_stage_one(cluster, row["payload"])
+            if item.output is not None:
+                out.append(item.output)  # a dead letter touches no state
+            else:
+                if state is None:
+                    state = ClusterState(cluster)
+                cluster_stage(state, item, self.policy, out)
+                touched = True
+            for o in out:
+                yield Row(topic=self.channel_topic[o.channel], key=o.key, value=encode(o.value))
+            out.clear()
+        if state is not None and touched:
+            self.state.update((json.dumps(state.to_json()),))
+
+    def close(self) -> None:
+        pass

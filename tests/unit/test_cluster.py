@@ -1,0 +1,435 @@
+"""The cluster stage: topology, discovery, leases, the monotonic safe point, horizon violations,
+the catalog floor, directive numbering, rate limiting and alert de-duplication.
+
+Each test cites the CONTRACT section (or seed) it checks.
+"""
+
+from __future__ import annotations
+
+from core_helpers import NodeClient, Run, cluster_event, topology, two_node_cluster
+
+T0 = 1_700_000_000_000
+LEASE = 30_000
+
+
+def catalog(version: int, catalog_version: int, activated_at: int) -> dict[str, object]:
+    return cluster_event("catalog", version, T0, catalog_version=catalog_version, activated_at=activated_at)
+
+
+def index_build(version: int, index: str, catalog_version: int, state: str) -> dict[str, object]:
+    return cluster_event("index_build", version, T0, index=index, catalog_version=catalog_version, state=state)
+
+
+def rebalance(version: int, group: str, catalog_version: int, state: str) -> dict[str, object]:
+    return cluster_event("rebalance", version, T0, group=group, catalog_version=catalog_version, state=state)
+
+
+# -- topology ----------------------------------------------------------------------------------
+
+
+def test_global_minimum_is_over_topology_nodes_only() -> None:
+    """CONTRACT Semantics: Global minimum = the minimum of local_min over the nodes of the current topology."""
+    run = Run()
+    n1, n2, outsider = NodeClient("n1"), NodeClient("n2"), NodeClient("n9")
+    run.feed(topology(1, T0, {"n1": [], "n2": []}))
+    run.feed(outsider.open("r", 5, T0), outsider.hb(T0, 10))
+    run.feed(n1.hb(T0, 1_000), n2.hb(T0, 2_000))
+    [d] = run.directives()
+    assert d["safe_ts"] == 1_000
+    assert d["blocker"]["node"] == "n1"
+    assert set(d["basis"]) == {"n1", "n2"}, "basis names exactly the members"
+    assert d["basis"]["n2"] == {"incarnation": 0, "seq": 0, "local_min": 2_000}
+
+
+def test_topology_node_that_never_reported_aborts_the_round() -> None:
+    """CONTRACT Semantics: the round is aborted when a topology node has never reported.
+
+    Seed 000 (Ignite): aborted when the logical topology is missing some node required by catalog.
+    """
+    run = Run(node_lease_ms=LEASE)
+    n1 = NodeClient("n1")
+    run.feed(topology(1, T0, {"n1": [], "n2": []}), n1.hb(T0, 1_000))
+    assert run.outputs == [], "aborted at once, but a node named by a new topology gets a lease before it is alerted"
+    run.feed(n1.hb(T0 + LEASE - 1, 1_000))
+    assert run.outputs == []
+    run.feed(n1.hb(T0 + LEASE, 1_000))
+    assert run.directives() == []
+    [a] = run.alerts("missing_node", "raised")
+    assert a["node"] == "n2" and "never reported" in a["detail"]
+    assert a["cluster"] == "default" and a["id"] == "default/missing_node/n2"
+    n2 = NodeClient("n2")
+    run.feed(n2.hb(T0 + LEASE + 1, 900))
+    [c] = run.alerts("missing_node", "cleared")
+    assert c["node"] == "n2" and c["since_wall_ms"] == T0 + LEASE and c["cluster_wall_ms"] == T0 + LEASE + 1
+    assert [d["safe_ts"] for d in run.directives()] == [900]
+
+
+def test_never_reported_node_gets_a_lease_from_the_topology_before_it_is_alerted() -> None:
+    """Core rule (cluster.py ``_quiet``; CONTRACT is silent): a node a topology names before it said
+    anything aborts the round at once, but is alerted as missing only after node_lease_ms of cluster
+    time from the topology's arrival (cluster time then, not the topology's own wall_ms), like the
+    discovery window gives every node a lease."""
+    run = Run(node_lease_ms=LEASE)
+    n1 = NodeClient("n1")
+    run.feed(n1.hb(T0, 1_000), n1.hb(T0 + 5_000, 1_000), topology(1, T0, {"n1": [], "late": []}))
+    run.feed(n1.hb(T0 + 5_000 + LEASE - 1, 1_000))
+    assert run.outputs == []
+    run.feed(n1.hb(T0 + 5_000 + LEASE, 1_000))
+    assert [a["node"] for a in run.alerts("missing_node", "raised")] == ["late"]
+    assert run.directives() == []
+
+
+def test_missing_required_group_aborts_the_round() -> None:
+    """CONTRACT Semantics: aborted when a node does not report a required group.
+
+    Seed 000 (Ignite): abort when some node is missing a required replication group.
+    """
+    run = Run()
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(topology(1, T0, {"n1": ["g1", "g2"], "n2": ["g2"]}))
+    run.feed(n1.hb(T0, 1_000, groups=[{"group": "g1", "leader": False}]), n2.hb(T0, 1_000, groups=[{"group": "g2"}]))
+    assert run.directives() == []
+    [a] = run.alerts("missing_group", "raised")
+    assert a["node"] == "n1" and "g2" in a["detail"] and a["value"] == 1
+    run.feed(n1.hb(T0 + 1, 1_000, groups=[{"group": "g1"}, {"group": "g2"}]))
+    assert len(run.alerts("missing_group", "cleared")) == 1
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+
+
+def test_topology_change_removing_a_node_clears_its_alert_and_releases_the_round() -> None:
+    """CONTRACT Semantics: the topology says which nodes must report; a later topology replaces it."""
+    run = Run(node_lease_ms=LEASE)
+    n1 = NodeClient("n1")
+    run.feed(topology(1, T0, {"n1": [], "gone": []}), n1.hb(T0, 1_000), n1.hb(T0 + LEASE, 1_000))
+    assert run.alerts("missing_node", "raised")
+    run.feed(topology(2, T0, {"n1": []}))
+    assert len(run.alerts("missing_node", "cleared")) == 1
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+
+
+def test_stale_topology_version_is_ignored_and_counted() -> None:
+    """CONTRACT Cluster events: `version` is strictly increasing per cluster and type."""
+    run = Run()
+    n1 = NodeClient("n1")
+    run.feed(topology(5, T0, {"n1": []}), n1.hb(T0, 1_000))
+    assert run.feed(topology(5, T0, {"n1": [], "n2": []}), topology(3, T0, {"n2": []})) == []
+    assert run.engine.clusters["default"].topology == {"n1": []}
+    # versions are per type: a catalog with version 1 is not stale next to topology version 5
+    run.feed(catalog(1, 1, 500))
+    assert run.counts == {"applied": 3, "ignored:stale_version": 2}
+
+
+def test_clusters_are_independent() -> None:
+    """CONTRACT Events: `cluster` names the cluster; each cluster has its own safe point and directive seq."""
+    run = Run()
+    a1, b1 = NodeClient("n1", cluster="a"), NodeClient("n1", cluster="b")
+    run.feed(topology(1, T0, {"n1": []}, cluster="a"), topology(1, T0, {"n1": []}, cluster="b"))
+    run.feed(a1.hb(T0, 100), b1.hb(T0, 5_000), a1.hb(T0, 200))
+    got = [(d["cluster"], d["seq"], d["safe_ts"]) for d in run.directives()]
+    assert got == [("a", 1, 100), ("b", 1, 5_000), ("a", 2, 200)]
+    assert [o.key for o in run.outputs] == ["a", "b", "a"], "CONTRACT Directives: key is the cluster id"
+
+
+# -- discovery window --------------------------------------------------------------------------
+
+
+def test_discovery_window_without_topology() -> None:
+    """CONTRACT Semantics: before any topology event the topology is the set of nodes seen, and no
+    directive is emitted until cluster time is node_lease_ms past the cluster's first event."""
+    run = Run(node_lease_ms=LEASE)
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(n1.hb(T0, 1_000))
+    run.feed(n2.open("r", 400, T0 + LEASE - 1), n2.hb(T0 + LEASE - 1, 2_000))
+    assert run.outputs == [], "no directive and no alert inside the window"
+    run.feed(n1.hb(T0 + LEASE, 1_500))
+    [d] = run.directives()
+    assert d["safe_ts"] == 400 and d["cluster_wall_ms"] == T0 + LEASE
+    assert set(d["basis"]) == {"n1", "n2"}
+
+
+def test_discovery_window_node_silent_since_first_event_is_stale() -> None:
+    """CONTRACT Semantics (discovery): every live node has had a lease to report; one that went
+    silent is stale and aborts the round until a topology says otherwise."""
+    run = Run(node_lease_ms=LEASE)
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(n2.hb(T0, 100), n1.hb(T0 + LEASE + 1, 1_000))
+    assert run.directives() == []
+    [a] = run.alerts("missing_node", "raised")
+    assert a["node"] == "n2" and a["value"] == LEASE + 1 and a["threshold"] == LEASE
+    run.feed(topology(1, T0 + LEASE + 1, {"n1": []}))
+    assert run.alerts("missing_node", "cleared")
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+
+
+def test_topology_ends_the_discovery_window() -> None:
+    """CONTRACT Semantics: the discovery window applies only before any `topology` event."""
+    run = Run(node_lease_ms=LEASE)
+    n1 = NodeClient("n1")
+    run.feed(n1.hb(T0, 1_000))
+    assert run.directives() == []
+    run.feed(topology(1, T0, {"n1": []}))
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+
+
+# -- leases ------------------------------------------------------------------------------------
+
+
+def test_lease_stale_node_aborts_and_alert_is_raised_then_cleared() -> None:
+    """CONTRACT Semantics: Lease: a node whose last event is older than node_lease_ms in cluster
+    time is stale; a stale topology node aborts the round (the safe point holds where it is)."""
+    run = Run(node_lease_ms=LEASE)
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+    run.feed(n2.hb(T0 + 10, 2_000))
+    run.feed(n1.hb(T0 + 10 + LEASE, 2_000))  # n2 is exactly node_lease_ms old: not older, not stale
+    assert run.alerts() == []
+    assert [d["safe_ts"] for d in run.directives()] == [1_000, 2_000]
+    run.feed(n1.hb(T0 + 11 + LEASE, 3_000))
+    [a] = run.alerts("missing_node", "raised")
+    assert a["node"] == "n2" and a["value"] == LEASE + 1 and a["threshold"] == LEASE
+    assert "stale" in a["detail"]
+    run.feed(n1.hb(T0 + 12 + LEASE, 4_000), n1.hb(T0 + 13 + LEASE, 5_000))
+    assert [d["safe_ts"] for d in run.directives()] == [1_000, 2_000], "the safe point holds"
+    assert len(run.alerts()) == 1, "raised once, not on every event"
+    run.feed(n2.hb(T0 + 14 + LEASE, 6_000))
+    [c] = run.alerts("missing_node", "cleared")
+    assert c["node"] == "n2" and c["since_wall_ms"] == T0 + 11 + LEASE
+    assert [d["safe_ts"] for d in run.directives()] == [1_000, 2_000, 5_000]
+
+
+def test_cluster_time_is_the_largest_wall_ms_seen() -> None:
+    """CONTRACT Time: cluster time = the largest wall_ms seen from any node of the cluster."""
+    run = Run(node_lease_ms=LEASE)
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(n1.hb(T0 + 5_000, 1_500), n2.hb(T0 + 100, 2_000))  # n2's clock lags
+    assert run.directives()[-1]["cluster_wall_ms"] == T0 + 5_000
+
+
+def test_lease_uses_event_time_not_arrival() -> None:
+    """CONTRACT Principle: every decision is computed from the events' own fields (a late batch
+    of old events does not make a node stale)."""
+    run = Run(node_lease_ms=LEASE)
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    for i in range(1, 50):
+        run.feed(n1.hb(T0 + i * 1_000, 1_000 + i), n2.hb(T0 + i * 1_000, 1_000 + i))
+    assert run.alerts() == []
+    assert run.last_safe_ts() == 1_049
+
+
+# -- the safe point ------------------------------------------------------------------------------
+
+
+def test_safe_ts_never_goes_backwards() -> None:
+    """CONTRACT Semantics: Safe point: safe_ts = max(previous safe_ts, global minimum); it never goes backwards.
+
+    Seed 001 (YugabyteDB): the committed history cutoff only grows; seed 003: the floor never regresses.
+    """
+    run = Run()
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(n1.hb(T0, 3_000), n2.hb(T0, 3_000))
+    assert run.last_safe_ts() == 3_000
+    n3 = NodeClient("n3")
+    run.feed(topology(2, T0, {"n1": [], "n2": [], "n3": []}), n3.hb(T0, 500))
+    run.feed(n1.hb(T0, 100))  # a node's clock goes back
+    assert run.last_safe_ts() == 3_000
+    assert len(run.directives()) == 2, "no directive: neither safe_ts nor catalog_floor advanced"
+    run.feed(n1.hb(T0, 4_000), n3.hb(T0, 4_000))
+    assert run.last_safe_ts() == 3_000
+    run.feed(n2.hb(T0, 4_500))
+    assert run.last_safe_ts() == 4_000
+
+
+def test_directive_seq_grows_by_one() -> None:
+    """CONTRACT Directives: `seq` grows by one with every directive of the cluster."""
+    run = Run()
+    n1 = NodeClient("n1")
+    run.feed(topology(1, T0, {"n1": []}))
+    for i in range(10):
+        run.feed(n1.hb(T0 + i, 1_000 + i * 10))
+        run.feed(n1.hb(T0 + i, 1_000 + i * 10))  # no advance, no directive
+    ds = run.directives()
+    assert [d["seq"] for d in ds] == list(range(1, 11))
+    assert [d["safe_ts"] for d in ds] == [1_000 + i * 10 for i in range(10)]
+
+
+def test_reader_at_safe_ts_is_protected_and_not_a_violation() -> None:
+    """CONTRACT Semantics: a reader with read_ts >= safe_ts is always protected (the bound is inclusive)."""
+    run = Run()
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(n1.open("r", 1_000, T0), n1.hb(T0, 5_000), n2.hb(T0, 5_000))
+    assert run.alerts() == []
+    assert run.last_safe_ts() == 1_000
+
+
+def test_horizon_violation_raised_and_cleared_and_safe_ts_not_lowered() -> None:
+    """CONTRACT Semantics: Horizon violation: a hold below the current safe_ts raises a critical
+    horizon_violation alert naming the node and the hold; it never lowers safe_ts."""
+    run = Run()
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    outs = run.feed(n2.open("late", 700, T0 + 5))
+    assert [o.channel for o in outs] == ["alerts"]
+    [a] = run.alerts("horizon_violation", "raised")
+    assert a["severity"] == "critical" and a["node"] == "n2"
+    assert a["value"] == 700 and a["threshold"] == 1_000
+    assert "late" in a["detail"] and a["id"] == "default/horizon_violation/n2/reader/late"
+    assert outs[0].key == "n2", "CONTRACT Topics: alerts are keyed by node id (or cluster id)"
+    run.feed(n1.hb(T0 + 6, 2_000), n2.hb(T0 + 6, 2_000))
+    assert [d["safe_ts"] for d in run.directives()] == [1_000], "the violating reader still holds"
+    run.feed(n2.close("late", T0 + 7))
+    [c] = run.alerts("horizon_violation", "cleared")
+    assert c["node"] == "n2" and c["since_wall_ms"] == T0 + 5 and c["severity"] == "critical"
+    assert [d["safe_ts"] for d in run.directives()] == [1_000, 2_000]
+
+
+def test_horizon_violation_for_a_transaction_cleared_by_restart() -> None:
+    """CONTRACT Semantics: horizon violation names the hold (transactions too); a restart that drops
+    the hold ends it."""
+    run = Run()
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(n1.begin("t", 10, T0))
+    [a] = run.alerts("horizon_violation", "raised")
+    assert a["id"] == "default/horizon_violation/n1/tx/t"
+    n1.restart()
+    run.feed(n1.hb(T0 + 1, 1_200))
+    assert len(run.alerts("horizon_violation", "cleared")) == 1
+
+
+def test_horizon_violation_in_snapshot() -> None:
+    """CONTRACT Events snapshot + Horizon violation: a hold first seen in a snapshot below safe_ts is a violation."""
+    run = Run()
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(n1.snapshot(T0, readers=[{"reader_id": "r", "read_ts": 10}], txs=[]))
+    [a] = run.alerts("horizon_violation", "raised")
+    assert a["value"] == 10
+    run.feed(n1.snapshot(T0, readers=[], txs=[]))
+    assert len(run.alerts("horizon_violation", "cleared")) == 1
+
+
+# -- catalog floor -------------------------------------------------------------------------------
+
+
+def test_catalog_floor_is_newest_version_activated_at_or_before_safe_ts() -> None:
+    """CONTRACT Semantics: Catalog floor = the newest catalog version activated at or before safe_ts."""
+    run = Run()
+    run.feed(catalog(1, 1, 100), catalog(2, 2, 500), catalog(3, 3, 2_000))
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=500)
+    [d] = run.directives()
+    assert (d["safe_ts"], d["catalog_floor"]) == (500, 2), "activated exactly at safe_ts counts"
+    run.feed(n1.hb(T0, 1_999), n2.hb(T0, 1_999))
+    assert run.directives()[-1]["catalog_floor"] == 2
+    run.feed(n1.hb(T0, 5_000), n2.hb(T0, 5_000))
+    assert run.directives()[-1]["catalog_floor"] == 3
+
+
+def test_catalog_floor_is_null_before_any_catalog() -> None:
+    """compaction.json: catalog_floor is an integer or null (no catalog version known yet)."""
+    run = Run()
+    two_node_cluster(run, wall=T0, mvcc=500)
+    assert run.directives()[-1]["catalog_floor"] is None
+    run.feed(catalog(1, 4, 600))
+    assert len(run.directives()) == 1, "not active at safe_ts yet"
+    run.feed(catalog(2, 3, 100))
+    d = run.directives()[-1]
+    assert (d["seq"], d["safe_ts"], d["catalog_floor"]) == (2, 500, 3)
+
+
+def test_catalog_floor_advance_alone_emits_a_directive() -> None:
+    """CONTRACT Directives: a directive is emitted when safe_ts *or catalog_floor* advances."""
+    run = Run()
+    two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(catalog(1, 7, 900))
+    ds = run.directives()
+    assert [(d["seq"], d["safe_ts"], d["catalog_floor"]) for d in ds] == [(1, 1_000, None), (2, 1_000, 7)]
+
+
+def test_index_build_holds_back_the_catalog_floor() -> None:
+    """CONTRACT Semantics: the floor does not advance past a version pinned by an unfinished index build.
+
+    Seed 000 (Ignite): abort when the calculated catalog version has an index that is still building.
+    """
+    run = Run()
+    run.feed(catalog(1, 1, 100), catalog(2, 2, 200), index_build(1, "idx_a", 2, "started"))
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(catalog(3, 3, 300))
+    assert run.directives()[-1]["catalog_floor"] == 2
+    run.feed(n1.hb(T0, 2_000), n2.hb(T0, 2_000))
+    assert run.directives()[-1]["catalog_floor"] == 2
+    run.feed(index_build(2, "idx_a", 2, "finished"))
+    d = run.directives()[-1]
+    assert (d["safe_ts"], d["catalog_floor"]) == (2_000, 3)
+
+
+def test_rebalance_holds_back_the_catalog_floor() -> None:
+    """CONTRACT Semantics: the floor does not advance past a version pinned by an unfinished rebalance.
+
+    Seed 000 (Ignite): abort when an active rebalance refers to the calculated (or a lower) catalog version.
+    """
+    run = Run()
+    run.feed(catalog(1, 1, 100), rebalance(1, "g1", 1, "started"), catalog(2, 2, 200))
+    two_node_cluster(run, wall=T0, mvcc=1_000)
+    assert run.directives()[-1]["catalog_floor"] == 1
+    run.feed(rebalance(2, "g2", 2, "started"), rebalance(3, "g1", 1, "finished"))
+    assert run.directives()[-1]["catalog_floor"] == 2
+    run.feed(catalog(3, 3, 300))
+    assert run.directives()[-1]["catalog_floor"] == 2
+    run.feed(rebalance(4, "g2", 2, "finished"))
+    assert run.directives()[-1]["catalog_floor"] == 3
+
+
+def test_catalog_floor_never_goes_backwards() -> None:
+    """CONTRACT Semantics: versions below the floor may be dropped, so the floor cannot come back down."""
+    run = Run()
+    run.feed(catalog(1, 5, 100))
+    two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(index_build(1, "late", 2, "started"))
+    run.feed(catalog(2, 6, 200))
+    assert [d["catalog_floor"] for d in run.directives()] == [5]
+
+
+# -- rate limiting and alerts ---------------------------------------------------------------------
+
+
+def test_directive_interval_rate_limits_directives() -> None:
+    """Policy directive_interval_ms: least cluster time between two directives of one cluster;
+    the held-back advance goes out with the next event after the interval."""
+    run = Run(directive_interval_ms=1_000)
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    run.feed(n1.hb(T0 + 500, 2_000), n2.hb(T0 + 500, 2_000))
+    run.feed(n1.hb(T0 + 999, 3_000), n2.hb(T0 + 999, 3_000))
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+    run.feed(n1.hb(T0 + 1_000, 3_000))  # nothing changes, but the held-back advance is due
+    ds = run.directives()
+    assert [(d["seq"], d["safe_ts"], d["cluster_wall_ms"]) for d in ds] == [(1, 1_000, T0), (2, 3_000, T0 + 1_000)]
+
+
+def test_alerts_only_on_change() -> None:
+    """CONTRACT Alerts: an alert is emitted on a change of state or severity, not on every batch."""
+    run = Run(node_lease_ms=LEASE)
+    n1 = NodeClient("n1")
+    run.feed(topology(1, T0, {"n1": ["g"], "n2": []}))
+    for i in range(20):
+        wall = T0 + i * LEASE // 4
+        run.feed(n1.hb(wall, 1_000 + i, groups=[{"group": "g", "leader": True, "published_min_tx_time": None}]))
+    kinds = sorted((a["kind"], a["state"]) for a in run.alerts())
+    assert kinds == [("missing_node", "raised"), ("unknown_node_min", "raised")]
+    run.feed(topology(2, T0, {"n1": ["g"]}))
+    for i in range(5):
+        run.feed(n1.hb(T0 + 5 * LEASE + i, 2_000 + i, groups=[{"group": "g", "leader": True, "published_min_tx_time": 1_500}]))
+    kinds = [(a["kind"], a["state"]) for a in run.alerts()]
+    assert sorted(kinds) == sorted(
+        [("missing_node", "raised"), ("unknown_node_min", "raised"), ("missing_node", "cleared"), ("unknown_node_min", "cleared")]
+    )
+    assert [d["safe_ts"] for d in run.directives()] == [1_500]
+
+
+def test_abort_alert_raised_again_after_recovery() -> None:
+    """CONTRACT Alerts: each change of state is one message: raised, cleared, raised again."""
+    run = Run(node_lease_ms=LEASE)
+    n1, n2 = two_node_cluster(run, wall=T0, mvcc=1_000)
+    t = T0
+    for _ in range(2):
+        t += LEASE + 1
+        run.feed(n1.hb(t, 1_000))
+        t += 1
+        run.feed(n2.hb(t, 1_000))
+    assert [(a["kind"], a["state"]) for a in run.alerts()] == [("missing_node", "raised"), ("missing_node", "cleared")] * 2

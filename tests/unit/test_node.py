@@ -1,0 +1,352 @@
+"""One node's holds: readers, transactions, groups, retention, restarts, dedupe, snapshots.
+
+Each test cites the CONTRACT section (or seed) it checks. Most run the whole ``Engine`` with a
+one- or two-node topology and read the node's minimum off the directives it produces.
+"""
+
+from __future__ import annotations
+
+import json
+
+from core_helpers import NodeClient, Run, topology
+
+from safepoint.core import NodeState, NodeUpdate, Policy
+
+WALL = 1_700_000_000_000
+
+
+def single(run: Run, groups: list[str] | None = None) -> NodeClient:
+    run.feed(topology(1, WALL, {"n1": groups or []}))
+    return NodeClient("n1")
+
+
+def test_no_heartbeat_means_unknown_minimum() -> None:
+    """CONTRACT Semantics: Node minimum: until its first heartbeat the node's minimum is unknown."""
+    run = Run()
+    n1 = single(run)
+    outs = run.feed(n1.open("r1", 500, WALL))
+    assert run.directives() == []
+    [a] = run.alerts("unknown_node_min", "raised")
+    assert a["node"] == "n1" and "no heartbeat" in a["detail"]
+    assert [o.channel for o in outs] == ["alerts"]
+    run.feed(n1.hb(WALL + 1, 1_000))
+    assert run.alerts("unknown_node_min", "cleared")
+    [d] = run.directives()
+    assert d["safe_ts"] == 500
+
+
+def test_reader_holds_and_release() -> None:
+    """CONTRACT Events reader_open/reader_close; Semantics: a hold is an open reader (read_ts)."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("r1", 500, WALL, label="report-job"), n1.hb(WALL + 10, 1_000))
+    [d] = run.directives()
+    assert d["safe_ts"] == 500
+    assert d["blocker"] == {"node": "n1", "kind": "reader", "id": "r1", "ts": 500, "age_ms": 10, "label": "report-job"}
+    assert d["basis"] == {"n1": {"incarnation": 0, "seq": 1, "local_min": 500}}
+    run.feed(n1.close("r1", WALL + 20))
+    d = run.directives()[-1]
+    assert d["safe_ts"] == 1_000
+    assert d["blocker"] == {"node": "n1", "kind": "retention", "id": None, "ts": 1_000, "age_ms": None, "label": None}
+
+
+def test_smallest_of_several_readers_wins() -> None:
+    """CONTRACT Semantics: local_min(node) = the smallest hold on the node."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("a", 700, WALL), n1.open("b", 400, WALL), n1.open("c", 900, WALL), n1.hb(WALL, 1_000))
+    assert run.last_safe_ts() == 400
+    run.feed(n1.close("b", WALL + 1))
+    assert run.last_safe_ts() == 700
+    assert run.directives()[-1]["blocker"]["id"] == "a"
+
+
+def test_close_of_unknown_reader_or_tx_is_harmless() -> None:
+    """CONTRACT Dead letters: applied or ignored, never an error; closing what is not open changes nothing."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("r1", 500, WALL), n1.hb(WALL, 1_000))
+    outs = run.feed(n1.close("nope", WALL), n1.end("nope", WALL))
+    assert outs == []
+    assert run.counts["applied"] == 5
+    assert run.last_safe_ts() == 500
+
+
+def test_reader_id_reopened_replaces_its_timestamp() -> None:
+    """CONTRACT Events reader_open: one reader id is one reader; a re-open moves its read_ts."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("r1", 500, WALL), n1.hb(WALL, 1_000), n1.open("r1", 800, WALL))
+    assert [d["safe_ts"] for d in run.directives()] == [500, 800]
+
+
+def test_transaction_holds_until_end() -> None:
+    """CONTRACT Events tx_begin/tx_end; Semantics: an undecided transaction holds at begin_ts."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.begin("t1", 300, WALL, label="etl"), n1.hb(WALL + 5, 1_000))
+    [d] = run.directives()
+    assert d["safe_ts"] == 300
+    assert d["blocker"] == {"node": "n1", "kind": "tx", "id": "t1", "ts": 300, "age_ms": 5, "label": "etl"}
+    run.feed(n1.end("t1", WALL + 6, outcome="abort"))
+    assert run.last_safe_ts() == 1_000
+
+
+def test_tx_end_commit_with_commit_ts_releases() -> None:
+    """CONTRACT Events tx_end: `outcome` commit, opt. `commit_ts`: decided and applied on this node."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.begin("t1", 300, WALL), n1.hb(WALL, 1_000), n1.end("t1", WALL, outcome="commit", commit_ts=950))
+    assert run.last_safe_ts() == 1_000
+
+
+def test_prepared_transaction_is_a_hold_and_named_so() -> None:
+    """CONTRACT Events tx_prepare: prepared, decision unknown (in doubt); seed 002: prepared txs pin history."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.begin("t1", 300, WALL), n1.prepare("t1", WALL, "n2", ["n1", "n2"]), n1.hb(WALL, 1_000))
+    [d] = run.directives()
+    assert d["safe_ts"] == 300
+    assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t1"
+    state = run.engine.nodes[("default", "n1")]
+    assert state.txs["t1"][4:] == [True, "n2", ["n1", "n2"]]
+    run.feed(n1.end("t1", WALL + 1))
+    assert run.last_safe_ts() == 1_000
+
+
+def test_prepare_of_unknown_tx_is_applied_without_a_hold() -> None:
+    """CONTRACT Events tx_prepare has no begin_ts: a prepare for a transaction never begun cannot hold anything."""
+    run = Run()
+    n1 = single(run)
+    outs = run.feed(n1.hb(WALL, 1_000), n1.prepare("ghost", WALL))
+    assert run.counts["applied"] == 3
+    assert [d["safe_ts"] for d in run.directives()] == [1_000]
+    assert all(o.channel == "directives" for o in outs)
+
+
+def test_retention_bound() -> None:
+    """CONTRACT Semantics: a node with no reader and no transaction holds at mvcc_now - retention."""
+    run = Run(retention=250)
+    n1 = single(run)
+    run.feed(n1.hb(WALL, 1_000))
+    [d] = run.directives()
+    assert d["safe_ts"] == 750
+    assert d["blocker"] == {"node": "n1", "kind": "retention", "id": None, "ts": 750, "age_ms": None, "label": None}
+    run.feed(n1.open("r", 600, WALL), n1.hb(WALL, 2_000))
+    assert run.last_safe_ts() == 750, "a reader below the retention bound holds"
+    run.feed(n1.close("r", WALL))
+    assert run.last_safe_ts() == 1_750
+
+
+def test_retention_bound_is_the_hold_when_readers_are_newer() -> None:
+    """CONTRACT Semantics: holds = readers, txs, groups and mvcc_now - retention; the smallest wins."""
+    run = Run(retention=500)
+    n1 = single(run)
+    run.feed(n1.open("r", 900, WALL), n1.begin("t", 950, WALL), n1.hb(WALL, 1_000))
+    assert run.directives()[-1]["blocker"]["kind"] == "retention"
+    assert run.last_safe_ts() == 500
+
+
+def test_retention_zero_disables_the_bound() -> None:
+    """CONTRACT Semantics: retention 0 disables the bound (a quiet node holds at mvcc_now)."""
+    run = Run(retention=0)
+    n1 = single(run)
+    run.feed(n1.hb(WALL, 12_345))
+    assert run.last_safe_ts() == 12_345
+
+
+def test_leader_group_without_published_time_makes_minimum_unknown() -> None:
+    """CONTRACT Semantics: while a group the node leads has no published time yet, the minimum is unknown.
+
+    Seed 000 (Ignite): the minimum is published only after a checkpoint; if it is not published yet
+    the current iteration of compaction is aborted.
+    """
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.hb(WALL, 1_000, groups=[{"group": "g1", "leader": True, "published_min_tx_time": None}]))
+    assert run.directives() == []
+    [a] = run.alerts("unknown_node_min", "raised")
+    assert "g1" in a["detail"] and a["node"] == "n1" and a["severity"] == "warning"
+    run.feed(n1.hb(WALL + 1, 1_000, groups=[{"group": "g1", "leader": True, "published_min_tx_time": 400}]))
+    assert run.alerts("unknown_node_min", "cleared")
+    [d] = run.directives()
+    assert d["safe_ts"] == 400
+    assert d["blocker"] == {"node": "n1", "kind": "group", "id": "g1", "ts": 400, "age_ms": None, "label": None}
+
+
+def test_follower_group_without_published_time_does_not_block() -> None:
+    """CONTRACT Semantics: only a group the node *leads* without a published time makes it unknown."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.hb(WALL, 1_000, groups=[{"group": "g1", "leader": False, "published_min_tx_time": None}, {"group": "g2"}]))
+    assert run.last_safe_ts() == 1_000
+    assert run.alerts() == []
+
+
+def test_published_group_time_is_a_hold_even_on_a_follower() -> None:
+    """CONTRACT Semantics: a group's published_min_tx_time is a hold."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.hb(WALL, 1_000, groups=[{"group": "g1", "leader": False, "published_min_tx_time": 600}]))
+    assert run.last_safe_ts() == 600
+    run.feed(n1.hb(WALL, 2_000, groups=[{"group": "g1", "leader": False, "published_min_tx_time": 1_500}]))
+    assert run.last_safe_ts() == 1_500
+
+
+def test_heartbeat_without_groups_keeps_the_last_reported_groups() -> None:
+    """CONTRACT Events heartbeat: `groups` is optional; an omitted list is not an empty one."""
+    run = Run()
+    n1 = single(run, groups=["g1"])
+    run.feed(n1.hb(WALL, 1_000, groups=[{"group": "g1", "leader": True, "published_min_tx_time": 900}]))
+    run.feed(n1.hb(WALL + 1, 2_000))
+    assert run.alerts("missing_group") == []
+    assert run.last_safe_ts() == 900
+
+
+def test_restart_drops_readers_and_unprepared_txs_but_keeps_prepared() -> None:
+    """CONTRACT Semantics: Node restart drops every reader and transaction of the older incarnation,
+    except prepared transactions, which stay held until a tx_end arrives."""
+    run = Run()
+    n1 = single(run)
+    run.feed(
+        n1.open("r", 100, WALL),
+        n1.begin("t-open", 200, WALL),
+        n1.begin("t-prep", 300, WALL),
+        n1.prepare("t-prep", WALL),
+        n1.hb(WALL, 1_000),
+    )
+    assert run.last_safe_ts() == 100
+    n1.restart()
+    run.feed(n1.hb(WALL + 1, 1_100))
+    d = run.directives()[-1]
+    assert d["safe_ts"] == 300
+    assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t-prep"
+    assert d["basis"]["n1"] == {"incarnation": 1, "seq": 0, "local_min": 300}
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == set() and set(state.txs) == {"t-prep"}
+    # a second restart keeps the prepared tx still
+    n1.restart()
+    run.feed(n1.hb(WALL + 2, 1_200))
+    assert set(state.txs) == {"t-prep"}
+    run.feed(n1.end("t-prep", WALL + 3, outcome="abort"))
+    assert run.last_safe_ts() == 1_200
+
+
+def test_restart_can_skip_incarnations() -> None:
+    """CONTRACT Events: incarnation grows by one *at least* each time the process restarts."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("r", 100, WALL), n1.hb(WALL, 1_000))
+    n1.incarnation, n1.seq = 7, -1
+    run.feed(n1.hb(WALL, 1_000))
+    assert run.last_safe_ts() == 1_000
+    assert run.directives()[-1]["basis"]["n1"]["incarnation"] == 7
+
+
+def test_event_of_new_incarnation_that_opens_a_reader_keeps_it() -> None:
+    """CONTRACT Semantics: Node restart drops the *older* incarnation's holds, not the event's own."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("old", 100, WALL), n1.hb(WALL, 1_000))
+    n1.restart()
+    run.feed(n1.open("new", 900, WALL + 1))
+    assert run.last_safe_ts() == 900
+    assert set(run.engine.nodes[("default", "n1")].readers) == {"new"}
+
+
+def test_duplicate_older_seq_and_stale_incarnation_are_ignored_and_counted() -> None:
+    """CONTRACT Events: a lower incarnation or a seq not above the last applied is a duplicate or
+    stale and is ignored (counted, not an error)."""
+    run = Run()
+    n1 = single(run)
+    e0 = n1.open("r", 500, WALL)
+    e1 = n1.hb(WALL, 1_000)
+    e2 = n1.hb(WALL, 1_000)
+    run.feed(e0, e1, e2)
+    state = run.engine.nodes[("default", "n1")]
+    before = json.loads(json.dumps(state.to_json()))
+    assert run.feed(e2) == []  # the same seq again
+    assert run.feed(e0 | {"read_ts": 1}) == []  # an older seq, even with other content
+    assert json.loads(json.dumps(state.to_json())) == before, "ignored events leave the state alone"
+    assert before["r"] == {"r": [500, WALL, None, 0]}
+    n1.restart()
+    run.feed(n1.hb(WALL + 1, 1_000))
+    assert run.feed(e2 | {"seq": 99}) == []  # the older incarnation, whatever its seq
+    assert run.counts == {"applied": 5, "ignored:duplicate": 1, "ignored:older_seq": 1, "ignored:stale_incarnation": 1}
+    assert run.alerts("horizon_violation") == [], "an ignored reader_open below safe_ts raises nothing"
+
+
+def test_seq_gaps_are_fine() -> None:
+    """CONTRACT Events: seq is strictly increasing within an incarnation (not necessarily by one)."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.hb(WALL, 1_000))
+    n1.seq = 41
+    run.feed(n1.open("r", 1_000, WALL))
+    assert run.counts["applied"] == 3
+    assert run.engine.nodes[("default", "n1")].seq == 42
+
+
+def test_snapshot_replaces_the_active_set() -> None:
+    """CONTRACT Events snapshot: the node's complete active set at this seq replaces what the job held."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("gone", 100, WALL), n1.begin("t-gone", 150, WALL), n1.open("kept", 600, WALL), n1.hb(WALL, 1_000))
+    assert run.last_safe_ts() == 100
+    run.feed(
+        n1.snapshot(
+            WALL + 100,
+            readers=[{"reader_id": "kept", "read_ts": 600}, {"reader_id": "new", "read_ts": 700, "label": "bi"}],
+            txs=[{"tx_id": "t-new", "begin_ts": 650, "prepared": True, "coordinator": "n1", "participants": ["n1"]}],
+        )
+    )
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == {"kept", "new"}
+    assert set(state.txs) == {"t-new"} and state.txs["t-new"][4] is True
+    assert state.readers["kept"][1] == WALL, "a listed reader keeps its opening time"
+    assert state.readers["new"][1] == WALL + 100
+    assert run.last_safe_ts() == 600
+    run.feed(n1.snapshot(WALL + 200, readers=[], txs=[]))
+    assert run.last_safe_ts() == 1_000
+
+
+def test_snapshot_opened_wall_ms_sets_blocker_age() -> None:
+    """CONTRACT Directives: blocker.age_ms is the hold's age in cluster time (snapshot may carry opened_wall_ms)."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.snapshot(WALL, readers=[{"reader_id": "r", "read_ts": 10, "opened_wall_ms": WALL - 5_400_000}], txs=[]))
+    run.feed(n1.hb(WALL + 600, 1_000))
+    blocker = run.directives()[-1]["blocker"]
+    assert blocker["age_ms"] == 5_400_600 and blocker["id"] == "r"
+
+
+def test_snapshot_drops_prepared_tx_it_does_not_list() -> None:
+    """CONTRACT Events snapshot: the *complete* active set: a prepared tx left out is no longer held."""
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.begin("t", 100, WALL), n1.prepare("t", WALL), n1.hb(WALL, 1_000))
+    n1.restart()
+    run.feed(n1.snapshot(WALL, readers=[], txs=[]), n1.hb(WALL, 1_000))
+    assert run.last_safe_ts() == 1_000
+
+
+def test_node_state_local_min_directly() -> None:
+    """CONTRACT Semantics: Node minimum, checked on NodeState alone (the node stage)."""
+    policy = Policy(retention=10)
+    state = NodeState("c", "n")
+    assert state.local_min(policy) == (None, "no heartbeat yet", None)
+    base = {"v": 1, "cluster": "c", "node": "n", "incarnation": 0, "wall_ms": 5}
+    u = state.apply(base | {"type": "heartbeat", "seq": 0, "mvcc_now": 100}, policy)
+    assert isinstance(u, NodeUpdate) and u.local_min == 90 and u.unknown is None and u.changed
+    u = state.apply(base | {"type": "heartbeat", "seq": 1, "mvcc_now": 100}, policy)
+    assert isinstance(u, NodeUpdate) and not u.changed, "nothing changed: the cluster stage need not re-evaluate"
+    u = state.apply(base | {"type": "reader_open", "seq": 2, "reader_id": "r", "read_ts": 40}, policy)
+    assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.opened == [["reader", "r", 40]] and u.changed
+    assert state.apply(base | {"type": "reader_close", "seq": 2, "reader_id": "r"}, policy) == "duplicate"
+    assert state.apply(base | {"type": "reader_close", "seq": 1, "reader_id": "r"}, policy) == "older_seq"
+    u = state.apply(base | {"type": "reader_close", "seq": 3, "reader_id": "r"}, policy)
+    assert isinstance(u, NodeUpdate) and u.closed == [["reader", "r"]] and u.local_min == 90
+    restarted = base | {"incarnation": 1}
+    u = state.apply(restarted | {"type": "heartbeat", "seq": 0, "mvcc_now": 50}, policy)
+    assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.incarnation == 1 and u.seq == 0
+    assert state.apply(base | {"type": "heartbeat", "seq": 9, "mvcc_now": 50}, policy) == "stale_incarnation"
