@@ -1,0 +1,462 @@
+"""The node client library (Reporter, DirectiveListener) against the real embedded broker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from safepoint.broker import EmbeddedBroker
+from safepoint.connectors.listener import Directive, DirectiveListener, ExpireDirective, compact_up_to
+from safepoint.connectors.reporter import Reporter, default_incarnation
+from safepoint.connectors.topics import ensure_topics
+from safepoint.errors import ClientClosed, ReaderRefused
+from safepoint.schemas import load
+
+pytestmark = pytest.mark.integration
+
+WALL0 = 1_700_000_000_000
+
+
+# -- fixtures and helpers ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kafka() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as broker:
+        yield broker
+
+
+def _name(prefix: str) -> str:
+    return f"test.{prefix}.{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def events_topic(kafka: EmbeddedBroker) -> str:
+    topic = _name("events")
+    ensure_topics({"bootstrap.servers": kafka.bootstrap},
+                  [NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "delete"})])
+    return topic
+
+
+@pytest.fixture
+def directives_topic(kafka: EmbeddedBroker) -> str:
+    topic = _name("directives")
+    ensure_topics({"bootstrap.servers": kafka.bootstrap},
+                  [NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})])
+    return topic
+
+
+class Clock:
+    """An injected wall clock: every call advances it by ``step`` ms."""
+
+    def __init__(self, start: int = WALL0, step: int = 1) -> None:
+        self.now = start
+        self.step = step
+        self.lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self.lock:
+            self.now += self.step
+            return self.now
+
+
+def make_reporter(kafka: EmbeddedBroker, topic: str, **kwargs: Any) -> Reporter:
+    kwargs.setdefault("cluster", "c1")
+    kwargs.setdefault("incarnation", 7)
+    kwargs.setdefault("heartbeat_interval_s", None)
+    kwargs.setdefault("mvcc_clock", lambda: 1_000)
+    kwargs.setdefault("wall_clock", Clock())
+    return Reporter(kafka.bootstrap, kwargs.pop("node", "n1"), topic=topic, **kwargs)
+
+
+def consume(
+    bootstrap: str,
+    topic: str,
+    until: Callable[[list[tuple[bytes | None, bytes]]], bool],
+    timeout_s: float = 10.0,
+) -> list[tuple[bytes | None, bytes]]:
+    """(key, value) of every message from the beginning, in offset order per partition, until ``until`` holds."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("reader"), "enable.auto.commit": False,
+                  "receive.message.max.bytes": 1_000_000_000})
+    out: list[tuple[bytes | None, bytes]] = []
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        deadline = time.monotonic() + timeout_s
+        while not until(out):
+            assert time.monotonic() < deadline, f"timed out; got {len(out)} message(s): {out[-5:]}"
+            m = c.poll(0.1)
+            if m is None or m.error() is not None:
+                continue
+            value = m.value()
+            assert value is not None
+            out.append((m.key(), value))
+        return out
+    finally:
+        c.close()
+
+
+def consume_events(bootstrap: str, topic: str, n: int, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Exactly the first ``n`` events (a short grace read proves there are no more)."""
+    msgs = consume(bootstrap, topic, lambda out: len(out) >= n, timeout_s)
+    assert len(msgs) == n == _count(bootstrap, topic), "unexpected extra events"
+    return [decode_valid(k, v) for k, v in msgs]
+
+
+def _count(bootstrap: str, topic: str) -> int:
+    """Messages in the topic, from the high watermarks."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("count"), "enable.auto.commit": False})
+    try:
+        parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
+    finally:
+        c.close()
+
+
+def decode_valid(key: bytes | None, value: bytes) -> dict[str, Any]:
+    """Parse a message value and validate it against the contract's schema of its type."""
+    text = value.decode("utf-8")
+    event = json.loads(text)
+    assert text == json.dumps(event, separators=(",", ":"), ensure_ascii=False), "value is not compact JSON"
+    jsonschema.Draft7Validator(load("events", "_envelope")).validate(event)
+    jsonschema.Draft7Validator(load("events", event["type"])).validate(event)
+    assert key == event["node"].encode(), "node events are keyed by node id"
+    return event
+
+
+def produce(bootstrap: str, topic: str, messages: list[tuple[str, dict[str, Any]]]) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    for key, value in messages:
+        p.produce(topic, key=key.encode(), value=json.dumps(value, separators=(",", ":")).encode())
+        p.poll(0)
+    assert p.flush(10) == 0
+
+
+def directive(seq: int, safe_ts: int, cluster: str = "c1", catalog_floor: int | None = 3) -> dict[str, Any]:
+    value = {
+        "v": 1, "type": "compaction", "cluster": cluster, "seq": seq, "safe_ts": safe_ts,
+        "catalog_floor": catalog_floor, "cluster_wall_ms": WALL0 + seq,
+        "blocker": {"node": "n3", "kind": "reader", "id": "r-9", "ts": safe_ts, "age_ms": 10, "label": None},
+        "basis": {"n1": {"incarnation": 2, "seq": 18, "local_min": safe_ts}},
+    }
+    jsonschema.Draft7Validator(load("outputs", "compaction")).validate(value)
+    return value
+
+
+def expire(seq: int, node: str, reader_id: str, cluster: str = "c1") -> tuple[str, dict[str, Any]]:
+    value = {"v": 1, "type": "expire", "cluster": cluster, "node": node, "reader_id": reader_id,
+             "reason": "pinned_bytes critical", "mode": "graceful", "seq": seq}
+    jsonschema.Draft7Validator(load("outputs", "expire")).validate(value)
+    return f"{cluster}/{node}/{reader_id}", value
+
+
+def poll_until(listener: DirectiveListener, pred: Callable[[Directive], bool], timeout_s: float = 10.0) -> Directive:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        d = listener.poll(0.2)
+        if d is not None and pred(d):
+            return d
+    raise AssertionError("no matching directive before the deadline")
+
+
+def wait_for(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        time.sleep(0.02)
+
+
+# -- Reporter ------------------------------------------------------------------------------
+
+
+def test_reader_and_transaction_publish_expected_events_in_order(kafka: EmbeddedBroker, events_topic: str) -> None:
+    with make_reporter(kafka, events_topic, wall_clock=Clock(step=0)) as rep:
+        with rep.reader(100, label="report", groups=["g1"], namespace="db1", reader_id="r-1") as r:
+            assert r.is_open and [x.reader_id for x in rep.active_readers] == ["r-1"]
+        with rep.transaction(120, label="etl") as tx:
+            tx.prepare("n2", ["n1", "n2"])
+            tx.end("commit", commit_ts=130)
+        with rep.transaction(140, tx_id="t-2"):
+            pass
+        assert rep.active_readers == [] and rep.active_transactions == []
+        assert rep.flush(10) == 0
+        assert rep.stats().delivered == 7
+
+    events = consume_events(kafka.bootstrap, events_topic, 7)
+    assert [e["type"] for e in events] == [
+        "reader_open", "reader_close", "tx_begin", "tx_prepare", "tx_end", "tx_begin", "tx_end",
+    ]
+    assert [e["seq"] for e in events] == list(range(7))
+    assert all(e["incarnation"] == 7 and e["node"] == "n1" and e["cluster"] == "c1" for e in events)
+    assert events[2]["tx_id"] == events[3]["tx_id"] == events[4]["tx_id"] == tx.tx_id
+    assert tx.tx_id.startswith("t-") and len(tx.tx_id) == 14
+    assert events[3]["participants"] == ["n1", "n2"] and events[3]["coordinator"] == "n2"
+    assert events[4]["outcome"] == "commit" and events[4]["commit_ts"] == 130
+    assert events[6] == {**events[6], "tx_id": "t-2", "outcome": "commit"} and "commit_ts" not in events[6]
+    # The exact bytes on the wire: field order, compact separators, optional fields only when set.
+    msgs = consume(kafka.bootstrap, events_topic, lambda out: len(out) >= 2)
+    assert msgs[0] == (b"n1", (
+        b'{"v":1,"type":"reader_open","cluster":"c1","wall_ms":1700000000000,"node":"n1","incarnation":7,'
+        b'"seq":0,"reader_id":"r-1","read_ts":100,"groups":["g1"],"namespace":"db1","label":"report"}'
+    ))
+    assert msgs[1][1] == (b'{"v":1,"type":"reader_close","cluster":"c1","wall_ms":1700000000000,"node":"n1",'
+                          b'"incarnation":7,"seq":1,"reader_id":"r-1"}')
+
+
+def test_exception_in_context_still_closes_and_aborts(kafka: EmbeddedBroker, events_topic: str) -> None:
+    with make_reporter(kafka, events_topic) as rep:
+        with pytest.raises(RuntimeError, match="boom"), rep.reader(100) as r:
+            raise RuntimeError("boom")
+        with pytest.raises(RuntimeError, match="boom"), rep.transaction(110) as tx:
+            raise RuntimeError("boom")
+        # A prepared transaction left by an exception is in doubt: it stays held until decided.
+        with pytest.raises(RuntimeError, match="boom"), rep.transaction(120) as prepared:
+            prepared.prepare("n2", ["n1", "n2"])
+            raise RuntimeError("boom")
+        assert rep.active_transactions == [prepared]
+        rep.snapshot()
+        prepared.end("abort")
+        assert rep.active_transactions == []
+
+    events = consume_events(kafka.bootstrap, events_topic, 8)
+    assert [(e["type"], e["seq"]) for e in events] == [
+        ("reader_open", 0), ("reader_close", 1), ("tx_begin", 2), ("tx_end", 3),
+        ("tx_begin", 4), ("tx_prepare", 5), ("snapshot", 6), ("tx_end", 7),
+    ]
+    assert events[1]["reader_id"] == r.reader_id
+    assert events[3] == {**events[3], "tx_id": tx.tx_id, "outcome": "abort"}
+    snap = events[6]
+    assert snap["readers"] == [] and snap["cut"] == 1_000
+    assert snap["txs"] == [{
+        "tx_id": prepared.tx_id, "begin_ts": 120, "opened_wall_ms": events[4]["wall_ms"],
+        "prepared": True, "coordinator": "n2", "participants": ["n1", "n2"],
+    }]
+    assert events[7] == {**events[7], "tx_id": prepared.tx_id, "outcome": "abort"}
+
+
+def test_reader_refused_below_safe_ts_publishes_nothing(kafka: EmbeddedBroker, events_topic: str) -> None:
+    with make_reporter(kafka, events_topic) as rep:
+        rep.observe_safe_ts(500)
+        rep.observe_safe_ts(400)  # the safe point never goes backwards
+        assert rep.safe_ts == 500
+        with pytest.raises(ReaderRefused, match=r"below the cluster's safe point 500.*>= 500"):
+            rep.reader(499).open()
+        with pytest.raises(ReaderRefused, match="safe point 500"), rep.transaction(10):
+            pytest.fail("the body must not run")
+        assert rep.seq == 0 and rep.active_readers == [] and rep.active_transactions == []
+        with rep.reader(500):  # the bound is inclusive
+            pass
+    events = consume_events(kafka.bootstrap, events_topic, 2)
+    assert [(e["type"], e["read_ts"] if "read_ts" in e else None) for e in events] == [
+        ("reader_open", 500), ("reader_close", None),
+    ]
+
+
+def test_reader_without_ts_reads_at_mvcc_clock_and_closed_reporter_refuses(
+    kafka: EmbeddedBroker, events_topic: str
+) -> None:
+    rep = make_reporter(kafka, events_topic, mvcc_clock=lambda: 4_242)
+    with rep.reader() as r:
+        assert r.read_ts == 4_242
+    rep.close()
+    rep.close()  # idempotent
+    with pytest.raises(ClientClosed):
+        rep.reader(5_000).open()
+    events = consume_events(kafka.bootstrap, events_topic, 2)
+    assert events[0]["read_ts"] == 4_242
+
+
+def test_heartbeat_thread_publishes_with_injected_clocks(kafka: EmbeddedBroker, events_topic: str) -> None:
+    mvcc = iter(range(10_000, 10_000_000, 10))
+    figures = {"pinned_bytes": 123, "debt_bytes": 4,
+               "groups": [{"group": "g1", "leader": True, "published_min_tx_time": None}]}
+    rep = make_reporter(
+        kafka, events_topic, heartbeat_interval_s=0.05, wall_clock=Clock(step=1000),
+        mvcc_clock=lambda: next(mvcc), figures=lambda: figures,
+    )
+    try:
+        with rep.reader(9_000, reader_id="r-hb"):
+            wait_for(lambda: rep.stats().sent >= 4)
+            msgs = consume(kafka.bootstrap, events_topic, lambda out: len(out) >= 4)
+    finally:
+        rep.close()
+    events = [decode_valid(k, v) for k, v in msgs]
+    beats = [e for e in events if e["type"] == "heartbeat"]
+    assert len(beats) >= 2
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    walls = [e["wall_ms"] for e in beats]
+    assert all(w > WALL0 and (w - WALL0) % 1000 == 0 for w in walls) and walls == sorted(walls)
+    mvccs = [e["mvcc_now"] for e in beats]
+    assert mvccs == sorted(mvccs) and all(m >= 10_000 for m in mvccs)
+    assert beats[-1]["pinned_bytes"] == 123 and beats[-1]["debt_bytes"] == 4
+    assert beats[-1]["groups"] == figures["groups"]
+    assert beats[-1]["active_readers"] == 1 and beats[-1]["active_txs"] == 0
+    assert not rep.stats().delivery_failures
+
+
+def test_seq_strictly_increasing_across_threads(kafka: EmbeddedBroker, events_topic: str) -> None:
+    n_threads, per_thread = 8, 25
+    with make_reporter(kafka, events_topic) as rep:
+        def work() -> None:
+            for _ in range(per_thread):
+                with rep.reader(1_000):
+                    pass
+
+        threads = [threading.Thread(target=work) for _ in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    total = n_threads * per_thread * 2
+    events = consume_events(kafka.bootstrap, events_topic, total)
+    assert [e["seq"] for e in events] == list(range(total))  # one partition (one key): offset order == seq order
+    open_ids: set[str] = set()
+    for e in events:
+        if e["type"] == "reader_open":
+            assert e["reader_id"] not in open_ids
+            open_ids.add(e["reader_id"])
+        else:
+            open_ids.remove(e["reader_id"])
+    assert not open_ids
+
+
+def test_incarnation_grows_at_each_start(tmp_path: Path) -> None:
+    frozen = Clock(step=0)
+    first = default_incarnation("n1", "c1", tmp_path, frozen)
+    second = default_incarnation("n1", "c1", tmp_path, frozen)
+    assert second > first >= WALL0
+    (tmp_path / "c1.n1.incarnation").write_text("garbage")  # a corrupt file falls back to the clock
+    assert default_incarnation("n1", "c1", tmp_path, Clock(start=WALL0 + 10**6, step=0)) > second
+    back = default_incarnation("n1", "c1", tmp_path, Clock(start=5, step=0))  # the clock stepped back
+    assert back > second
+    # Without a state dir: the clock, yet never twice the same number in one process.
+    a = default_incarnation("n9", "c1", None, frozen)
+    assert default_incarnation("n9", "c1", None, frozen) == a + 1
+
+
+def test_reporter_recovers_after_broker_crash() -> None:
+    """After kill -9 the idempotent producer fails fatally (OUT_OF_ORDER_SEQUENCE_NUMBER);
+    the reporter recreates it and republishes its active set as a snapshot."""
+    broker = EmbeddedBroker().start()
+    topic = _name("crash")
+    try:
+        ensure_topics({"bootstrap.servers": broker.bootstrap},
+                      [NewTopic(topic, num_partitions=1, replication_factor=1)])
+        rep = make_reporter(broker, topic)
+        reader = rep.reader(100, reader_id="r-survivor").open()
+        assert rep.flush(10) == 0
+        for _ in range(30):  # in flight when the broker dies
+            rep.heartbeat()
+        broker.kill()
+        broker = EmbeddedBroker(port=broker.port, data_dir=broker.data_dir).start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and rep.stats().producer_restarts == 0:
+            rep.heartbeat()
+            rep.flush(0.5)
+        assert rep.stats().producer_restarts >= 1, rep.stats()
+        rep.heartbeat()  # publishes the repair snapshot first
+        assert rep.flush(10) == 0
+        msgs = consume(broker.bootstrap, topic, lambda out: any(b'"type":"snapshot"' in v for _, v in out))
+        snap = next(decode_valid(k, v) for k, v in msgs if b'"type":"snapshot"' in v)
+        assert [r["reader_id"] for r in snap["readers"]] == ["r-survivor"]
+        assert rep.stats().repair_snapshots >= 1
+        reader.close()
+        rep.close()
+    finally:
+        broker.cleanup()
+
+
+# -- DirectiveListener ---------------------------------------------------------------------
+
+
+def test_listener_ignores_repeats_and_other_clusters(kafka: EmbeddedBroker, directives_topic: str) -> None:
+    with make_reporter(kafka, _name("unused-events")) as rep, \
+            DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep) as listener:
+        assert listener.cluster == "c1" and listener.node == "n1"
+        wait_for(lambda: listener.poll(0.1) is None and listener.caught_up)  # empty topic: nothing to deliver
+        produce(kafka.bootstrap, directives_topic, [
+            ("c1", directive(1, 100)),
+            ("c2", directive(5, 900, cluster="c2")),
+            ("c1", directive(2, 200, catalog_floor=4)),
+            ("c1", directive(2, 200, catalog_floor=4)),  # the at-least-once sink repeats itself
+            ("c1", directive(1, 100)),  # older
+            ("c1", directive(3, 300, catalog_floor=None)),
+        ])
+        got = [poll_until(listener, lambda d: True) for _ in range(3)]
+        assert [(d.seq, d.safe_ts, d.catalog_floor) for d in got] == [(1, 100, 3), (2, 200, 4), (3, 300, None)]
+        assert listener.poll(0.5) is None
+        assert listener.safe_ts == 300 and listener.catalog_floor is None and listener.seq == 3
+        stats = listener.stats()
+        assert (stats.delivered, stats.repeats, stats.other_clusters) == (3, 2, 1)
+        # The node-side half of horizon_violation: the reporter learnt the safe point.
+        assert rep.safe_ts == 300
+        with pytest.raises(ReaderRefused):
+            rep.reader(299).open()
+    assert compact_up_to(got[-1], None) == 300
+    assert compact_up_to(got[-1], 250) == 250
+    assert compact_up_to(got[-1], 400) == 300
+    assert compact_up_to({"safe_ts": 7}, 9) == 7
+
+
+def test_listener_delivers_latest_on_start(kafka: EmbeddedBroker, directives_topic: str) -> None:
+    produce(kafka.bootstrap, directives_topic, [
+        ("c1", directive(1, 100)),
+        ("c1", directive(2, 200)),
+        ("c2", directive(9, 999, cluster="c2")),
+        ("c1", directive(3, 300, catalog_floor=5)),
+        ("c1", directive(3, 300, catalog_floor=5)),
+        ("c1", {"v": 1, "type": "compaction", "cluster": "c1", "seq": 4}),  # invalid: skipped, logged
+    ])
+    with DirectiveListener(kafka.bootstrap, "c1", topic=directives_topic) as listener:
+        first = poll_until(listener, lambda d: True)
+        assert (first.seq, first.safe_ts, first.catalog_floor) == (3, 300, 5)
+        assert listener.poll(0.5) is None
+        assert (listener.safe_ts, listener.catalog_floor) == (300, 5)
+        stats = listener.stats()
+        assert (stats.delivered, stats.superseded, stats.invalid, stats.other_clusters) == (1, 2, 1, 1)
+        assert first.basis["n1"]["local_min"] == 300 and first.raw["cluster_wall_ms"] == WALL0 + 3
+
+
+def test_listener_thread_calls_back_and_routes_expiries(kafka: EmbeddedBroker, directives_topic: str) -> None:
+    produce(kafka.bootstrap, directives_topic, [("c1", directive(1, 100))])
+    seen: list[Directive] = []
+    expired: list[ExpireDirective] = []
+    failures = {"left": 1}
+
+    def on_directive(d: Directive) -> None:
+        if d.seq == 2 and failures["left"]:
+            failures["left"] -= 1
+            raise RuntimeError("handler failed once")  # retried until it succeeds
+        seen.append(d)
+
+    listener = DirectiveListener(kafka.bootstrap, "c1", topic=directives_topic, node="n1", on_directive=on_directive,
+                                 on_expire=expired.append, retry_backoff_s=0.05).start()
+    try:
+        wait_for(lambda: [d.seq for d in seen] == [1])
+        produce(kafka.bootstrap, directives_topic, [
+            expire(1, "n1", "r-1"),
+            expire(1, "n1", "r-1"),  # repeat
+            expire(2, "n2", "r-2"),  # another node: advances the seq, not delivered here
+            ("c1", directive(2, 200)),
+            expire(3, "n1", "r-3"),
+        ])
+        wait_for(lambda: [d.seq for d in seen] == [1, 2] and len(expired) == 2)
+        assert [(e.seq, e.reader_id, e.mode) for e in expired] == [(1, "r-1", "graceful"), (3, "r-3", "graceful")]
+        assert listener.stats().handler_failures == 1
+        with pytest.raises(Exception, match="background thread"):
+            listener.poll(0)
+    finally:
+        listener.close()
+    with pytest.raises(ClientClosed):
+        listener.poll(0)

@@ -1,0 +1,464 @@
+"""Hypothesis properties of the core over generated event logs (STYLE.md rule 9).
+
+A generated log comes from a small simulated cluster: several nodes opening and closing readers
+and transactions, preparing some, heartbeating with advancing ``mvcc_now`` and ``wall_ms``,
+restarting (incarnation bumps), replaying old events (duplicates, older seqs, stale
+incarnations), publishing topologies now and then, and a few cluster events and bad messages.
+
+The properties:
+
+a. monotonic: per cluster, directive ``safe_ts`` never decreases and ``seq`` grows by exactly one
+   (CONTRACT Semantics "Safe point"; Directives "seq grows by one").
+b. safety: when a directive is emitted, its ``safe_ts`` is <= every hold live at that point of the
+   log on a node of the current membership, except holds that were already below the then-current
+   ``safe_ts`` when they arrived, and each of those raised a horizon_violation alert at once
+   (CONTRACT Semantics "Global minimum", "Safe point", "Horizon violation"). Live holds come from
+   ``HoldModel``, an independent model of the contract's node rules; it never reads the engine.
+c. batch-split invariance: serialising every state object through JSON at arbitrary points and
+   continuing with a fresh ``Engine`` gives exactly the outputs of one uninterrupted run
+   (CONTRACT Principle: "whatever the micro-batch boundaries").
+d. liveness: once every hold closes and every node heartbeats, the safe point reaches
+   min over member nodes of (mvcc_now - retention).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from core_helpers import EVENTS_TOPIC, check_output
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+T0 = 1_700_000_000_000
+MVCC0 = 1_000_000
+BIG = 10**15  # the settle phase's mvcc_now: above every timestamp a generated log can hold
+GROUPS = ("g0", "g1")
+
+# -- the generated log -------------------------------------------------------------------------
+
+
+@dataclass
+class SimNode:
+    """A well-behaved node process: what it would send, in its own order."""
+
+    name: str
+    cluster: str | None
+    idx: int
+    incarnation: int = 0
+    seq: int = -1
+    mvcc: int = MVCC0
+    readers: dict[str, int] = field(default_factory=dict)
+    txs: dict[str, list[Any]] = field(default_factory=dict)  # id -> [begin_ts, prepared]
+    counter: int = 0
+
+    @property
+    def groups(self) -> list[str]:
+        return [GROUPS[self.idx % 2]]
+
+    def event(self, type_: str, wall: int, **fields: Any) -> dict[str, Any]:
+        self.seq += 1
+        ev = {"v": 1, "type": type_, "node": self.name, "incarnation": self.incarnation, "seq": self.seq, "wall_ms": wall}
+        if self.cluster is not None:
+            ev["cluster"] = self.cluster
+        ev.update(fields)
+        return ev
+
+    def new_id(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}-{self.name}-{self.incarnation}-{self.counter}"
+
+
+OPS = (
+    ["open"] * 4
+    + ["close"] * 3
+    + ["begin"] * 2
+    + ["prepare"]
+    + ["end"] * 2
+    + ["hb"] * 8
+    + ["restart", "dup", "dup", "snapshot", "topology", "tick", "catalog", "garbage"]
+)
+
+op_strategy = st.tuples(
+    st.sampled_from(OPS),
+    st.integers(0, 7),  # which node
+    st.integers(0, 400),  # a size: ts offset, mvcc advance, choice among open holds
+    st.integers(0, 63),  # a choice: subset bits, flags
+    st.sampled_from([0, 0, 1, 10, 100, 300]),  # wall-clock advance before the op (tick: past a lease)
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    policy: Policy
+    n_nodes: int
+    clusters: tuple[str | None, ...]
+    ops: tuple[tuple[str, int, int, int, int], ...]
+    prelude: str | None = None
+
+
+scenarios = st.builds(
+    Scenario,
+    policy=st.builds(
+        Policy,
+        retention=st.sampled_from([0, 0, 50, 300]),
+        node_lease_ms=st.sampled_from([1_000, 5_000]),
+        directive_interval_ms=st.sampled_from([0, 0, 0, 700]),
+    ),
+    n_nodes=st.integers(1, 5),
+    clusters=st.sampled_from([(None,), (None,), ("c1", "c2")]),
+    ops=st.lists(op_strategy, min_size=20, max_size=120).map(tuple),
+    prelude=st.sampled_from([None, "heartbeats", "topology", "topology"]),
+)
+
+
+class LogBuilder:
+    """Turns a scenario's ops into a log of message values, as a cluster would write them."""
+
+    def __init__(self, sc: Scenario) -> None:
+        self.sc = sc
+        self.now = T0
+        self.nodes = [SimNode(f"n{i}", sc.clusters[i % len(sc.clusters)], i) for i in range(sc.n_nodes)]
+        self.log: list[dict[str, Any] | str] = []
+        self.sent: list[dict[str, Any]] = []
+        self.versions: dict[tuple[str | None, str], int] = defaultdict(int)
+        self.topology: dict[str | None, dict[str, list[str]]] = {}
+        self.catalog_version = 0
+
+    def emit(self, ev: dict[str, Any]) -> None:
+        self.log.append(ev)
+        self.sent.append(ev)
+
+    def cluster_event(self, cluster: str | None, type_: str, **fields: Any) -> dict[str, Any]:
+        self.versions[(cluster, type_)] += 1
+        ev = {"v": 1, "type": type_, "version": self.versions[(cluster, type_)], "wall_ms": self.now, **fields}
+        if cluster is not None:
+            ev["cluster"] = cluster
+        return ev
+
+    def build(self) -> list[dict[str, Any] | str]:
+        if self.sc.prelude:  # every node introduces itself; a published topology, sometimes
+            for n in self.nodes:
+                groups = [{"group": g, "leader": True, "published_min_tx_time": n.mvcc} for g in n.groups]
+                self.emit(n.event("heartbeat", self.now, mvcc_now=n.mvcc, groups=groups))
+            if self.sc.prelude == "topology":
+                for cluster in self.sc.clusters:
+                    nodes = {m.name: m.groups for m in self.nodes if m.cluster == cluster}
+                    self.topology[cluster] = nodes
+                    self.emit(self.cluster_event(cluster, "topology", nodes=nodes))
+        for kind, i, size, choice, dt in self.sc.ops:
+            self.now += dt
+            self.step(kind, self.nodes[i % len(self.nodes)], size, choice)
+        return self.log
+
+    def step(self, kind: str, n: SimNode, size: int, choice: int) -> None:  # noqa: C901 - one branch per op
+        now = self.now
+        if kind == "open":
+            rid = n.new_id("r")
+            n.readers[rid] = n.mvcc - size
+            self.emit(n.event("reader_open", now, reader_id=rid, read_ts=n.readers[rid], label=f"job{choice % 3}"))
+        elif kind == "close":
+            rid = pick(sorted(n.readers), size) or "never-opened"
+            n.readers.pop(rid, None)
+            self.emit(n.event("reader_close", now, reader_id=rid))
+        elif kind == "begin":
+            tid = n.new_id("t")
+            n.txs[tid] = [n.mvcc - size, False]
+            self.emit(n.event("tx_begin", now, tx_id=tid, begin_ts=n.txs[tid][0]))
+        elif kind == "prepare":
+            tid = pick(sorted(t for t, (_, p) in n.txs.items() if not p), size)
+            if tid is not None:
+                n.txs[tid][1] = True
+                self.emit(n.event("tx_prepare", now, tx_id=tid, coordinator=n.name, participants=[n.name]))
+        elif kind == "end":
+            tid = pick(sorted(n.txs), size)
+            if tid is not None:
+                del n.txs[tid]
+                self.emit(n.event("tx_end", now, tx_id=tid, outcome="commit" if choice % 2 else "abort"))
+        elif kind == "hb":
+            n.mvcc += size
+            fields: dict[str, Any] = {"mvcc_now": n.mvcc}
+            if choice % 4 != 0:
+                published = None if choice % 16 == 1 else n.mvcc - (choice % 8) * 10
+                fields["groups"] = [{"group": g, "leader": choice % 2 == 1, "published_min_tx_time": published} for g in n.groups]
+            self.emit(n.event("heartbeat", now, **fields))
+        elif kind == "restart":
+            # the process died: its readers and unprepared transactions died with it
+            n.incarnation += 1 + (choice % 8 == 0)
+            n.seq = -1
+            n.readers.clear()
+            n.txs = {t: h for t, h in n.txs.items() if h[1]}
+            n.mvcc += size
+            self.emit(n.event("heartbeat", now, mvcc_now=n.mvcc, groups=[{"group": g} for g in n.groups]))
+        elif kind == "dup":
+            if self.sent:
+                self.log.append(self.sent[-1 - (size % len(self.sent))])
+        elif kind == "snapshot":
+            readers = [{"reader_id": r, "read_ts": ts} for r, ts in sorted(n.readers.items())]
+            txs = [{"tx_id": t, "begin_ts": ts, "prepared": p} for t, (ts, p) in sorted(n.txs.items())]
+            self.emit(n.event("snapshot", now, cut=n.mvcc, readers=readers, txs=txs))
+        elif kind == "topology":
+            cluster = n.cluster
+            same = [m for m in self.nodes if m.cluster == cluster]
+            members = [m for m in same if choice & (1 << (m.idx // len(self.sc.clusters)) % 6)] or [n]
+            nodes = {m.name: (m.groups if size % 3 == 0 else []) for m in members}
+            if size % 7 == 0:
+                nodes[f"ghost-{cluster}"] = []  # named by the topology, never reports
+            self.topology[cluster] = nodes
+            self.emit(self.cluster_event(cluster, "topology", nodes=nodes))
+        elif kind == "tick":
+            self.now += self.sc.policy.node_lease_ms + size
+        elif kind == "catalog":
+            if choice % 3 == 0:
+                self.catalog_version += 1
+                ev = self.cluster_event(n.cluster, "catalog", catalog_version=self.catalog_version, activated_at=n.mvcc - size)
+            else:
+                state = "started" if choice % 3 == 1 else "finished"
+                ev = self.cluster_event(n.cluster, "index_build", index=f"i{size % 2}", catalog_version=self.catalog_version, state=state)
+            self.emit(ev)
+        elif kind == "garbage":
+            self.log.append(["not json {", '{"v": 1, "type": "heartbeat"}', "[]", '{"v": 2}'][choice % 4])
+
+    def settle(self) -> list[dict[str, Any]]:
+        """Close every hold, then every node (and every node a topology names) heartbeats twice."""
+        events: list[dict[str, Any]] = []
+        for n in self.nodes:
+            for rid in sorted(n.readers):
+                events.append(n.event("reader_close", self.now, reader_id=rid))
+            for tid in sorted(n.txs):
+                events.append(n.event("tx_end", self.now, tx_id=tid, outcome="abort"))
+            n.readers.clear()
+            n.txs.clear()
+        ghosts = {
+            (cluster, name) for cluster, topo in self.topology.items() for name in topo if name.startswith("ghost")
+        }
+        sims = self.nodes + [SimNode(name, cluster, 0) for cluster, name in sorted(ghosts, key=str)]
+        wall = self.now + 2 * self.sc.policy.node_lease_ms + self.sc.policy.directive_interval_ms + 1
+        for k, n in enumerate(sims):
+            n.mvcc = BIG + 1_000 * (k + 1) + n.idx
+        for rnd in range(2):
+            for n in sims:
+                required = self.topology.get(n.cluster, {}).get(n.name, [])
+                groups = [{"group": g, "leader": True, "published_min_tx_time": n.mvcc} for g in sorted(set(required))]
+                later = rnd * (self.sc.policy.node_lease_ms + self.sc.policy.directive_interval_ms)  # past any discovery window
+                events.append(n.event("heartbeat", wall + later, mvcc_now=n.mvcc, groups=groups))
+        return events
+
+
+def pick(items: list[str], size: int) -> str | None:
+    return items[size % len(items)] if items else None
+
+
+def encode(msg: dict[str, Any] | str) -> str:
+    return msg if isinstance(msg, str) else json.dumps(msg)
+
+
+def run_engine(policy: Policy, log: list[dict[str, Any] | str]) -> list[list[Output]]:
+    """One uninterrupted run: the outputs of each message, in order, schema-checked."""
+    engine = Engine(policy)
+    per_message = []
+    for offset, msg in enumerate(log):
+        outs = engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None))
+        for out in outs:
+            check_output(out)
+        per_message.append(outs)
+    return per_message
+
+
+# -- the independent model of holds -------------------------------------------------------------
+
+
+@dataclass
+class ModelNode:
+    incarnation: int = -1
+    seq: int = -1
+    holds: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (kind, id) -> [ts, prepared, excluded]
+
+
+class HoldModel:
+    """The contract's node rules, written again as simply as possible, to say which holds are live."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[tuple[str, str], ModelNode] = {}
+        self.seen: dict[str, set[str]] = defaultdict(set)
+        self.topology: dict[str, set[str]] = {}
+        self.versions: dict[tuple[str, str], int] = {}
+        self.safe: dict[str, int] = {}
+        self.ignored = 0
+        self.deadlettered = 0
+
+    def members(self, cluster: str) -> set[str]:
+        return self.topology[cluster] if cluster in self.topology else self.seen[cluster]
+
+    def apply(self, msg: dict[str, Any] | str) -> list[tuple[str, str, str, str, int]]:
+        """Apply one message; return the holds it opened below the then-current safe_ts."""
+        if not isinstance(msg, dict) or msg.get("v") != 1 or "wall_ms" not in msg:
+            self.deadlettered += 1
+            return []
+        cluster = msg.get("cluster", "default")
+        if "node" not in msg:
+            key = (cluster, msg["type"])
+            if msg["version"] <= self.versions.get(key, -1):
+                self.ignored += 1
+            else:
+                self.versions[key] = msg["version"]
+                if msg["type"] == "topology":
+                    self.topology[cluster] = set(msg["nodes"])
+            return []
+        node = self.nodes.setdefault((cluster, msg["node"]), ModelNode())
+        inc, seq = msg["incarnation"], msg["seq"]
+        if inc < node.incarnation or (inc == node.incarnation and seq <= node.seq):
+            self.ignored += 1
+            return []
+        if inc > node.incarnation:
+            node.holds = {k: h for k, h in node.holds.items() if k[0] == "tx" and h[1]}  # prepared txs survive
+            node.incarnation = inc
+        node.seq = seq
+        self.seen[cluster].add(msg["node"])
+        safe = self.safe.get(cluster)
+        opened: list[tuple[str, int]] = []
+        t = msg["type"]
+        if t == "reader_open":
+            node.holds[("reader", msg["reader_id"])] = [msg["read_ts"], False, False]
+            opened.append((f"reader/{msg['reader_id']}", msg["read_ts"]))
+        elif t == "tx_begin":
+            node.holds[("tx", msg["tx_id"])] = [msg["begin_ts"], False, False]
+            opened.append((f"tx/{msg['tx_id']}", msg["begin_ts"]))
+        elif t == "reader_close":
+            node.holds.pop(("reader", msg["reader_id"]), None)
+        elif t == "tx_end":
+            node.holds.pop(("tx", msg["tx_id"]), None)
+        elif t == "tx_prepare":
+            if ("tx", msg["tx_id"]) in node.holds:
+                node.holds[("tx", msg["tx_id"])][1] = True
+        elif t == "snapshot":
+            new: dict[tuple[str, str], list[Any]] = {}
+            for kind, items, id_key, ts_key in (("reader", msg["readers"], "reader_id", "read_ts"), ("tx", msg["txs"], "tx_id", "begin_ts")):
+                for item in items:
+                    k = (kind, item[id_key])
+                    old = node.holds.get(k)
+                    if old is not None and old[0] == item[ts_key]:
+                        new[k] = [old[0], item.get("prepared", old[1]), old[2]]
+                    else:
+                        new[k] = [item[ts_key], item.get("prepared", False), False]
+                        opened.append((f"{kind}/{item[id_key]}", item[ts_key]))
+            node.holds = new
+        below = []
+        for hold, ts in opened:
+            if safe is not None and ts < safe:
+                kind, hid = hold.split("/", 1)
+                node.holds[(kind, hid)][2] = True  # excluded: it arrived below the safe point
+                below.append((cluster, msg["node"], kind, hid, ts))
+        return below
+
+    def live_holds(self, cluster: str) -> list[tuple[str, str, str, int]]:
+        return [
+            (name, kind, hid, h[0])
+            for (c, name), node in self.nodes.items()
+            if c == cluster and name in self.members(cluster)
+            for (kind, hid), h in node.holds.items()
+            if not h[2]
+        ]
+
+
+# -- the properties ------------------------------------------------------------------------------
+
+
+def directives_of(outs: list[Output]) -> list[dict[str, Any]]:
+    return [o.value for o in outs if o.channel == "directives" and o.value["type"] == "compaction"]
+
+
+@SETTINGS
+@given(scenarios)
+def test_a_safe_ts_monotonic_and_seq_by_one(sc: Scenario) -> None:
+    """Property a: CONTRACT Semantics "Safe point ... never goes backwards"; Directives "seq grows by one"."""
+    builder = LogBuilder(sc)
+    log = builder.build() + builder.settle()
+    last: dict[str, tuple[int, int, int | None]] = {}
+    for outs in run_engine(sc.policy, log):
+        for d in directives_of(outs):
+            prev_seq, prev_safe, prev_floor = last.get(d["cluster"], (0, d["safe_ts"], None))
+            assert d["seq"] == prev_seq + 1
+            assert d["safe_ts"] >= prev_safe
+            if prev_floor is not None:
+                assert d["catalog_floor"] is not None and d["catalog_floor"] >= prev_floor
+            assert (d["seq"] == 1) or d["safe_ts"] > prev_safe or d["catalog_floor"] != prev_floor, "a directive means an advance"
+            last[d["cluster"]] = (d["seq"], d["safe_ts"], d["catalog_floor"])
+
+
+@SETTINGS
+@given(scenarios)
+def test_b_safe_ts_never_passes_a_live_hold(sc: Scenario) -> None:
+    """Property b: CONTRACT Semantics "Global minimum", "Safe point" (inclusive bound), "Horizon violation"."""
+    log = LogBuilder(sc).build()
+    model = HoldModel()
+    engine = Engine(sc.policy)
+    for offset, msg in enumerate(log):
+        outs = engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None))
+        below = model.apply(msg)
+        raised = {
+            (o.value["cluster"], o.value["node"], *o.value["id"].split("/", 4)[3:], o.value["value"])
+            for o in outs
+            if o.channel == "alerts" and o.value["kind"] == "horizon_violation" and o.value["state"] == "raised"
+        }
+        assert raised == set(below), "a violation is alerted exactly when a hold arrives below safe_ts"
+        for d in directives_of(outs):
+            for node, kind, hid, ts in model.live_holds(d["cluster"]):
+                assert d["safe_ts"] <= ts, f"directive {d['seq']} passes live {kind} {hid} at {ts} on {node}"
+            model.safe[d["cluster"]] = d["safe_ts"]
+    ignored = sum(v for k, v in engine.counts.items() if k.startswith("ignored:"))
+    assert ignored == model.ignored, "CONTRACT: duplicates and stale events are ignored and counted"
+    assert engine.counts["deadlettered"] == model.deadlettered
+
+
+@SETTINGS
+@given(scenarios, st.sets(st.integers(0, 120), max_size=8))
+def test_c_batch_split_invariance(sc: Scenario, splits: set[int]) -> None:
+    """Property c: CONTRACT Principle: the same events in the same order give the same directives
+    and alerts whatever the micro-batch boundaries (state restored from JSON at each boundary)."""
+    builder = LogBuilder(sc)
+    log = builder.build() + builder.settle()
+    whole = [out for outs in run_engine(sc.policy, log) for out in outs]
+
+    nodes: dict[tuple[str, str], NodeState] = {}
+    clusters: dict[str, ClusterState] = {}
+    split_out: list[Output] = []
+    engine = Engine(sc.policy)
+    for offset, msg in enumerate(log):
+        if offset in splits:
+            nodes = {k: NodeState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.nodes.items()}
+            clusters = {k: ClusterState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.clusters.items()}
+            engine = Engine(sc.policy)
+            engine.nodes, engine.clusters = nodes, clusters
+        split_out.extend(engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None)))
+    assert split_out == whole
+
+
+@SETTINGS
+@given(scenarios)
+def test_d_liveness_when_holds_close_and_nodes_heartbeat(sc: Scenario) -> None:
+    """Property d: once every hold closes and every node heartbeats with fresh wall_ms and advancing
+    mvcc_now, safe_ts reaches min over the members of (mvcc_now - retention) (CONTRACT Semantics
+    "Node minimum": a node with no reader and no transaction holds at mvcc_now - retention)."""
+    builder = LogBuilder(sc)
+    log = builder.build()
+    settle = builder.settle()
+    per_message = run_engine(sc.policy, log + settle)
+    final: dict[str, int] = {}
+    for outs in per_message:
+        for d in directives_of(outs):
+            final[d["cluster"]] = d["safe_ts"]
+    expected: dict[str, int] = defaultdict(lambda: BIG * 2)
+    members: dict[str, set[str]] = {}
+    for cluster, topo in builder.topology.items():
+        members[cluster or "default"] = set(topo)
+    mvcc = {(ev.get("cluster", "default"), ev["node"]): ev["mvcc_now"] for ev in settle if ev["type"] == "heartbeat"}
+    for (cluster, node), now in mvcc.items():
+        if cluster not in members or node in members[cluster]:
+            expected[cluster] = min(expected[cluster], now - sc.policy.retention)
+    assert final == dict(expected)
