@@ -170,7 +170,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         marks = self._watermarks()
         begin = {p: int(start.get(p, marks[p][0])) for p in marks}
         latest = {p: max(begin[p], m[1]) for p, m in marks.items()}
-        max_rows = limit.maxRows if isinstance(limit, ReadMaxRows) else None
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         return plan_offsets(begin, latest, max_rows)
 
     def reportLatestOffset(self) -> dict[str, int] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from safepoint.errors import BrokerError
 

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy (strict, project packages)"
-.venv/bin/mypy
+./scripts/typecheck.sh
 echo "== pytest"
 set +e
 .venv/bin/pytest "$@"

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from safepoint.errors import BrokerError
 
@@ -27,7 +28,7 @@ BROKER_PACKAGE = "noida-db==0.2.3"
 def find_binary() -> str:
     """Path of the pinned noida-db binary installed with the project."""
     try:
-        import noida_db  # type: ignore[import-not-found]
+        import noida_db
     except ImportError as exc:
         msg = f"the embedded broker is not installed: pip install '{BROKER_PACKAGE}' (it is a project dependency)"
         raise BrokerError(msg) from exc
@@ -54,7 +55,8 @@ def wait_for_kafka(bootstrap: str, timeout_s: float = 30.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     last: Exception | None = None
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0, "logger": _QuietLogger()})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 0, "logger": _QuietLogger()}
+    admin = AdminClient(conf)
     while time.monotonic() < deadline:
         try:
             md = admin.list_topics(timeout=2)

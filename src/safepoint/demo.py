@@ -47,7 +47,10 @@ class LiveView:
             msg = self.consumer.poll(0.1)
             if msg is None or msg.error():
                 continue
-            value = json.loads(msg.value())
+            raw = msg.value()
+            if raw is None:
+                continue
+            value = json.loads(raw)
             if msg.topic() == self.settings.directives_topic and value.get("type") == "compaction":
                 prev = self.latest.get(value["cluster"])
                 if prev is None or value["seq"] > prev["seq"]:
