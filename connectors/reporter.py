@@ -433,10 +433,11 @@ class Reporter:
             "acks": "all",
             "linger.ms": 5,
             "client.id": f"safepoint-reporter-{node}",
-            "logger": logging.getLogger("safepoint.reporter.librdkafka"),
+            "logger": _GuardedLogger(logging.getLogger("safepoint.reporter.librdkafka"), self._pending_exception),
         }
         self._conf.update(kafka_conf or {})
-        self._conf["error_cb"] = self._on_error
+        self._conf["error_cb"] = self._guard(self._on_error)
+        self._deliver = self._guard(self._on_delivery)
 
         self._lock = threading.RLock()
         self._seq = 0
@@ -740,7 +741,7 @@ class Reporter:
         recreated = False
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=self._key, on_delivery=self._on_delivery)
+                self._producer.produce(self.topic, value=value, key=self._key, on_delivery=self._deliver)
                 break
             except BufferError:
                 if time.monotonic() >= deadline:
@@ -788,6 +789,32 @@ class Reporter:
             self._fatal = True
             self._needs_snapshot = True
         log.warning("reporter %s: producer error: %s", self.node, exc)
+
+    def _guard(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """Make a librdkafka callback survive a pending exception.
+
+        confluent-kafka 2.16 keeps serving callbacks after it has raised a fatal error (the idempotent
+        producer's OUT_OF_ORDER_SEQUENCE_NUMBER after a broker crash): they run with the
+        KafkaException pending, and the first C call in them fails with ``SystemError: ... returned
+        a result with an exception set``. Catching that SystemError consumes the pending exception;
+        the fatal error is then recorded here and the callback runs again.
+        """
+
+        def guarded(*args: Any) -> None:
+            try:
+                callback(*args)
+            except SystemError as exc:
+                self._pending_exception(exc)
+                callback(*args)
+
+        return guarded
+
+    def _pending_exception(self, exc: SystemError) -> None:
+        cause = exc.__cause__ or exc.__context__
+        err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+        if err is None or _is_fatal(err):
+            self._fatal = True
+            self._needs_snapshot = True
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         with self._stats_lock:
@@ -841,6 +868,21 @@ class Reporter:
             except Exception:
                 log.exception("reporter %s: heartbeat failed; retrying in %.1f s", self.node, interval_s)
             self._stop.wait(interval_s)
+
+
+class _GuardedLogger:
+    """librdkafka's log lines to a logging.Logger, surviving a pending exception (see Reporter._guard)."""
+
+    def __init__(self, logger: logging.Logger, on_pending: Callable[[SystemError], None]) -> None:
+        self._logger = logger
+        self._on_pending = on_pending
+
+    def log(self, level: int, msg: str, *args: object) -> None:
+        try:
+            self._logger.log(level, msg, *args)
+        except SystemError as exc:
+            self._on_pending(exc)
+            self._logger.log(level, msg, *args)
 
 
 def _is_fatal(err: object) -> bool:
