@@ -1,0 +1,78 @@
+"""Offset planning of the Kafka source, settings precedence, and the replay command."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from safepoint.cli import main
+from safepoint.connectors.kafka_source import plan_offsets
+from safepoint.errors import ConfigError
+from safepoint.settings import Secret, load_settings
+
+
+def test_plan_offsets_without_limit_reads_everything() -> None:
+    assert plan_offsets({"0": 5, "1": 0}, {"0": 9, "1": 3}, None) == {"0": 9, "1": 3}
+
+
+def test_plan_offsets_shares_the_limit_fairly() -> None:
+    assert plan_offsets({"0": 0, "1": 0, "2": 0}, {"0": 100, "1": 2, "2": 100}, 10) == {"0": 4, "1": 2, "2": 4}
+
+
+@given(
+    st.dictionaries(st.sampled_from(["0", "1", "2", "3"]), st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1),
+    st.one_of(st.none(), st.integers(1, 120)),
+)
+@settings(max_examples=200, deadline=None)
+def test_plan_offsets_never_overreads_and_uses_the_budget(parts: dict[str, tuple[int, int]], limit: int | None) -> None:
+    start = {p: s for p, (s, _) in parts.items()}
+    latest = {p: s + n for p, (s, n) in parts.items()}
+    end = plan_offsets(start, latest, limit)
+    assert all(start[p] <= end[p] <= latest[p] for p in parts)
+    taken = sum(end[p] - start[p] for p in parts)
+    available = sum(latest[p] - start[p] for p in parts)
+    assert taken == (available if limit is None else min(limit, available))
+
+
+def test_settings_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('retention = 5\nnode_lease_ms = 7\ntrigger_ms = 9\n[kafka]\n"sasl.password" = "hunter2"\n')
+    s = load_settings(cfg, {"retention": 1}, environ={"SAFEPOINT_NODE_LEASE_MS": "8"})
+    assert (s.retention, s.node_lease_ms, s.trigger_ms) == (1, 8, 9)
+    assert isinstance(s.kafka["sasl.password"], Secret) and "hunter2" not in repr(s)
+    assert s.librdkafka()["sasl.password"] == "hunter2"
+
+
+@pytest.mark.parametrize(("text", "needle"), [("bogus = 1", "unknown setting 'bogus'"), ("retention = -1", ">= 0"),
+                                               ("retention = 'x'", "must be an integer")])
+def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(cfg, environ={})
+
+
+def test_replay_command_writes_directives_and_dead_letters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    events = tmp_path / "e.jsonl"
+    lines = [
+        {"v": 1, "type": "heartbeat", "node": "a", "incarnation": 0, "seq": 0, "wall_ms": 0, "mvcc_now": 50},
+        {"v": 1, "type": "heartbeat", "node": "a", "incarnation": 0, "seq": 1, "wall_ms": 2000, "mvcc_now": 60},
+    ]
+    events.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    out, dl = tmp_path / "o.jsonl", tmp_path / "d.jsonl"
+    rc = main(["replay", "--input", str(events), "--output", str(out), "--deadletter-output", str(dl),
+               "--node-lease-ms", "1000", "--retention", "10"])
+    assert rc == 0
+    directives = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(d["seq"], d["safe_ts"]) for d in directives] == [(1, 50)]
+    assert json.loads(dl.read_text())["error"].startswith("not JSON")
+    assert "final safe_ts {'default': 50}" in capsys.readouterr().err
+
+
+def test_replay_command_missing_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["replay", "--input", "/nonexistent/e.jsonl"]) == 2
+    assert "input file not found" in capsys.readouterr().err
