@@ -39,13 +39,12 @@ from typing import TYPE_CHECKING, Any, Self
 
 import fastjsonschema
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
-from safepoint.schemas import load
 
 from safepoint.errors import BrokerError, ClientClosed, SafepointError
+from safepoint.schemas import load
 
 if TYPE_CHECKING:
     from safepoint.connectors.reporter import Reporter
-
     from safepoint.settings import Settings
 
 __all__ = [

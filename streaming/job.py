@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from safepoint.schemas import load
-from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
-
 from safepoint.core.events import DEFAULT_CLUSTER
+from safepoint.schemas import load
 from safepoint.settings import Settings
+from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
 
 __all__ = ["build_query", "envelope_schema", "read_events", "QUERY_NAME"]
 
@@ -62,6 +61,7 @@ def read_events(spark: Any, settings: Settings) -> Any:
 def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -> Any:
     """Start the streaming query and return it."""
     from pyspark.sql import functions as F
+
     from safepoint.connectors.kafka_source import KafkaDataSource
 
     if settings.source_format == "python":

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import pytest
-from kafka_util import produce, read_topic, unique
 
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import Reporter
@@ -18,6 +17,8 @@ from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
+
+from kafka_util import produce, read_topic, unique
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,6 @@ import random
 from typing import Any
 
 import pytest
-from kafka_util import produce, read_topic, unique
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
@@ -17,6 +16,8 @@ from safepoint.settings import load_settings
 from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query
 from safepoint.streaming.processors import merge_log_order
+
+from kafka_util import produce, read_topic, unique
 
 pytestmark = pytest.mark.integration
 

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import jsonschema
-from safepoint.schemas import load
 
 from safepoint.core import ALERTS, DEADLETTER, DIRECTIVES, Engine, Output, Policy, Position
+from safepoint.schemas import load
 
 EVENTS_TOPIC = "safepoint.events"
 INT64_MIN = -(1 << 63)

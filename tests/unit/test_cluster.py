@@ -6,6 +6,14 @@ Each test cites the CONTRACT section (or seed) it checks.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from safepoint.core import ClusterState, NodeState
+
 from core_helpers import NodeClient, Run, cluster_event, topology, two_node_cluster
 
 T0 = 1_700_000_000_000
@@ -433,3 +441,102 @@ def test_abort_alert_raised_again_after_recovery() -> None:
         t += 1
         run.feed(n2.hb(t, 1_000))
     assert [(a["kind"], a["state"]) for a in run.alerts()] == [("missing_node", "raised"), ("missing_node", "cleared")] * 2
+
+
+# -- holds that became visible late, and determinism ------------------------------------------------
+
+
+def test_node_joining_the_topology_with_a_hold_below_safe_ts_raises_a_violation() -> None:
+    """CONTRACT Semantics: Horizon violation: *a hold below the current safe_ts* raises a critical
+    alert naming the node and the hold. A node outside the topology does not hold the safe point
+    back (Global minimum), so when it joins, its older holds are already below safe_ts."""
+    run = Run()
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(topology(1, T0, {"n1": []}), n1.hb(T0, 1_000))
+    run.feed(n2.open("r-low", 1_200, T0), n2.open("r-mid", 1_500, T0), n2.hb(T0, 3_000))
+    run.feed(n1.hb(T0 + 1, 2_000))
+    assert run.last_safe_ts() == 2_000 and run.alerts() == [], "n2 is not a member: its readers do not count"
+    outs = run.feed(topology(2, T0, {"n1": [], "n2": []}))
+    [a] = run.alerts("horizon_violation", "raised")
+    assert [o.channel for o in outs] == ["alerts"]
+    assert (a["node"], a["value"], a["threshold"], a["severity"]) == ("n2", 1_200, 2_000, "critical")
+    assert a["id"] == "default/horizon_violation/n2/reader/r-low"
+    run.feed(catalog(1, 3, 1_500))
+    d = run.directives()[-1]
+    assert (d["safe_ts"], d["catalog_floor"]) == (2_000, 3), "the floor may advance, safe_ts is not lowered"
+    # the lowest closes: its alert clears and the next reader still below safe_ts is named
+    run.feed(n2.close("r-low", T0 + 2))
+    assert [(x["state"], x["id"].rsplit("/", 1)[1]) for x in run.alerts("horizon_violation")] == [
+        ("raised", "r-low"),
+        ("cleared", "r-low"),
+        ("raised", "r-mid"),
+    ]
+    run.feed(n2.close("r-mid", T0 + 3))
+    assert len(run.alerts("horizon_violation", "cleared")) == 2
+    assert run.last_safe_ts() == 2_000
+    run.feed(n1.hb(T0 + 4, 2_500))
+    assert run.last_safe_ts() == 2_500
+
+
+def test_node_joining_with_holds_above_safe_ts_raises_nothing() -> None:
+    """CONTRACT Semantics: Horizon violation is only for holds *below* safe_ts (the bound is inclusive)."""
+    run = Run()
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(topology(1, T0, {"n1": []}), n1.hb(T0, 1_000))
+    run.feed(n2.open("r", 1_000, T0), n2.hb(T0, 3_000), topology(2, T0, {"n1": [], "n2": []}))
+    assert run.alerts() == []
+    run.feed(n1.hb(T0, 5_000))
+    assert run.last_safe_ts() == 1_000
+
+
+def discovery_end_with_unknown_nodes() -> list[dict[str, object]]:
+    """Many nodes open a reader before their first heartbeat; the discovery window then ends."""
+    nodes = [NodeClient(f"n{i}") for i in range(12)]
+    events: list[dict[str, object]] = [n.open("r", 5, T0) for n in reversed(nodes)]
+    events.append(nodes[0].hb(T0 + LEASE, 10))
+    events.append(topology(1, T0, {f"ghost{i}": [] for i in range(10)} | {"n0": []}))
+    events.append(nodes[0].hb(T0 + 3 * LEASE, 20))
+    return events
+
+
+def test_alert_order_does_not_depend_on_state_restore() -> None:
+    """CONTRACT Principle: the same events give the same alerts whatever the micro-batch boundaries.
+    Several abort alerts raised by one event come out in one order (sorted by alert id), also
+    after the state was rebuilt from JSON."""
+    events = discovery_end_with_unknown_nodes()
+    whole = Run(node_lease_ms=LEASE)
+    whole.feed(*events)
+    split = Run(node_lease_ms=LEASE)
+    for i, ev in enumerate(events):
+        if i in (len(events) - 3, len(events) - 1):
+            engine = split.engine
+            engine.nodes = {k: NodeState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.nodes.items()}
+            engine.clusters = {k: ClusterState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.clusters.items()}
+        split.feed(ev)
+    assert split.outputs == whole.outputs
+    ids = [a["id"] for a in whole.alerts(state="raised")]
+    assert ids[:11] == sorted(ids[:11]) and len(ids) > 11
+
+
+_SEED_SCRIPT = """
+import json, sys
+sys.path.insert(0, {path!r})
+from core_helpers import Run
+from test_cluster import discovery_end_with_unknown_nodes
+run = Run(node_lease_ms={lease})
+run.feed(*discovery_end_with_unknown_nodes())
+print(json.dumps([o.value for o in run.outputs]))
+"""
+
+
+def test_outputs_do_not_depend_on_the_hash_seed() -> None:
+    """CONTRACT Operator interface: for the same configuration, replay and run emit the same
+    directives and alerts for the same event log: the job's Python workers and replay run with
+    different PYTHONHASHSEEDs, so no output order may come from iterating a set."""
+    script = _SEED_SCRIPT.format(path=str(Path(__file__).parent), lease=LEASE)
+    results = set()
+    for seed in ("0", "1", "2", "3"):
+        env = os.environ | {"PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True, timeout=60)
+        results.add(done.stdout)
+    assert len(results) == 1

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 
-from core_helpers import NodeClient, Run, topology
-
 from safepoint.core import NodeState, NodeUpdate, Policy
+
+from core_helpers import INT64_MIN, NodeClient, Run, topology
 
 WALL = 1_700_000_000_000
 
@@ -350,3 +350,17 @@ def test_node_state_local_min_directly() -> None:
     u = state.apply(restarted | {"type": "heartbeat", "seq": 0, "mvcc_now": 50}, policy)
     assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.incarnation == 1 and u.seq == 0
     assert state.apply(base | {"type": "heartbeat", "seq": 9, "mvcc_now": 50}, policy) == "stale_incarnation"
+
+
+def test_retention_bound_stays_a_signed_64_bit_timestamp() -> None:
+    """CONTRACT Time: MVCC timestamps are signed 64-bit integers; compaction.json bounds safe_ts so.
+    A node at the bottom of the range with a retention larger than the room below holds at the
+    smallest timestamp (keep everything) instead of sending an out-of-range safe_ts."""
+    run = Run(retention=1_000)
+    n1 = single(run)
+    run.feed(n1.hb(WALL, INT64_MIN + 5))
+    d = run.directives()[-1]
+    assert d["safe_ts"] == INT64_MIN
+    assert d["blocker"]["kind"] == "retention" and d["blocker"]["ts"] == INT64_MIN
+    run.feed(n1.hb(WALL, INT64_MIN + 5_000))
+    assert run.last_safe_ts() == INT64_MIN + 4_000

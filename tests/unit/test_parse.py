@@ -7,9 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from core_helpers import EVENTS_TOPIC, INT64_MAX, INT64_MIN, NodeClient, Run, dead_letters
 
 from safepoint.core import Policy, Rejected, parse
+
+from core_helpers import EVENTS_TOPIC, INT64_MAX, INT64_MIN, NodeClient, Run, dead_letters
 
 HB: dict[str, Any] = {"v": 1, "type": "heartbeat", "node": "n1", "incarnation": 0, "seq": 0, "wall_ms": 1000, "mvcc_now": 5}
 
@@ -61,7 +62,14 @@ def test_not_json(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "name"),
-    [("[1, 2]", "array"), ('"x"', "string"), ("3", "integer"), ("1.5", "number with a fraction"), ("null", "null"), ("true", "boolean")],
+    [
+        ("[1, 2]", "array"),
+        ('"x"', "string"),
+        ("3", "integer"),
+        ("1.5", "number with a fraction"),
+        ("null", "null"),
+        ("true", "boolean"),
+    ],
 )
 def test_not_an_object(text: str, name: str) -> None:
     """CONTRACT: every message value is one JSON *object*."""

@@ -12,10 +12,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-from core_helpers import NodeClient, Run, check_output, cluster_event, topology, validator
-from safepoint.schemas import OUTPUT_NAMES, load
 
 from safepoint.core import ClusterState, NodeState
+from safepoint.schemas import OUTPUT_NAMES, load
+
+from core_helpers import NodeClient, Run, check_output, cluster_event, topology, validator
 
 T0 = 1_700_000_000_000
 
@@ -28,7 +29,12 @@ def contract_example_run() -> Run:
         topology(1, T0, {"n1": [], "n2": []}, cluster="c1"),
         cluster_event("catalog", 1, T0, cluster="c1", catalog_version=7, activated_at=1_699_999_990_000_000),
     )
-    reader = {"reader_id": "r-991", "read_ts": 1_700_000_000_000_000, "label": "report-job", "opened_wall_ms": T0 + 123 - 5_400_000}
+    reader = {
+        "reader_id": "r-991",
+        "read_ts": 1_700_000_000_000_000,
+        "label": "report-job",
+        "opened_wall_ms": T0 + 123 - 5_400_000,
+    }
     run.feed(n2.snapshot(T0, readers=[reader], txs=[]))
     run.feed(n1.hb(T0, 1_700_000_000_500_000), n2.hb(T0 + 123, 1_700_000_000_600_000))
     return run
@@ -100,7 +106,9 @@ def test_codec_is_compact_form_of_the_same_bytes() -> None:
         pytest.skip("safepoint.core.codec is not there yet")
     from safepoint.core.codec import encode
 
-    for wire, out in zip((DIRECTIVE_WIRE, VIOLATION_WIRE), (contract_example_run().outputs[-1], wire_examples()[1][-3])):
+    for wire, out in zip(
+        (DIRECTIVE_WIRE, VIOLATION_WIRE), (contract_example_run().outputs[-1], wire_examples()[1][-3]), strict=True
+    ):
         assert encode(out.value) == json.dumps(json.loads(wire), separators=(",", ":"), ensure_ascii=False)
 
 
@@ -137,7 +145,9 @@ def test_every_kind_of_output_validates() -> None:
     run.raw("[]", "k")
     kinds = {(o.channel, o.value.get("kind"), o.value.get("state")) for o in run.outputs}
     assert ("directives", None, None) in kinds
-    assert {("alerts", k, s) for k in ("missing_node", "unknown_node_min", "horizon_violation") for s in ("raised", "cleared")} <= kinds
+    assert {
+        ("alerts", k, s) for k in ("missing_node", "unknown_node_min", "horizon_violation") for s in ("raised", "cleared")
+    } <= kinds
     assert ("deadletter", None, None) in kinds
     for out in run.outputs:
         check_output(out)

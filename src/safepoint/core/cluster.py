@@ -190,6 +190,8 @@ class ClusterState:
             for kind, hid, ts in u.opened:
                 if ts < self.safe_ts:
                     self._raise_violation(u.node, kind, hid, ts, out)
+        if member:
+            self._check_horizon(u.node, out)
         self.evaluate(policy, out)
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
@@ -200,9 +202,12 @@ class ClusterState:
             return IGNORED_STALE_VERSION
         self.versions[kind] = version
         if kind == "topology":
+            before = set(self._members)
             self.topology = {n: list(gs) for n, gs in event["nodes"].items()}
             self.topology_wall = self.cluster_time
             self._rebuild()
+            for node in sorted(self._members - before):
+                self._check_horizon(node, out)
         elif kind == "catalog":
             self.catalogs[event["catalog_version"]] = event["activated_at"]
         elif kind == "index_build":
@@ -360,7 +365,9 @@ class ClusterState:
         for aid in [a for a in self.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
             body = self.raised.pop(aid)
             out.append(self._alert(body, "cleared", now))
-        for aid, (kind, node, value, threshold, detail) in found.items():
+        # sorted: ``found`` comes partly from sets whose order depends on the hash seed and on how the
+        # state was rebuilt, and replay, the job and every batch split must emit the same sequence
+        for aid, (kind, node, value, threshold, detail) in sorted(found.items()):
             if aid in self.raised or (quiet and aid in quiet):
                 continue
             body = {
@@ -393,6 +400,23 @@ class ClusterState:
         }
         self.raised[aid] = body
         out.append(self._alert(body, "raised", now))
+
+    def _check_horizon(self, node: str, out: list[Output]) -> None:
+        """A member whose lowest hold is a reader or transaction below safe_ts has it alerted.
+
+        Holds that arrive below safe_ts are alerted on arrival. This catches the others: those of
+        a node that joins the topology after safe_ts passed them (they did not count before), and,
+        once that hold closes, the node's next one still below safe_ts.
+        """
+        rec = self.nodes.get(node)
+        if self.safe_ts is None or rec is None or rec[N_MIN] is None or rec[N_MIN] >= self.safe_ts:
+            return
+        blocker = rec[N_BLOCKER]
+        if blocker is None or blocker[0] not in ("reader", "tx", "prepared_tx"):
+            return
+        kind = "reader" if blocker[0] == "reader" else "tx"
+        if f"horizon_violation/{node}/{kind}/{blocker[1]}" not in self.raised:
+            self._raise_violation(node, kind, blocker[1], blocker[2], out)
 
     def _clear_violation(self, aid: str, out: list[Output]) -> None:
         body = self.raised.pop(aid, None)

@@ -22,6 +22,7 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 # A transaction adds [prepared, coordinator, participants].
 R_TS, R_WALL, R_LABEL, R_INC = 0, 1, 2, 3
 T_PREPARED, T_COORD, T_PARTS = 4, 5, 6
+INT64_MIN = -(1 << 63)
 
 
 @dataclass(slots=True)
@@ -241,7 +242,8 @@ class NodeState:
         """(local_min, why unknown, blocker). The blocker is [kind, id, ts, opened_wall_ms, label]."""
         if self.mvcc_now is None:
             return None, "no heartbeat yet", None
-        best: list[Any] = ["retention", None, self.mvcc_now - policy.retention, None, None]
+        # clamped: a timestamp is a signed 64-bit integer on the wire, and nothing is older than the smallest one
+        best: list[Any] = ["retention", None, max(self.mvcc_now - policy.retention, INT64_MIN), None, None]
         for gid, (leader, published) in self.groups.items():
             if published is None:
                 if leader:
