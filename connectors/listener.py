@@ -181,7 +181,9 @@ class DirectiveListener:
     ) -> None:
         """``cluster`` defaults to the reporter's, else ``"default"``. ``node`` (default: the
         reporter's node) limits ``on_expire`` to this node's readers and transactions; with
-        neither, every expiry of the cluster is delivered.
+        neither, every expiry of the cluster is delivered. ``on_directive`` is called by the
+        background thread (:meth:`start`); :meth:`poll` returns directives instead. ``on_expire``
+        is called in whichever thread reads the topic.
         """
         if cluster is None:
             cluster = reporter.cluster if reporter is not None else "default"
@@ -281,6 +283,9 @@ class DirectiveListener:
 
         Expiry directives met on the way are handed to ``on_expire`` in this thread.
         """
+        if self._closed:
+            msg = f"directive listener for cluster {self.cluster} is closed; make a new one"
+            raise ClientClosed(msg)
         if self._thread is not None and threading.current_thread() is not self._thread:
             msg = "this listener runs in its background thread (start()); use on_directive instead of poll()"
             raise SafepointError(msg)

@@ -433,11 +433,10 @@ class Reporter:
             "acks": "all",
             "linger.ms": 5,
             "client.id": f"safepoint-reporter-{node}",
-            "logger": _GuardedLogger(logging.getLogger("safepoint.reporter.librdkafka"), self._pending_exception),
+            "logger": logging.getLogger("safepoint.reporter.librdkafka"),
         }
         self._conf.update(kafka_conf or {})
-        self._conf["error_cb"] = self._guard(self._on_error)
-        self._deliver = self._guard(self._on_delivery)
+        self._conf["error_cb"] = self._on_error
 
         self._lock = threading.RLock()
         self._seq = 0
@@ -445,6 +444,7 @@ class Reporter:
         self._readers: dict[str, Reader] = {}
         self._txs: dict[str, Transaction] = {}
         self._closed = False
+        self._closing = False
         self._fatal = False
         self._needs_snapshot = False
         self._warned_figures: set[str] = set()
@@ -560,9 +560,8 @@ class Reporter:
         """
         figures = self._read_figures()
         with self._lock:
-            if self._needs_snapshot:
-                self._repairs += 1
-                self._publish_snapshot()
+            if self._fatal or self._needs_snapshot:
+                self._repair()
             event: dict[str, Any] = {"mvcc_now": _check_ts("mvcc_now", self._mvcc_clock())}
             event["active_readers"] = len(self._readers)
             event["active_txs"] = len(self._txs)
@@ -575,14 +574,12 @@ class Reporter:
             return self._publish_snapshot()
 
     def flush(self, timeout_s: float = 10.0) -> int:
-        """Wait until every event is delivered or ``timeout_s`` passes. Returns the number still queued."""
-        with self._lock:
-            producer = self._producer
-        try:
-            return producer.flush(timeout_s)
-        except KafkaException as exc:
-            self._note_kafka_exception(exc)
-            return len(producer)
+        """Wait until every event is delivered or ``timeout_s`` passes. Returns the number still queued.
+
+        If deliveries failed meanwhile (or the producer hit a fatal error and was recreated), a
+        snapshot is published first, so that on return the job can see the node's current state.
+        """
+        return self._drain(timeout_s, repair=True)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the heartbeat, flush (up to ``timeout_s``) and close the producer. Idempotent.
@@ -591,19 +588,16 @@ class Reporter:
         process ends, and the next incarnation drops them.
         """
         with self._lock:
-            if self._closed:
+            if self._closing:
                 return
-            self._closed = True
+            self._closing = True
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
+        remaining = self._drain(timeout_s, repair=True)
         with self._lock:
+            self._closed = True
             producer = self._producer
-        try:
-            remaining = producer.flush(timeout_s)
-        except KafkaException as exc:
-            log.warning("reporter %s: producer failed while flushing on close: %s", self.node, exc)
-            remaining = len(producer)
         if remaining:
             log.warning(
                 "reporter %s: %d event(s) were not delivered within %.1f s of close(); is %s reachable?",
@@ -612,7 +606,7 @@ class Reporter:
                 timeout_s,
                 self.bootstrap,
             )
-            with contextlib.suppress(KafkaException):
+            with contextlib.suppress(KafkaException, RuntimeError):
                 producer.purge()
                 producer.poll(0)
         with contextlib.suppress(KafkaException, RuntimeError):
@@ -741,7 +735,7 @@ class Reporter:
         recreated = False
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=self._key, on_delivery=self._deliver)
+                self._producer.produce(self.topic, value=value, key=self._key, on_delivery=self._on_delivery)
                 break
             except BufferError:
                 if time.monotonic() >= deadline:
@@ -750,7 +744,13 @@ class Reporter:
                         f"is the broker at {self.bootstrap} reachable?"
                     )
                     raise BrokerError(msg) from None
-                self._producer.poll(0.05)
+                try:
+                    self._producer.poll(0.05)
+                except KafkaException as exc:
+                    self._note_kafka_exception(exc)
+                    if self._fatal and not recreated:
+                        self._recreate_producer()
+                        recreated = True
             except KafkaException as exc:
                 if _is_fatal(exc.args[0] if exc.args else None) and not recreated:
                     self._fatal = True
@@ -763,6 +763,40 @@ class Reporter:
             self._producer.poll(0)
         except KafkaException as exc:
             self._note_kafka_exception(exc)
+
+    def _drain(self, timeout_s: float, repair: bool) -> int:
+        """Serve delivery reports until the producer's queue is empty or ``timeout_s`` passes.
+
+        This polls instead of calling ``Producer.flush()``: confluent-kafka 2.16's flush keeps
+        serving callbacks after a fatal error has been raised in it (the idempotent producer's
+        OUT_OF_ORDER_SEQUENCE_NUMBER after a broker crash), so they run with the exception pending
+        and fail with ``SystemError``. ``poll()`` stops at the fatal error and raises it cleanly.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if repair and (self._fatal or self._needs_snapshot):
+                repair = False  # once per call: a failing broker must not turn flush() into a snapshot loop
+                with self._lock:
+                    if not self._closed:
+                        self._repair()
+            with self._lock:
+                producer = self._producer
+            queued = len(producer)
+            left = deadline - time.monotonic()
+            if queued == 0 or left <= 0:
+                return queued
+            try:
+                producer.poll(min(0.1, left))
+            except KafkaException as exc:
+                self._note_kafka_exception(exc)
+
+    def _repair(self) -> None:
+        """Recreate a failed producer and republish the active set; call with the lock held."""
+        if self._fatal:
+            self._recreate_producer()
+        if self._needs_snapshot:
+            self._repairs += 1
+            self._publish_snapshot()
 
     def _new_producer(self) -> Producer:
         try:
@@ -777,7 +811,10 @@ class Reporter:
         log.warning("reporter %s: the producer hit a fatal error; recreating it and publishing a snapshot", self.node)
         with contextlib.suppress(KafkaException, RuntimeError):
             old.purge()
-            old.poll(0)  # serve the purged messages' delivery reports: they count as failures
+        for _ in range(10):  # serve the purged messages' delivery reports: they count as failures
+            with contextlib.suppress(KafkaException, RuntimeError):
+                if not old.poll(0):
+                    break
         self._producer = self._new_producer()
         self._fatal = False
         self._needs_snapshot = True
@@ -789,32 +826,6 @@ class Reporter:
             self._fatal = True
             self._needs_snapshot = True
         log.warning("reporter %s: producer error: %s", self.node, exc)
-
-    def _guard(self, callback: Callable[..., None]) -> Callable[..., None]:
-        """Make a librdkafka callback survive a pending exception.
-
-        confluent-kafka 2.16 keeps serving callbacks after it has raised a fatal error (the idempotent
-        producer's OUT_OF_ORDER_SEQUENCE_NUMBER after a broker crash): they run with the
-        KafkaException pending, and the first C call in them fails with ``SystemError: ... returned
-        a result with an exception set``. Catching that SystemError consumes the pending exception;
-        the fatal error is then recorded here and the callback runs again.
-        """
-
-        def guarded(*args: Any) -> None:
-            try:
-                callback(*args)
-            except SystemError as exc:
-                self._pending_exception(exc)
-                callback(*args)
-
-        return guarded
-
-    def _pending_exception(self, exc: SystemError) -> None:
-        cause = exc.__cause__ or exc.__context__
-        err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
-        if err is None or _is_fatal(err):
-            self._fatal = True
-            self._needs_snapshot = True
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         with self._stats_lock:
@@ -868,21 +879,6 @@ class Reporter:
             except Exception:
                 log.exception("reporter %s: heartbeat failed; retrying in %.1f s", self.node, interval_s)
             self._stop.wait(interval_s)
-
-
-class _GuardedLogger:
-    """librdkafka's log lines to a logging.Logger, surviving a pending exception (see Reporter._guard)."""
-
-    def __init__(self, logger: logging.Logger, on_pending: Callable[[SystemError], None]) -> None:
-        self._logger = logger
-        self._on_pending = on_pending
-
-    def log(self, level: int, msg: str, *args: object) -> None:
-        try:
-            self._logger.log(level, msg, *args)
-        except SystemError as exc:
-            self._on_pending(exc)
-            self._logger.log(level, msg, *args)
 
 
 def _is_fatal(err: object) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from safepoint.connectors.reporter import Reporter, default_incarnation
 from safepoint.connectors.topics import ensure_topics
 from safepoint.errors import ClientClosed, ReaderRefused
 from safepoint.schemas import load
+from safepoint.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +45,20 @@ def _name(prefix: str) -> str:
 @pytest.fixture
 def events_topic(kafka: EmbeddedBroker) -> str:
     topic = _name("events")
-    ensure_topics({"bootstrap.servers": kafka.bootstrap},
-                  [NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "delete"})])
+    ensure_topics(
+        {"bootstrap.servers": kafka.bootstrap},
+        [NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "delete"})],
+    )
     return topic
 
 
 @pytest.fixture
 def directives_topic(kafka: EmbeddedBroker) -> str:
     topic = _name("directives")
-    ensure_topics({"bootstrap.servers": kafka.bootstrap},
-                  [NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})])
+    ensure_topics(
+        {"bootstrap.servers": kafka.bootstrap},
+        [NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})],
+    )
     return topic
 
 
@@ -86,8 +92,14 @@ def consume(
     timeout_s: float = 10.0,
 ) -> list[tuple[bytes | None, bytes]]:
     """(key, value) of every message from the beginning, in offset order per partition, until ``until`` holds."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("reader"), "enable.auto.commit": False,
-                  "receive.message.max.bytes": 1_000_000_000})
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": _name("reader"),
+            "enable.auto.commit": False,
+            "receive.message.max.bytes": 1_000_000_000,
+        }
+    )
     out: list[tuple[bytes | None, bytes]] = []
     try:
         parts = sorted(c.list_topics(topic, timeout=10).topics[topic].partitions)
@@ -126,7 +138,7 @@ def _count(bootstrap: str, topic: str) -> int:
 def decode_valid(key: bytes | None, value: bytes) -> dict[str, Any]:
     """Parse a message value and validate it against the contract's schema of its type."""
     text = value.decode("utf-8")
-    event = json.loads(text)
+    event: dict[str, Any] = json.loads(text)
     assert text == json.dumps(event, separators=(",", ":"), ensure_ascii=False), "value is not compact JSON"
     jsonschema.Draft7Validator(load("events", "_envelope")).validate(event)
     jsonschema.Draft7Validator(load("events", event["type"])).validate(event)
@@ -144,8 +156,13 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[str, dict[str, Any]
 
 def directive(seq: int, safe_ts: int, cluster: str = "c1", catalog_floor: int | None = 3) -> dict[str, Any]:
     value = {
-        "v": 1, "type": "compaction", "cluster": cluster, "seq": seq, "safe_ts": safe_ts,
-        "catalog_floor": catalog_floor, "cluster_wall_ms": WALL0 + seq,
+        "v": 1,
+        "type": "compaction",
+        "cluster": cluster,
+        "seq": seq,
+        "safe_ts": safe_ts,
+        "catalog_floor": catalog_floor,
+        "cluster_wall_ms": WALL0 + seq,
         "blocker": {"node": "n3", "kind": "reader", "id": "r-9", "ts": safe_ts, "age_ms": 10, "label": None},
         "basis": {"n1": {"incarnation": 2, "seq": 18, "local_min": safe_ts}},
     }
@@ -154,8 +171,16 @@ def directive(seq: int, safe_ts: int, cluster: str = "c1", catalog_floor: int | 
 
 
 def expire(seq: int, node: str, reader_id: str, cluster: str = "c1") -> tuple[str, dict[str, Any]]:
-    value = {"v": 1, "type": "expire", "cluster": cluster, "node": node, "reader_id": reader_id,
-             "reason": "pinned_bytes critical", "mode": "graceful", "seq": seq}
+    value = {
+        "v": 1,
+        "type": "expire",
+        "cluster": cluster,
+        "node": node,
+        "reader_id": reader_id,
+        "reason": "pinned_bytes critical",
+        "mode": "graceful",
+        "seq": seq,
+    }
     jsonschema.Draft7Validator(load("outputs", "expire")).validate(value)
     return f"{cluster}/{node}/{reader_id}", value
 
@@ -194,7 +219,13 @@ def test_reader_and_transaction_publish_expected_events_in_order(kafka: Embedded
 
     events = consume_events(kafka.bootstrap, events_topic, 7)
     assert [e["type"] for e in events] == [
-        "reader_open", "reader_close", "tx_begin", "tx_prepare", "tx_end", "tx_begin", "tx_end",
+        "reader_open",
+        "reader_close",
+        "tx_begin",
+        "tx_prepare",
+        "tx_end",
+        "tx_begin",
+        "tx_end",
     ]
     assert [e["seq"] for e in events] == list(range(7))
     assert all(e["incarnation"] == 7 and e["node"] == "n1" and e["cluster"] == "c1" for e in events)
@@ -205,12 +236,17 @@ def test_reader_and_transaction_publish_expected_events_in_order(kafka: Embedded
     assert events[6] == {**events[6], "tx_id": "t-2", "outcome": "commit"} and "commit_ts" not in events[6]
     # The exact bytes on the wire: field order, compact separators, optional fields only when set.
     msgs = consume(kafka.bootstrap, events_topic, lambda out: len(out) >= 2)
-    assert msgs[0] == (b"n1", (
-        b'{"v":1,"type":"reader_open","cluster":"c1","wall_ms":1700000000000,"node":"n1","incarnation":7,'
-        b'"seq":0,"reader_id":"r-1","read_ts":100,"groups":["g1"],"namespace":"db1","label":"report"}'
-    ))
-    assert msgs[1][1] == (b'{"v":1,"type":"reader_close","cluster":"c1","wall_ms":1700000000000,"node":"n1",'
-                          b'"incarnation":7,"seq":1,"reader_id":"r-1"}')
+    assert msgs[0] == (
+        b"n1",
+        (
+            b'{"v":1,"type":"reader_open","cluster":"c1","wall_ms":1700000000000,"node":"n1","incarnation":7,'
+            b'"seq":0,"reader_id":"r-1","read_ts":100,"groups":["g1"],"namespace":"db1","label":"report"}'
+        ),
+    )
+    assert msgs[1][1] == (
+        b'{"v":1,"type":"reader_close","cluster":"c1","wall_ms":1700000000000,"node":"n1",'
+        b'"incarnation":7,"seq":1,"reader_id":"r-1"}'
+    )
 
 
 def test_exception_in_context_still_closes_and_aborts(kafka: EmbeddedBroker, events_topic: str) -> None:
@@ -230,17 +266,29 @@ def test_exception_in_context_still_closes_and_aborts(kafka: EmbeddedBroker, eve
 
     events = consume_events(kafka.bootstrap, events_topic, 8)
     assert [(e["type"], e["seq"]) for e in events] == [
-        ("reader_open", 0), ("reader_close", 1), ("tx_begin", 2), ("tx_end", 3),
-        ("tx_begin", 4), ("tx_prepare", 5), ("snapshot", 6), ("tx_end", 7),
+        ("reader_open", 0),
+        ("reader_close", 1),
+        ("tx_begin", 2),
+        ("tx_end", 3),
+        ("tx_begin", 4),
+        ("tx_prepare", 5),
+        ("snapshot", 6),
+        ("tx_end", 7),
     ]
     assert events[1]["reader_id"] == r.reader_id
     assert events[3] == {**events[3], "tx_id": tx.tx_id, "outcome": "abort"}
     snap = events[6]
     assert snap["readers"] == [] and snap["cut"] == 1_000
-    assert snap["txs"] == [{
-        "tx_id": prepared.tx_id, "begin_ts": 120, "opened_wall_ms": events[4]["wall_ms"],
-        "prepared": True, "coordinator": "n2", "participants": ["n1", "n2"],
-    }]
+    assert snap["txs"] == [
+        {
+            "tx_id": prepared.tx_id,
+            "begin_ts": 120,
+            "opened_wall_ms": events[4]["wall_ms"],
+            "prepared": True,
+            "coordinator": "n2",
+            "participants": ["n1", "n2"],
+        }
+    ]
     assert events[7] == {**events[7], "tx_id": prepared.tx_id, "outcome": "abort"}
 
 
@@ -258,13 +306,12 @@ def test_reader_refused_below_safe_ts_publishes_nothing(kafka: EmbeddedBroker, e
             pass
     events = consume_events(kafka.bootstrap, events_topic, 2)
     assert [(e["type"], e["read_ts"] if "read_ts" in e else None) for e in events] == [
-        ("reader_open", 500), ("reader_close", None),
+        ("reader_open", 500),
+        ("reader_close", None),
     ]
 
 
-def test_reader_without_ts_reads_at_mvcc_clock_and_closed_reporter_refuses(
-    kafka: EmbeddedBroker, events_topic: str
-) -> None:
+def test_reader_without_ts_reads_at_mvcc_clock_and_closed_reporter_refuses(kafka: EmbeddedBroker, events_topic: str) -> None:
     rep = make_reporter(kafka, events_topic, mvcc_clock=lambda: 4_242)
     with rep.reader() as r:
         assert r.read_ts == 4_242
@@ -278,11 +325,14 @@ def test_reader_without_ts_reads_at_mvcc_clock_and_closed_reporter_refuses(
 
 def test_heartbeat_thread_publishes_with_injected_clocks(kafka: EmbeddedBroker, events_topic: str) -> None:
     mvcc = iter(range(10_000, 10_000_000, 10))
-    figures = {"pinned_bytes": 123, "debt_bytes": 4,
-               "groups": [{"group": "g1", "leader": True, "published_min_tx_time": None}]}
+    figures = {"pinned_bytes": 123, "debt_bytes": 4, "groups": [{"group": "g1", "leader": True, "published_min_tx_time": None}]}
     rep = make_reporter(
-        kafka, events_topic, heartbeat_interval_s=0.05, wall_clock=Clock(step=1000),
-        mvcc_clock=lambda: next(mvcc), figures=lambda: figures,
+        kafka,
+        events_topic,
+        heartbeat_interval_s=0.05,
+        wall_clock=Clock(step=1000),
+        mvcc_clock=lambda: next(mvcc),
+        figures=lambda: figures,
     )
     try:
         with rep.reader(9_000, reader_id="r-hb"):
@@ -308,6 +358,7 @@ def test_heartbeat_thread_publishes_with_injected_clocks(kafka: EmbeddedBroker, 
 def test_seq_strictly_increasing_across_threads(kafka: EmbeddedBroker, events_topic: str) -> None:
     n_threads, per_thread = 8, 25
     with make_reporter(kafka, events_topic) as rep:
+
         def work() -> None:
             for _ in range(per_thread):
                 with rep.reader(1_000):
@@ -349,10 +400,10 @@ def test_reporter_recovers_after_broker_crash() -> None:
     """After kill -9 the idempotent producer fails fatally (OUT_OF_ORDER_SEQUENCE_NUMBER);
     the reporter recreates it and republishes its active set as a snapshot."""
     broker = EmbeddedBroker().start()
+    data_dir = broker.data_dir  # the restarted broker reuses it, so its cleanup() would leave it behind
     topic = _name("crash")
     try:
-        ensure_topics({"bootstrap.servers": broker.bootstrap},
-                      [NewTopic(topic, num_partitions=1, replication_factor=1)])
+        ensure_topics({"bootstrap.servers": broker.bootstrap}, [NewTopic(topic, num_partitions=1, replication_factor=1)])
         rep = make_reporter(broker, topic)
         reader = rep.reader(100, reader_id="r-survivor").open()
         assert rep.flush(10) == 0
@@ -375,24 +426,31 @@ def test_reporter_recovers_after_broker_crash() -> None:
         rep.close()
     finally:
         broker.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 # -- DirectiveListener ---------------------------------------------------------------------
 
 
 def test_listener_ignores_repeats_and_other_clusters(kafka: EmbeddedBroker, directives_topic: str) -> None:
-    with make_reporter(kafka, _name("unused-events")) as rep, \
-            DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep) as listener:
+    with (
+        make_reporter(kafka, _name("unused-events")) as rep,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep) as listener,
+    ):
         assert listener.cluster == "c1" and listener.node == "n1"
         wait_for(lambda: listener.poll(0.1) is None and listener.caught_up)  # empty topic: nothing to deliver
-        produce(kafka.bootstrap, directives_topic, [
-            ("c1", directive(1, 100)),
-            ("c2", directive(5, 900, cluster="c2")),
-            ("c1", directive(2, 200, catalog_floor=4)),
-            ("c1", directive(2, 200, catalog_floor=4)),  # the at-least-once sink repeats itself
-            ("c1", directive(1, 100)),  # older
-            ("c1", directive(3, 300, catalog_floor=None)),
-        ])
+        produce(
+            kafka.bootstrap,
+            directives_topic,
+            [
+                ("c1", directive(1, 100)),
+                ("c2", directive(5, 900, cluster="c2")),
+                ("c1", directive(2, 200, catalog_floor=4)),
+                ("c1", directive(2, 200, catalog_floor=4)),  # the at-least-once sink repeats itself
+                ("c1", directive(1, 100)),  # older
+                ("c1", directive(3, 300, catalog_floor=None)),
+            ],
+        )
         got = [poll_until(listener, lambda d: True) for _ in range(3)]
         assert [(d.seq, d.safe_ts, d.catalog_floor) for d in got] == [(1, 100, 3), (2, 200, 4), (3, 300, None)]
         assert listener.poll(0.5) is None
@@ -410,14 +468,18 @@ def test_listener_ignores_repeats_and_other_clusters(kafka: EmbeddedBroker, dire
 
 
 def test_listener_delivers_latest_on_start(kafka: EmbeddedBroker, directives_topic: str) -> None:
-    produce(kafka.bootstrap, directives_topic, [
-        ("c1", directive(1, 100)),
-        ("c1", directive(2, 200)),
-        ("c2", directive(9, 999, cluster="c2")),
-        ("c1", directive(3, 300, catalog_floor=5)),
-        ("c1", directive(3, 300, catalog_floor=5)),
-        ("c1", {"v": 1, "type": "compaction", "cluster": "c1", "seq": 4}),  # invalid: skipped, logged
-    ])
+    produce(
+        kafka.bootstrap,
+        directives_topic,
+        [
+            ("c1", directive(1, 100)),
+            ("c1", directive(2, 200)),
+            ("c2", directive(9, 999, cluster="c2")),
+            ("c1", directive(3, 300, catalog_floor=5)),
+            ("c1", directive(3, 300, catalog_floor=5)),
+            ("c1", {"v": 1, "type": "compaction", "cluster": "c1", "seq": 4}),  # invalid: skipped, logged
+        ],
+    )
     with DirectiveListener(kafka.bootstrap, "c1", topic=directives_topic) as listener:
         first = poll_until(listener, lambda d: True)
         assert (first.seq, first.safe_ts, first.catalog_floor) == (3, 300, 5)
@@ -440,17 +502,28 @@ def test_listener_thread_calls_back_and_routes_expiries(kafka: EmbeddedBroker, d
             raise RuntimeError("handler failed once")  # retried until it succeeds
         seen.append(d)
 
-    listener = DirectiveListener(kafka.bootstrap, "c1", topic=directives_topic, node="n1", on_directive=on_directive,
-                                 on_expire=expired.append, retry_backoff_s=0.05).start()
+    listener = DirectiveListener(
+        kafka.bootstrap,
+        "c1",
+        topic=directives_topic,
+        node="n1",
+        on_directive=on_directive,
+        on_expire=expired.append,
+        retry_backoff_s=0.05,
+    ).start()
     try:
         wait_for(lambda: [d.seq for d in seen] == [1])
-        produce(kafka.bootstrap, directives_topic, [
-            expire(1, "n1", "r-1"),
-            expire(1, "n1", "r-1"),  # repeat
-            expire(2, "n2", "r-2"),  # another node: advances the seq, not delivered here
-            ("c1", directive(2, 200)),
-            expire(3, "n1", "r-3"),
-        ])
+        produce(
+            kafka.bootstrap,
+            directives_topic,
+            [
+                expire(1, "n1", "r-1"),
+                expire(1, "n1", "r-1"),  # repeat
+                expire(2, "n2", "r-2"),  # another node: advances the seq, not delivered here
+                ("c1", directive(2, 200)),
+                expire(3, "n1", "r-3"),
+            ],
+        )
         wait_for(lambda: [d.seq for d in seen] == [1, 2] and len(expired) == 2)
         assert [(e.seq, e.reader_id, e.mode) for e in expired] == [(1, "r-1", "graceful"), (3, "r-3", "graceful")]
         assert listener.stats().handler_failures == 1
@@ -460,3 +533,19 @@ def test_listener_thread_calls_back_and_routes_expiries(kafka: EmbeddedBroker, d
         listener.close()
     with pytest.raises(ClientClosed):
         listener.poll(0)
+
+
+def test_listener_waits_for_a_missing_topic_and_from_settings(kafka: EmbeddedBroker) -> None:
+    topic = _name("late-directives")
+    settings = Settings(bootstrap=kafka.bootstrap, directives_topic=topic, events_topic=_name("late-events"))
+    with DirectiveListener.from_settings(settings, "c1") as listener:
+        assert listener.topic == topic
+        assert listener.poll(0.3) is None and not listener.caught_up  # the job has not created it yet
+        ensure_topics(
+            {"bootstrap.servers": kafka.bootstrap},
+            [NewTopic(topic, num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})],
+        )
+        produce(kafka.bootstrap, topic, [("c1", directive(1, 100))])
+        assert poll_until(listener, lambda d: True).safe_ts == 100
+    with Reporter.from_settings(settings, "n1", mvcc_clock=lambda: 5, heartbeat_interval_s=None) as rep:
+        assert rep.topic == settings.events_topic and rep.bootstrap == kafka.bootstrap
