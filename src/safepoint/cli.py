@@ -13,11 +13,42 @@ from typing import Any
 
 from safepoint import __version__
 from safepoint.errors import SafepointError
-from safepoint.settings import Settings, env_name, load_settings
+from safepoint.settings import POLICY_KEYS, Settings, env_name, load_settings
 
 __all__ = ["main", "build_parser"]
 
 _DEFAULTS = Settings()
+_POLICY_HELP = {
+    "retention": "history kept regardless of readers, in MVCC units",
+    "node_lease_ms": "a node silent this long in cluster time is stale",
+    "directive_interval_ms": "least cluster time between two directives of a cluster",
+    "max_message_bytes": "larger input messages are dead-lettered",
+    "pinned_warning_enter_bytes": "pinned bytes entering the warning band",
+    "pinned_warning_exit_bytes": "pinned bytes below which the warning band is left",
+    "pinned_critical_enter_bytes": "pinned bytes entering the critical band",
+    "pinned_critical_exit_bytes": "pinned bytes below which the critical band is left",
+    "band_enter_window_ms": "a breach must last this long to enter a band",
+    "band_exit_window_ms": "a recovery must last this long to leave a band",
+    "reader_age_warning_ms": "oldest live reader/transaction age for a warning",
+    "reader_age_critical_ms": "oldest live reader/transaction age for critical",
+    "stall_ms": "alert when the safe point has not advanced for this much cluster time (0: off)",
+    "in_doubt_timeout_ms": "alert on a prepared transaction undecided this long",
+    "expire_enabled": "expire readers under sustained critical pressure (true/false)",
+    "expire_after_ms": "critical pressure must last this long before expiry",
+    "max_reader_lifetime_ms": "only readers/transactions open longer than this are expired",
+    "expire_grace_ms": "a graceful expiry turns hard after this",
+    "max_expiries_per_window": "most expire directives per node per window",
+    "expire_window_ms": "the window of max_expiries_per_window",
+}
+
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    msg = f"expected true or false, got {text!r}"
+    raise argparse.ArgumentTypeError(msg)
 
 
 def _flag(p: argparse.ArgumentParser, name: str, help_text: str, type_: Any = str, default: Any = None) -> None:
@@ -30,10 +61,9 @@ def _flag(p: argparse.ArgumentParser, name: str, help_text: str, type_: Any = st
 
 def _common_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
-    _flag(p, "retention", "history kept regardless of readers, in MVCC units", int)
-    _flag(p, "node-lease-ms", "a node silent this long in cluster time is stale", int)
-    _flag(p, "directive-interval-ms", "least cluster time between two directives of a cluster", int)
-    _flag(p, "max-message-bytes", "larger input messages are dead-lettered", int)
+    for name in POLICY_KEYS:
+        kind = _bool if name == "expire_enabled" else int
+        _flag(p, name.replace("_", "-"), _POLICY_HELP.get(name, "policy key (see docs/operations.md)"), kind)
 
 
 def _kafka_flags(p: argparse.ArgumentParser) -> None:

@@ -14,6 +14,8 @@ from safepoint.errors import ConfigError
 __all__ = ["Settings", "Secret", "ENV_PREFIX", "load_settings", "env_name"]
 
 ENV_PREFIX = "SAFEPOINT_"
+_P = Policy()
+POLICY_KEYS = tuple(f.name for f in fields(Policy))
 _SECRET_HINTS = ("password", "secret", "token", "key.pem", "keystore")
 
 
@@ -60,16 +62,27 @@ class Settings:
     node_lease_ms: int = 30_000
     directive_interval_ms: int = 0
     max_message_bytes: int = 1_048_576
+    pinned_warning_enter_bytes: int = _P.pinned_warning_enter_bytes
+    pinned_warning_exit_bytes: int = _P.pinned_warning_exit_bytes
+    pinned_critical_enter_bytes: int = _P.pinned_critical_enter_bytes
+    pinned_critical_exit_bytes: int = _P.pinned_critical_exit_bytes
+    band_enter_window_ms: int = _P.band_enter_window_ms
+    band_exit_window_ms: int = _P.band_exit_window_ms
+    reader_age_warning_ms: int = _P.reader_age_warning_ms
+    reader_age_critical_ms: int = _P.reader_age_critical_ms
+    stall_ms: int = _P.stall_ms
+    in_doubt_timeout_ms: int = _P.in_doubt_timeout_ms
+    expire_enabled: bool = _P.expire_enabled
+    expire_after_ms: int = _P.expire_after_ms
+    max_reader_lifetime_ms: int = _P.max_reader_lifetime_ms
+    expire_grace_ms: int = _P.expire_grace_ms
+    max_expiries_per_window: int = _P.max_expiries_per_window
+    expire_window_ms: int = _P.expire_window_ms
     kafka: dict[str, Any] = field(default_factory=dict)
     """Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed to every client."""
 
     def policy(self) -> Policy:
-        return Policy(
-            retention=self.retention,
-            node_lease_ms=self.node_lease_ms,
-            directive_interval_ms=self.directive_interval_ms,
-            max_message_bytes=self.max_message_bytes,
-        )
+        return Policy(**{name: getattr(self, name) for name in POLICY_KEYS})
 
     def librdkafka(self, **extra: Any) -> dict[str, Any]:
         """The dotted librdkafka configuration for a client of this deployment."""

@@ -109,7 +109,7 @@ def test_prepared_transaction_is_a_hold_and_named_so() -> None:
     assert d["safe_ts"] == 300
     assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t1"
     state = run.engine.nodes[("default", "n1")]
-    assert state.txs["t1"][4:] == [True, "n2", ["n1", "n2"]]
+    assert state.txs["t1"][4:7] == [True, "n2", ["n1", "n2"]]
     run.feed(n1.end("t1", WALL + 1))
     assert run.last_safe_ts() == 1_000
 

@@ -45,6 +45,8 @@ class ClusterState:
         "dirty",
         "raised",
         "topology_wall",
+        "eseq",
+        "last_advance_wall",
         "_members",
         "_mins",
         "_walls",
@@ -70,6 +72,8 @@ class ClusterState:
         self.dirty = False
         self.raised: dict[str, dict[str, Any]] = {}
         self.topology_wall: int | None = None
+        self.eseq = 0
+        self.last_advance_wall: int | None = None
         self._rebuild()
 
     # -- persistence ------------------------------------------------------------------
@@ -91,6 +95,8 @@ class ClusterState:
             "dirty": self.dirty,
             "raised": self.raised,
             "topology_wall": self.topology_wall,
+            "eseq": self.eseq,
+            "last_advance_wall": self.last_advance_wall,
         }
 
     @classmethod
@@ -111,6 +117,8 @@ class ClusterState:
         state.dirty = data["dirty"]
         state.raised = data["raised"]
         state.topology_wall = data["topology_wall"]
+        state.eseq = data.get("eseq", 0)
+        state.last_advance_wall = data.get("last_advance_wall")
         state._rebuild()
         return state
 
@@ -192,7 +200,24 @@ class ClusterState:
                     self._raise_violation(u.node, kind, hid, ts, out)
         if member:
             self._check_horizon(u.node, out)
+        for signal in u.signals:
+            self._signal(u.node, signal, out)
         self.evaluate(policy, out)
+
+    def _signal(self, node: str, signal: list[Any], out: list[Output]) -> None:
+        """Stamp a node-stage pressure output with the cluster's identity and time."""
+        now = self.cluster_time
+        assert now is not None
+        kind, body = signal
+        if kind == "expire":
+            self.eseq += 1
+            hid = body.get("reader_id") or body.get("tx_id")
+            value = {**body, "cluster": self.name, "seq": self.eseq, "cluster_wall_ms": now}
+            value = {k: value[k] for k in ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq",
+                                           "cluster_wall_ms") if k in value}
+            out.append(Output(DIRECTIVES, f"{self.name}/{node}/{hid}", value))
+        else:
+            out.append(self._alert(body, body.pop("state"), now))
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
         """Apply a validated cluster event. Returns why it was ignored, or None."""
@@ -276,6 +301,7 @@ class ClusterState:
             return  # discovery window: every live node gets a lease to report first
         found = self.problems(policy)
         self._sync_abort_alerts(found, out, self._quiet(found, policy))
+        self._check_stall(now, policy, out)
         if found or not self.dirty:
             return
         if (
@@ -296,6 +322,8 @@ class ClusterState:
         self.catalog_floor = floor
         self.dseq += 1
         self.last_directive_wall = now
+        self.last_advance_wall = now
+        self._clear_violation("stall/-", out)
         out.append(Output(DIRECTIVES, self.name, self._directive(gnode, now)))
 
     def _floor(self, safe: int) -> int | None:
@@ -382,6 +410,24 @@ class ClusterState:
             }
             self.raised[aid] = body
             out.append(self._alert(body, "raised", now))
+
+    def _check_stall(self, now: int, policy: Policy, out: list[Output]) -> None:
+        """Cluster time moved on by stall_ms while the safe point did not advance."""
+        if self.last_advance_wall is None:
+            self.last_advance_wall = now if self.first_wall is None else self.first_wall
+        waited = now - self.last_advance_wall
+        if not policy.stall_ms or waited < policy.stall_ms or "stall/-" in self.raised:
+            return
+        why = "; ".join(sorted(d[4] for d in self.problems(policy).values())[:3])
+        if not why and self._mins:
+            lmin, gnode = self._mins[0]
+            b = self.nodes[gnode][N_BLOCKER] or ["?", None, lmin, None, None]
+            why = f"held by {b[0]} {b[1] or ''} on node {gnode} at ts {b[2]}".replace("  ", " ")
+        body = {"id": "stall/-", "kind": "stall", "node": None, "severity": "warning", "value": waited,
+                "threshold": policy.stall_ms, "since": self.last_advance_wall,
+                "detail": f"safe point has not advanced for {waited} ms of cluster time: {why or 'no directive yet'}"}
+        self.raised["stall/-"] = body
+        out.append(self._alert(body, "raised", now))
 
     def _raise_violation(self, node: str, kind: str, hid: str, ts: int, out: list[Output]) -> None:
         aid = f"horizon_violation/{node}/{kind}/{hid}"

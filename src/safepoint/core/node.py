@@ -7,9 +7,10 @@ needs to know comes out as a ``NodeUpdate``: a compact summary, never the whole 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from safepoint.core.bands import LEVEL_NAMES, band_step, new_band
 from safepoint.core.policy import Policy
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION"]
@@ -21,7 +22,7 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 # A hold on the wire between stages and in state: [ts, opened_wall_ms, label, incarnation].
 # A transaction adds [prepared, coordinator, participants].
 R_TS, R_WALL, R_LABEL, R_INC = 0, 1, 2, 3
-T_PREPARED, T_COORD, T_PARTS = 4, 5, 6
+T_PREPARED, T_COORD, T_PARTS, T_PREP_WALL = 4, 5, 6, 7
 INT64_MIN = -(1 << 63)
 
 
@@ -40,6 +41,8 @@ class NodeUpdate:
     opened: list[list[Any]]  # [[kind, id, ts], ...] holds added by this event
     closed: list[list[Any]]  # [[kind, id], ...] holds removed by this event
     changed: bool  # local_min, unknown or groups changed
+    signals: list[list[Any]] = field(default_factory=list)
+    """Pressure outputs decided on the node's clock: ["alert", body] or ["expire", body]."""
 
     def to_json(self) -> list[Any]:
         return [
@@ -54,6 +57,7 @@ class NodeUpdate:
             self.opened,
             self.closed,
             self.changed,
+            self.signals,
         ]
 
     @classmethod
@@ -77,6 +81,11 @@ class NodeState:
         "debt_bytes",
         "last_wall_ms",
         "_summary",
+        "pinned_band",
+        "age_band",
+        "in_doubt",
+        "expiries",
+        "expire_walls",
     )
 
     def __init__(self, cluster: str, node: str) -> None:
@@ -92,6 +101,11 @@ class NodeState:
         self.debt_bytes: int | None = None
         self.last_wall_ms = -1
         self._summary: tuple[Any, ...] | None = None
+        self.pinned_band: list[Any] = new_band()
+        self.age_band: list[Any] = new_band()
+        self.in_doubt: list[str] = []  # prepared tx ids alerted as in doubt
+        self.expiries: dict[str, list[Any]] = {}  # hold id -> [kind, mode, at_wall]
+        self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -108,6 +122,11 @@ class NodeState:
             "d": self.debt_bytes,
             "w": self.last_wall_ms,
             "x": list(self._summary) if self._summary is not None else None,
+            "pb": self.pinned_band,
+            "ab": self.age_band,
+            "id": self.in_doubt,
+            "ex": self.expiries,
+            "ew": self.expire_walls,
         }
 
     @classmethod
@@ -123,6 +142,11 @@ class NodeState:
         state.debt_bytes = data["d"]
         state.last_wall_ms = data["w"]
         state._summary = tuple(data["x"]) if data.get("x") is not None else None
+        state.pinned_band = data["pb"]
+        state.age_band = data["ab"]
+        state.in_doubt = data["id"]
+        state.expiries = data["ex"]
+        state.expire_walls = data["ew"]
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -169,7 +193,7 @@ class NodeState:
             tid = event["tx_id"]
             if tid in self.txs:
                 closed.append(["tx", tid])
-            self.txs[tid] = [event["begin_ts"], wall, event.get("label"), incarnation, False, None, None]
+            self.txs[tid] = [event["begin_ts"], wall, event.get("label"), incarnation, False, None, None, None]
             opened.append(["tx", tid, event["begin_ts"]])
         elif kind == "tx_prepare":
             tx = self.txs.get(event["tx_id"])
@@ -177,6 +201,8 @@ class NodeState:
                 tx[T_PREPARED] = True
                 tx[T_COORD] = event["coordinator"]
                 tx[T_PARTS] = list(event["participants"])
+                if tx[T_PREP_WALL] is None:
+                    tx[T_PREP_WALL] = wall
         elif kind == "tx_end":
             if self.txs.pop(event["tx_id"], None) is not None:
                 closed.append(["tx", event["tx_id"]])
@@ -195,7 +221,9 @@ class NodeState:
         else:  # pragma: no cover - parse() only lets node types through here
             msg = f"not a node event: {kind}"
             raise ValueError(msg)
-        return self._update(wall, opened, closed, groups_changed, policy)
+        update = self._update(wall, opened, closed, groups_changed, policy)
+        self._pressure(kind == "heartbeat" and "pinned_bytes" in event, closed, policy, update.signals)
+        return update
 
     def _restart(self, incarnation: int, closed: list[list[Any]]) -> None:
         """A new process: its old readers and unprepared transactions died with it."""
@@ -227,7 +255,8 @@ class NodeState:
             prepared = bool(t.get("prepared", old[T_PREPARED] if old else False))
             coord = t.get("coordinator", old[T_COORD] if old else None)
             parts = t.get("participants", old[T_PARTS] if old else None)
-            txs[t["tx_id"]] = [t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts]
+            prep_wall = (old[T_PREP_WALL] if old and len(old) > T_PREP_WALL else None) or (wall if prepared else None)
+            txs[t["tx_id"]] = [t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall]
         for kind, old_map, new_map in (("reader", self.readers, readers), ("tx", self.txs, txs)):
             for hid, hold in old_map.items():
                 if hid not in new_map or new_map[hid][R_TS] != hold[R_TS]:
@@ -287,3 +316,110 @@ class NodeState:
 
     def group_list(self) -> list[str]:
         return sorted(self.groups)
+
+    # -- pressure: bands, in-doubt transactions, forced expiry (node clock) ---------------
+    def _alert(self, kind: str, aid: str, state: str, severity: str, value: int | None, threshold: int | None,
+               since: int, detail: str) -> list[Any]:
+        return ["alert", {"id": aid, "kind": kind, "state": state, "severity": severity, "node": self.node,
+                          "value": value, "threshold": threshold, "since": since, "detail": detail}]
+
+    def _oldest_open(self) -> tuple[str, str, int, str | None] | None:
+        """(kind, id, opened_wall, label) of the longest-open reader or transaction."""
+        best: tuple[str, str, int, str | None] | None = None
+        for kind, holds in (("reader", self.readers), ("tx", self.txs)):
+            for hid, h in holds.items():
+                if best is None or (h[R_WALL], kind, hid) < (best[2], best[0], best[1]):
+                    best = (kind, hid, h[R_WALL], h[R_LABEL])
+        return best
+
+    def _pressure(self, pinned_sample: bool, closed: list[list[Any]], policy: Policy, signals: list[list[Any]]) -> None:
+        now = self.last_wall_ms
+        for kind, hid in closed:  # what closed is no longer in doubt, expiring, or aged
+            if kind == "tx" and hid in self.in_doubt:
+                self.in_doubt.remove(hid)
+                signals.append(self._alert("in_doubt_tx", f"in_doubt_tx/{self.node}/{hid}", "cleared", "warning",
+                                           None, policy.in_doubt_timeout_ms, now, f"transaction {hid} was decided"))
+            exp = self.expiries.pop(hid, None)
+            if exp is not None:
+                signals.append(self._alert("forced_expiry", f"forced_expiry/{self.node}/{hid}", "cleared",
+                                           "critical" if exp[1] == "hard" else "warning", None, None, now,
+                                           f"{exp[0]} {hid} expired {exp[1]} is closed"))
+        if pinned_sample and self.pinned_bytes is not None:
+            self._band("pinned_bytes", self.pinned_band, policy.pinned_band(), now, self.pinned_bytes, signals)
+        oldest = self._oldest_open()
+        age = now - oldest[2] if oldest is not None else 0
+        self._band("reader_age", self.age_band, policy.age_band(), now, max(age, 0), signals, oldest)
+        for tid, h in self.txs.items():
+            if h[T_PREPARED] and h[T_PREP_WALL] is not None and tid not in self.in_doubt:
+                waited = now - h[T_PREP_WALL]
+                if waited >= policy.in_doubt_timeout_ms:
+                    self.in_doubt.append(tid)
+                    signals.append(self._alert(
+                        "in_doubt_tx", f"in_doubt_tx/{self.node}/{tid}", "raised", "warning", waited,
+                        policy.in_doubt_timeout_ms, h[T_PREP_WALL],
+                        f"prepared transaction {tid} undecided for {waited} ms (coordinator {h[T_COORD]}, "
+                        f"participants {', '.join(h[T_PARTS] or [])}); it pins ts {h[R_TS]} until decided"))
+        if policy.expire_enabled:
+            self._expire(now, policy, signals)
+
+    def _band(self, kind: str, band: list[Any], spec: Any, now: int, value: int, signals: list[list[Any]],
+              oldest: tuple[str, str, int, str | None] | None = None) -> None:
+        change = band_step(band, spec, now, value)
+        if change is None:
+            return
+        old, new, since = change
+        what = f"pinned bytes {value}" if kind == "pinned_bytes" else f"oldest reader/transaction open {value} ms"
+        if kind == "pinned_bytes" and oldest is None:
+            oldest = self._oldest_open()
+        if oldest is not None:
+            what += f"; oldest {oldest[0]} {oldest[1]}" + (f" ({oldest[3]})" if oldest[3] else "")
+        if new == 0:
+            signals.append(self._alert(kind, f"{kind}/{self.node}", "cleared", LEVEL_NAMES[old], value,
+                                       spec.exit(old), since, f"{what}: back below the {LEVEL_NAMES[old]} exit threshold"))
+        else:
+            signals.append(self._alert(kind, f"{kind}/{self.node}", "raised", LEVEL_NAMES[new], value,
+                                       spec.enter(new) if new > old else spec.exit(old), since,
+                                       f"{what}: {LEVEL_NAMES[new]} band"))
+
+    def _expire(self, now: int, policy: Policy, signals: list[list[Any]]) -> None:
+        """Under critical pressure sustained for expire_after_ms, expire the holds that pin the
+        most (lowest ts first) among those open longer than max_reader_lifetime_ms, graceful
+        first and hard after the grace period, at most max_expiries_per_window per window.
+        Prepared transactions are never expired: their fate belongs to their coordinator."""
+        self.expire_walls = [w for w in self.expire_walls if now - w < policy.expire_window_ms]
+        budget = policy.max_expiries_per_window - len(self.expire_walls)
+        for hid, exp in sorted(self.expiries.items(), key=lambda kv: (kv[1][2], kv[0])):
+            if budget <= 0:
+                return
+            if exp[1] == "graceful" and now - exp[2] >= policy.expire_grace_ms:
+                exp[1], exp[2] = "hard", now
+                self._emit_expire(exp[0], hid, "hard", now, signals)
+                budget -= 1
+        critical_since = self.pinned_band[5] if self.pinned_band[0] == 2 else None
+        if budget <= 0 or critical_since is None or now - critical_since < policy.expire_after_ms:
+            return
+        candidates = [
+            (h[R_TS], h[R_WALL], kind, hid)
+            for kind, holds in (("reader", self.readers), ("tx", self.txs))
+            for hid, h in holds.items()
+            if hid not in self.expiries
+            and now - h[R_WALL] >= policy.max_reader_lifetime_ms
+            and not (kind == "tx" and h[T_PREPARED])
+        ]
+        for _ts, _wall, kind, hid in sorted(candidates)[:budget]:
+            self.expiries[hid] = [kind, "graceful", now]
+            self._emit_expire(kind, hid, "graceful", now, signals)
+
+    def _emit_expire(self, kind: str, hid: str, mode: str, now: int, signals: list[list[Any]]) -> None:
+        self.expire_walls.append(now)
+        holds = self.readers if kind == "reader" else self.txs
+        h = holds[hid]
+        reason = (f"critical pinned-bytes pressure ({self.pinned_bytes} bytes); {kind} open "
+                  f"{now - h[R_WALL]} ms pins ts {h[R_TS]}")
+        body: dict[str, Any] = {"v": 1, "type": "expire", "node": self.node,
+                                ("reader_id" if kind == "reader" else "tx_id"): hid, "reason": reason, "mode": mode}
+        signals.append(["expire", body])
+        signals.append(self._alert("forced_expiry", f"forced_expiry/{self.node}/{hid}", "raised",
+                                   "critical" if mode == "hard" else "warning", h[R_TS], None, now,
+                                   f"{mode} expiry of {kind} {hid}" + (f" ({h[R_LABEL]})" if h[R_LABEL] else "")
+                                   + f": {reason}"))

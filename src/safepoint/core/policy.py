@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from safepoint.core.bands import BandSpec
+
 __all__ = ["Policy"]
 
 GIB = 1 << 30
+_BOOL_FIELDS = frozenset({"expire_enabled"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,9 +31,44 @@ class Policy:
     max_message_bytes: int = 1_048_576
     """Input messages larger than this go to the dead-letter topic."""
 
+    # -- pressure bands on a node's pinned_bytes (NornicDB defaults; free space is not known
+    #    to the job, so the absolute floors of its max(...) are the defaults) --------------------
+    pinned_warning_enter_bytes: int = 5 * GIB
+    pinned_warning_exit_bytes: int = 4 * GIB
+    """0.8 x the enter threshold."""
+    pinned_critical_enter_bytes: int = 20 * GIB
+    pinned_critical_exit_bytes: int = 16 * GIB
+    band_enter_window_ms: int = 30_000
+    """A band is entered after a breach sustained this long (node clock)."""
+    band_exit_window_ms: int = 120_000
+    """A band is left after a recovery sustained this long (node clock)."""
+    # -- age of the oldest live reader or transaction on a node ------------------------------
+    reader_age_warning_ms: int = 600_000
+    reader_age_critical_ms: int = 3_600_000
+    # -- the cluster's safe point not advancing while cluster time moves on ------------------
+    stall_ms: int = 600_000
+    # -- prepared transactions undecided for too long ------------------------------------------
+    in_doubt_timeout_ms: int = 60_000
+    # -- forced expiry under sustained critical pinned-bytes pressure -------------------------
+    expire_enabled: bool = True
+    expire_after_ms: int = 60_000
+    """Critical pressure must have lasted this long before any expiry."""
+    max_reader_lifetime_ms: int = 300_000
+    """Only readers and transactions open longer than this are expired."""
+    expire_grace_ms: int = 30_000
+    """A graceful expiry becomes hard if the reader is still open after this."""
+    max_expiries_per_window: int = 5
+    """At most this many expire directives per node in any expire_window_ms."""
+    expire_window_ms: int = 60_000
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _BOOL_FIELDS:
+                if not isinstance(value, bool):
+                    msg = f"policy key {f.name} must be true or false, got {value!r}"
+                    raise ValueError(msg)
+                continue
             if not isinstance(value, int) or isinstance(value, bool):
                 msg = f"policy key {f.name} must be an integer, got {value!r}"
                 raise ValueError(msg)
@@ -40,6 +78,40 @@ class Policy:
         if self.node_lease_ms == 0:
             msg = "policy key node_lease_ms must be > 0"
             raise ValueError(msg)
+        for enter, exit_ in (
+            ("pinned_warning_enter_bytes", "pinned_warning_exit_bytes"),
+            ("pinned_critical_enter_bytes", "pinned_critical_exit_bytes"),
+        ):
+            if getattr(self, exit_) > getattr(self, enter):
+                msg = f"policy key {exit_} must not exceed {enter} (hysteresis: exit below enter)"
+                raise ValueError(msg)
+        if self.pinned_critical_enter_bytes < self.pinned_warning_enter_bytes:
+            msg = "policy key pinned_critical_enter_bytes must be >= pinned_warning_enter_bytes"
+            raise ValueError(msg)
+        if self.reader_age_critical_ms < self.reader_age_warning_ms:
+            msg = "policy key reader_age_critical_ms must be >= reader_age_warning_ms"
+            raise ValueError(msg)
+
+    def pinned_band(self) -> BandSpec:
+        return BandSpec(
+            self.pinned_warning_enter_bytes,
+            self.pinned_warning_exit_bytes,
+            self.pinned_critical_enter_bytes,
+            self.pinned_critical_exit_bytes,
+            self.band_enter_window_ms,
+            self.band_exit_window_ms,
+        )
+
+    def age_band(self) -> BandSpec:
+        """Age only grows while the reader lives and drops when it closes: no debounce needed."""
+        return BandSpec(
+            self.reader_age_warning_ms,
+            self.reader_age_warning_ms,
+            self.reader_age_critical_ms,
+            self.reader_age_critical_ms,
+            0,
+            0,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
