@@ -16,11 +16,15 @@ only a directive whose ``seq`` advances is delivered. Use it either way::
 
 With ``reporter=`` every new ``safe_ts`` is fed to :meth:`Reporter.observe_safe_ts`, so readers
 below it are refused on the node. Forced-expiry directives (``"type": "expire"``) have their own
-``seq`` per cluster and go to ``on_expire``.
+``seq`` per cluster; those for this node are handed to :meth:`Reporter.expire` (with
+``reporter=``: it marks the named reader or transaction expired, see there) and then to
+``on_expire``.
 
 On start the listener first catches up with the topic: of the backlog it delivers only the
 directive with the highest ``seq`` (the older ones are superseded). Expiry directives of the
-backlog are each delivered (each names a different reader or transaction).
+backlog are each delivered (each names a different reader or transaction), except, with
+``reporter=``, those naming a reader or transaction the reporter does not have open: they died with
+an earlier process of the node (counted as ``backlog_expires_skipped``).
 """
 
 from __future__ import annotations
@@ -104,6 +108,8 @@ class ExpireDirective:
     mode: str
     """``graceful`` (let it finish its current step) or ``hard`` (stop it now)."""
     raw: dict[str, Any] = field(repr=False, compare=False)
+    cluster_wall_ms: int | None = None
+    """The cluster time when the job decided (optional in the schema)."""
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> ExpireDirective:
@@ -116,6 +122,7 @@ class ExpireDirective:
             reason=obj["reason"],
             mode=obj["mode"],
             raw=obj,
+            cluster_wall_ms=obj.get("cluster_wall_ms"),
         )
 
 
@@ -153,8 +160,12 @@ class ListenerStats:
     invalid: int
     """Messages that are not a valid directive (logged and skipped)."""
     expires_delivered: int
+    """Expiry directives for this node (or, without a node, this cluster) handed to the reporter and on_expire."""
+    backlog_expires_skipped: int
+    """Expiry directives of the backlog at start naming a reader or transaction the reporter does not
+    have open (they died with an earlier process); only with ``reporter=``."""
     handler_failures: int
-    """Exceptions raised by on_directive or on_expire (logged)."""
+    """Exceptions raised by on_directive, on_expire or the reporter's expire (logged)."""
 
 
 @cache
@@ -183,7 +194,8 @@ class DirectiveListener:
         reporter's node) limits ``on_expire`` to this node's readers and transactions; with
         neither, every expiry of the cluster is delivered. ``on_directive`` is called by the
         background thread (:meth:`start`); :meth:`poll` returns directives instead. ``on_expire``
-        is called in whichever thread reads the topic.
+        is called in whichever thread reads the topic. With ``reporter=`` the node's expiries go to
+        :meth:`Reporter.expire` first (in the same thread), then to ``on_expire``.
         """
         if cluster is None:
             cluster = reporter.cluster if reporter is not None else "default"
@@ -421,9 +433,27 @@ class DirectiveListener:
         self._last_expire_seq = expire.seq
         if self.node is not None and expire.node != self.node:
             return
+        reporter = self._reporter
+        if reporter is not None and (expire.node != reporter.node or expire.cluster != reporter.cluster):
+            reporter = None  # the listener was pointed at another node than its reporter's
+        if reporter is not None and not self._caught_up and reporter.find(reader_id=expire.reader_id, tx_id=expire.tx_id) is None:
+            self._counts["backlog_expires_skipped"] += 1
+            log.debug(
+                "directive listener: backlog expiry seq %d names %s, not open on this reporter (an earlier process); skipped",
+                expire.seq,
+                expire.reader_id or expire.tx_id,
+            )
+            return
         self._counts["expires_delivered"] += 1
+        if reporter is not None:
+            try:
+                reporter.expire(expire)
+            except Exception:
+                self._counts["handler_failures"] += 1
+                log.exception("directive listener: the reporter failed to apply expiry seq %d", expire.seq)
         if self._on_expire is None:
-            log.info("directive listener: expiry seq %d of %s not handled (no on_expire)", expire.seq, expire.raw)
+            if self._reporter is None:
+                log.info("directive listener: expiry seq %d of %s not handled (no on_expire)", expire.seq, expire.raw)
             return
         try:
             self._on_expire(expire)

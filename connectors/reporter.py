@@ -43,13 +43,16 @@ from urllib.parse import quote
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from safepoint.errors import BrokerError, ClientClosed, ReaderRefused, SafepointError
+from safepoint.errors import BrokerError, ClientClosed, ReaderExpired, ReaderRefused, SafepointError
 
 if TYPE_CHECKING:
+    from safepoint.connectors.listener import ExpireDirective
     from safepoint.settings import Settings
 
 __all__ = [
     "DEFAULT_EVENTS_TOPIC",
+    "ExpireCallback",
+    "Handle",
     "Reporter",
     "ReporterStats",
     "Reader",
@@ -170,7 +173,18 @@ class Reader:
     Made by :meth:`Reporter.reader`; :meth:`open` and :meth:`close` do the same without ``with``.
     """
 
-    __slots__ = ("_reporter", "reader_id", "read_ts", "label", "groups", "namespace", "opened_wall_ms", "_state")
+    __slots__ = (
+        "_reporter",
+        "reader_id",
+        "read_ts",
+        "label",
+        "groups",
+        "namespace",
+        "opened_wall_ms",
+        "_state",
+        "_on_expire",
+        "_expiry",
+    )
 
     def __init__(
         self,
@@ -180,6 +194,7 @@ class Reader:
         label: str | None,
         groups: Sequence[str] | None,
         namespace: str | None,
+        on_expire: ExpireCallback | None = None,
     ) -> None:
         self._reporter = reporter
         self.read_ts: int | None = read_ts
@@ -188,11 +203,32 @@ class Reader:
         self.groups = list(groups) if groups is not None else None
         self.namespace = namespace
         self.opened_wall_ms: int | None = None
-        self._state = "new"
+        self._state = "new"  # new -> open -> closed | expired (released because of an expiry)
+        self._on_expire = on_expire
+        self._expiry: ExpireDirective | None = None
 
     @property
     def is_open(self) -> bool:
         return self._state == "open"
+
+    @property
+    def expired(self) -> bool:
+        """True once the safe-point service expired this reader (see :meth:`Reporter.expire`)."""
+        return self._expiry is not None
+
+    @property
+    def expiry(self) -> ExpireDirective | None:
+        """The expire directive that applies to this reader (the hard one after an escalation), or None."""
+        return self._expiry
+
+    def check(self) -> None:
+        """An operation boundary: raise :class:`~safepoint.errors.ReaderExpired` if the reader was expired.
+
+        The database calls this between the operations it runs at ``read_ts``. After a graceful
+        expiry the first call releases the reader (``reader_close`` is published) and raises; after
+        a hard expiry the reporter has already released it. Every later call raises too.
+        """
+        self._reporter._enforce_expiry(self)
 
     def open(self) -> Self:
         """Publish ``reader_open``. Raises ReaderRefused below the known safe point (nothing published)."""
@@ -205,16 +241,23 @@ class Reader:
 
     def close(self) -> None:
         """Publish ``reader_close``. Idempotent; never raises for a reporter closed meanwhile."""
-        if self._state != "open":
-            return
-        self._state = "closed"
-        self._reporter._close_hold("reader", self.reader_id)
+        with self._reporter._lock:
+            if self._state != "open":
+                return
+            self._state = "closed"
+            self._reporter._close_hold("reader", self.reader_id)
 
     def __enter__(self) -> Self:
         return self.open()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        """Publish ``reader_close``. A block left by an exception keeps that exception; a block left
+        normally raises ReaderExpired if the reader's snapshot was released by an expiry before the
+        end of the block (a hard expiry, or a graceful one already enforced by :meth:`check`): what
+        it read after that point is not protected from compaction."""
         self.close()
+        if et is None and self._state == "expired":
+            raise self._reporter._expired_error(self)
 
     def _entry(self) -> dict[str, Any]:
         entry: dict[str, Any] = {"reader_id": self.reader_id, "read_ts": self.read_ts}
@@ -225,6 +268,18 @@ class Reader:
 
     def __repr__(self) -> str:
         return f"Reader({self.reader_id!r}, read_ts={self.read_ts}, {self._state})"
+
+    @property
+    def _kind(self) -> Literal["reader", "tx"]:
+        return "reader"
+
+    @property
+    def _ident(self) -> str:
+        return self.reader_id
+
+    @property
+    def _ts(self) -> int | None:
+        return self.read_ts
 
 
 class Transaction:
@@ -249,6 +304,8 @@ class Transaction:
         "outcome",
         "commit_ts",
         "_state",
+        "_on_expire",
+        "_expiry",
     )
 
     def __init__(
@@ -259,6 +316,7 @@ class Transaction:
         label: str | None,
         groups: Sequence[str] | None,
         namespace: str | None,
+        on_expire: ExpireCallback | None = None,
     ) -> None:
         self._reporter = reporter
         self.begin_ts: int | None = begin_ts
@@ -271,7 +329,9 @@ class Transaction:
         self.participants: list[str] | None = None
         self.outcome: Outcome | None = None
         self.commit_ts: int | None = None
-        self._state = "new"
+        self._state = "new"  # new -> open [-> prepared] -> ended | expired (aborted because of an expiry)
+        self._on_expire = on_expire
+        self._expiry: ExpireDirective | None = None
 
     @property
     def is_open(self) -> bool:
@@ -280,6 +340,25 @@ class Transaction:
     @property
     def prepared(self) -> bool:
         return self._state == "prepared"
+
+    @property
+    def expired(self) -> bool:
+        """True once the safe-point service expired this transaction (see :meth:`Reporter.expire`)."""
+        return self._expiry is not None
+
+    @property
+    def expiry(self) -> ExpireDirective | None:
+        """The expire directive that applies to this transaction (the hard one after an escalation), or None."""
+        return self._expiry
+
+    def check(self) -> None:
+        """An operation boundary: raise :class:`~safepoint.errors.ReaderExpired` if the transaction was expired.
+
+        The database calls this between the transaction's operations. After a graceful expiry the
+        first call aborts the transaction (``tx_end`` with ``abort`` is published) and raises; after
+        a hard expiry the reporter has already aborted it. Every later call raises too.
+        """
+        self._reporter._enforce_expiry(self)
 
     def begin(self) -> Self:
         """Publish ``tx_begin``. Raises ReaderRefused below the known safe point (nothing published)."""
@@ -291,41 +370,68 @@ class Transaction:
         return self
 
     def prepare(self, coordinator: str, participants: Iterable[str]) -> None:
-        """Publish ``tx_prepare``: two-phase commit, prepared, decision unknown (in doubt)."""
-        if self._state != "open":
-            msg = f"transaction {self.tx_id} cannot be prepared: it is {self._state}"
-            raise SafepointError(msg)
+        """Publish ``tx_prepare``: two-phase commit, prepared, decision unknown (in doubt).
+
+        A cancel point: an expired transaction is aborted and raises ReaderExpired instead.
+        """
         _check_id("coordinator", coordinator)
         parts = [_check_id("participant", p) for p in participants]
-        self._reporter._prepare_tx(self, coordinator, parts)
-        self.coordinator = coordinator
-        self.participants = parts
-        self._state = "prepared"
+        with self._reporter._lock:
+            if self._expiry is not None:
+                self._reporter._enforce_expiry(self)
+            if self._state != "open":
+                msg = f"transaction {self.tx_id} cannot be prepared: it is {self._state}"
+                raise SafepointError(msg)
+            self._reporter._prepare_tx(self, coordinator, parts)
+            self.coordinator = coordinator
+            self.participants = parts
+            self._state = "prepared"
 
     def end(self, outcome: Outcome = "commit", commit_ts: int | None = None) -> None:
-        """Publish ``tx_end`` with the decision. Idempotent once ended."""
+        """Publish ``tx_end`` with the decision. Idempotent once ended.
+
+        The commit boundary is a cancel point: on an expired transaction ``end("commit")``
+        publishes ``abort`` instead (if the reporter has not already) and raises ReaderExpired;
+        ``end("abort")`` publishes the abort and returns.
+        """
         if outcome not in ("commit", "abort"):
             msg = f"outcome must be 'commit' or 'abort', got {outcome!r}"
             raise ValueError(msg)
         if commit_ts is not None:
             _check_ts("commit_ts", commit_ts)
-        if self._state not in ("open", "prepared"):
-            if self._state == "new":
-                msg = f"transaction {self.tx_id} was never begun"
-                raise SafepointError(msg)
-            return
-        self._state = "ended"
-        self.outcome = outcome
-        self.commit_ts = commit_ts
-        extra: dict[str, Any] = {"outcome": outcome}
-        if commit_ts is not None:
-            extra["commit_ts"] = commit_ts
-        self._reporter._close_hold("tx", self.tx_id, extra)
+        with self._reporter._lock:
+            if self._expiry is not None:
+                if outcome == "commit":
+                    self._reporter._enforce_expiry(self)
+                self._reporter._release_expired(self)
+                return
+            if self._state not in ("open", "prepared"):
+                if self._state == "new":
+                    msg = f"transaction {self.tx_id} was never begun"
+                    raise SafepointError(msg)
+                return
+            self._state = "ended"
+            self.outcome = outcome
+            self.commit_ts = commit_ts
+            extra: dict[str, Any] = {"outcome": outcome}
+            if commit_ts is not None:
+                extra["commit_ts"] = commit_ts
+            self._reporter._close_hold("tx", self.tx_id, extra)
 
     def __enter__(self) -> Self:
         return self.begin()
 
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        """Commit on a normal exit, abort on an exception (see the class docstring).
+
+        An expired transaction is aborted either way; a normal exit then raises ReaderExpired
+        (the commit did not happen), an exception propagates unchanged.
+        """
+        if self._expiry is not None:
+            self._reporter._release_expired(self)
+            if et is None:
+                raise self._reporter._expired_error(self)
+            return
         if not self.is_open:
             return
         if et is None:
@@ -354,6 +460,25 @@ class Transaction:
     def __repr__(self) -> str:
         return f"Transaction({self.tx_id!r}, begin_ts={self.begin_ts}, {self._state})"
 
+    @property
+    def _kind(self) -> Literal["reader", "tx"]:
+        return "tx"
+
+    @property
+    def _ident(self) -> str:
+        return self.tx_id
+
+    @property
+    def _ts(self) -> int | None:
+        return self.begin_ts
+
+
+Handle = Reader | Transaction
+"""A reader or transaction handle."""
+
+ExpireCallback = Callable[[Handle, "ExpireDirective"], object]
+"""``on_expire(handle, directive)``: cancel the handle's running work now (see :meth:`Reporter.expire`)."""
+
 
 def _add_optional(event: dict[str, Any], label: str | None, namespace: str | None, groups: list[str] | None) -> None:
     if groups is not None:
@@ -381,6 +506,13 @@ class ReporterStats:
     """Times the producer was recreated after a fatal error."""
     repair_snapshots: int
     """Snapshots published to repair the job's view after failures."""
+    expired: int = 0
+    """Expire directives applied to an open reader or transaction (a graceful one escalated to hard counts twice)."""
+    expiries_ignored: int = 0
+    """Expire directives that were no-ops: unknown or already-closed id, another node, a prepared
+    transaction, a repeat, or a directive older than the handle it names."""
+    expire_callback_failures: int = 0
+    """Exceptions raised by an ``on_expire`` callback (logged; the expiry still applies)."""
 
 
 class Reporter:
@@ -401,6 +533,7 @@ class Reporter:
         wall_clock: Callable[[], int] = wall_clock_ms,
         state_dir: str | os.PathLike[str] | None = None,
         produce_timeout_s: float = 30.0,
+        on_expire: ExpireCallback | None = None,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -411,6 +544,8 @@ class Reporter:
         defaults to :func:`default_incarnation` (``state_dir`` makes it survive clock steps).
         ``heartbeat_interval_s`` of ``None`` or ``0`` starts no thread: call :meth:`heartbeat`.
         ``wall_clock`` returns milliseconds since the epoch (injectable for tests).
+        ``on_expire(handle, directive)`` is called when a reader or transaction without its own
+        ``on_expire`` is expired (see :meth:`expire`).
         """
         self.node = _check_id("node", node)
         self.cluster = _check_id("cluster", cluster)
@@ -455,6 +590,10 @@ class Reporter:
         self._repairs = 0
         self._last_failure_log = 0.0
         self._last_wall = 0
+        self._on_expire = on_expire
+        self._expired = 0
+        self._expiries_ignored = 0
+        self._expire_callback_failures = 0
         self._stats_lock = threading.Lock()  # delivery reports may run in any thread that polls
         self._producer = self._new_producer()
 
@@ -492,16 +631,18 @@ class Reporter:
         groups: Sequence[str] | None = None,
         namespace: str | None = None,
         reader_id: str | None = None,
+        on_expire: ExpireCallback | None = None,
     ) -> Reader:
         """A reader handle: ``with reporter.reader(ts) as r`` publishes open and close.
 
         Without ``read_ts`` the reader reads at ``mvcc_clock()``, taken under the reporter's lock,
         so no heartbeat with a later ``mvcc_now`` can overtake its ``reader_open``.
+        ``on_expire(reader, directive)`` overrides the reporter's callback for this reader.
         """
         if read_ts is not None:
             _check_ts("read_ts", read_ts)
         rid = _check_id("reader_id", reader_id) if reader_id is not None else _new_id("r")
-        return Reader(self, read_ts, rid, label, groups, namespace)
+        return Reader(self, read_ts, rid, label, groups, namespace, on_expire)
 
     def transaction(
         self,
@@ -511,12 +652,16 @@ class Reporter:
         groups: Sequence[str] | None = None,
         namespace: str | None = None,
         tx_id: str | None = None,
+        on_expire: ExpireCallback | None = None,
     ) -> Transaction:
-        """A transaction handle: ``with reporter.transaction(ts) as tx`` publishes begin and end."""
+        """A transaction handle: ``with reporter.transaction(ts) as tx`` publishes begin and end.
+
+        ``on_expire(tx, directive)`` overrides the reporter's callback for this transaction.
+        """
         if begin_ts is not None:
             _check_ts("begin_ts", begin_ts)
         tid = _check_id("tx_id", tx_id) if tx_id is not None else _new_id("t")
-        return Transaction(self, begin_ts, tid, label, groups, namespace)
+        return Transaction(self, begin_ts, tid, label, groups, namespace, on_expire)
 
     def observe_safe_ts(self, safe_ts: int) -> None:
         """Record the cluster's safe point (from a directive). It only moves forward."""
@@ -529,6 +674,107 @@ class Reporter:
     def safe_ts(self) -> int | None:
         """The newest safe point this node learnt of, or None."""
         return self._safe_ts
+
+    def find(self, *, reader_id: str | None = None, tx_id: str | None = None) -> Handle | None:
+        """The open reader (by ``reader_id``) or transaction (by ``tx_id``) of this reporter, or None."""
+        with self._lock:
+            if reader_id is not None:
+                return self._readers.get(reader_id)
+            if tx_id is not None:
+                return self._txs.get(tx_id)
+            return None
+
+    def expire(self, directive: ExpireDirective) -> Handle | None:
+        """Apply a forced-expiry directive (``"type": "expire"``) to the open handle it names.
+
+        :class:`~safepoint.connectors.listener.DirectiveListener` calls this when it is made with
+        ``reporter=``. Returns the handle, or None when the directive is a no-op (counted in
+        :meth:`stats` as ``expiries_ignored``): another node or cluster, an id that is not open here
+        (closed already, or opened by an earlier process), a directive older than the handle (its
+        ``cluster_wall_ms`` is before the handle's open), a repeat, or a prepared transaction
+        (never expired: its fate belongs to its coordinator; logged as a warning).
+
+        The handle is marked expired and its ``on_expire(handle, directive)`` callback (else the
+        reporter's) is called in this thread, so the node can cancel the running work at once. Then:
+
+        * ``graceful``: the handle stays open (the job keeps protecting its snapshot) until the
+          node's code reaches an operation boundary: :meth:`Reader.check` / :meth:`Transaction.check`,
+          :meth:`Transaction.prepare` or a commit raise ReaderExpired, and release it (``reader_close``,
+          or ``tx_end`` with ``abort``); a reader's block that ends normally just closes it.
+        * ``hard``: the reporter releases it now (after the callback), so the job stops counting it;
+          every later boundary raises ReaderExpired. A graceful expiry followed by a hard one
+          escalates.
+        """
+        mode = directive.mode
+        if mode not in ("graceful", "hard"):
+            msg = f"expire directive seq {directive.seq}: mode must be 'graceful' or 'hard', got {mode!r}"
+            raise ValueError(msg)
+        kind: Literal["reader", "tx"] = "reader" if directive.reader_id is not None else "tx"
+        ident = directive.reader_id if directive.reader_id is not None else directive.tx_id
+        what = f"{'reader' if kind == 'reader' else 'transaction'} {ident}"
+        with self._lock:
+            if directive.cluster != self.cluster or directive.node != self.node:
+                self._expiries_ignored += 1
+                log.warning(
+                    "reporter %s: expire directive seq %d names %s/%s, not this node (%s/%s); ignored",
+                    self.node,
+                    directive.seq,
+                    directive.cluster,
+                    directive.node,
+                    self.cluster,
+                    self.node,
+                )
+                return None
+            handle: Handle | None = self._readers.get(ident or "") if kind == "reader" else self._txs.get(ident or "")
+            wall = directive.cluster_wall_ms
+            ignored: str | None = None
+            level = logging.INFO
+            if handle is None:
+                ignored = "it is not open here (closed already, or opened by an earlier process)"
+            elif wall is not None and handle.opened_wall_ms is not None and wall < handle.opened_wall_ms:
+                ignored = f"the directive (cluster time {wall}) predates this {kind} (opened at {handle.opened_wall_ms})"
+            elif isinstance(handle, Transaction) and handle.prepared:
+                ignored = "it is prepared (in doubt); the job never expires a prepared transaction, its coordinator decides"
+                level = logging.WARNING
+            elif handle._expiry is not None and (handle._expiry.mode == "hard" or mode == "graceful"):
+                ignored = f"it is already expired ({handle._expiry.mode})"
+            if handle is None or ignored is not None:
+                self._expiries_ignored += 1
+                log.log(level, "reporter %s: expire directive seq %d for %s ignored: %s", self.node, directive.seq, what, ignored)
+                return None
+            handle._expiry = directive
+            self._expired += 1
+            callback = handle._on_expire or self._on_expire
+        log.warning(
+            "reporter %s: %s expired by the safe-point service (%s, directive seq %d): %s",
+            self.node,
+            what,
+            mode,
+            directive.seq,
+            directive.reason,
+            extra={
+                "safepoint_event": "forced_expiry",
+                "cluster": self.cluster,
+                "node": self.node,
+                "kind": kind,
+                "id": ident,
+                "ts": handle._ts,
+                "label": handle.label,
+                "mode": mode,
+                "reason": directive.reason,
+                "seq": directive.seq,
+            },
+        )
+        if callback is not None:
+            try:
+                callback(handle, directive)
+            except Exception:
+                with self._lock:
+                    self._expire_callback_failures += 1
+                log.exception("reporter %s: on_expire failed for %s; the expiry still applies", self.node, what)
+        if mode == "hard":
+            self._release_expired(handle)
+        return handle
 
     @property
     def active_readers(self) -> list[Reader]:
@@ -551,7 +797,16 @@ class Reporter:
 
     def stats(self) -> ReporterStats:
         with self._lock, self._stats_lock:
-            return ReporterStats(self._sent, self._delivered, self._failures, self._restarts, self._repairs)
+            return ReporterStats(
+                self._sent,
+                self._delivered,
+                self._failures,
+                self._restarts,
+                self._repairs,
+                self._expired,
+                self._expiries_ignored,
+                self._expire_callback_failures,
+            )
 
     def heartbeat(self) -> int:
         """Publish one heartbeat now (the thread does this every interval). Returns its seq.
@@ -683,6 +938,43 @@ class Reporter:
             except SafepointError as exc:
                 self._needs_snapshot = True
                 log.error("reporter %s: could not publish the end of %s %s: %s", self.node, kind, ident, exc)
+
+    def _release_expired(self, handle: Handle) -> None:
+        """Release an expired handle if it is still open: ``reader_close``, or ``tx_end`` abort."""
+        with self._lock:
+            if not handle.is_open:
+                return
+            handle._state = "expired"
+            if isinstance(handle, Reader):
+                self._close_hold("reader", handle.reader_id)
+            else:
+                handle.outcome = "abort"
+                handle.commit_ts = None
+                self._close_hold("tx", handle.tx_id, {"outcome": "abort"})
+
+    def _enforce_expiry(self, handle: Handle) -> None:
+        """The cancel point of an operation boundary: release an expired handle and raise ReaderExpired."""
+        with self._lock:
+            if handle._expiry is None:
+                return
+            self._release_expired(handle)
+            raise self._expired_error(handle)
+
+    def _expired_error(self, handle: Handle) -> ReaderExpired:
+        directive = handle._expiry
+        assert directive is not None
+        is_reader = isinstance(handle, Reader)
+        what = "reader" if is_reader else "transaction"
+        ts_name = "read_ts" if is_reader else "begin_ts"
+        label = f" ({handle.label})" if handle.label else ""
+        outcome = "its snapshot is released" if is_reader else "it was aborted and did not commit"
+        msg = (
+            f"{what} {handle._ident}{label} at {ts_name} {handle._ts} on node {self.node} was expired by the "
+            f"safe-point service ({directive.mode} expiry, directive seq {directive.seq}): {directive.reason}. "
+            f"The operation is cancelled and {outcome}; retry it with a fresh snapshot "
+            f"(a new {what} at the current time)"
+        )
+        return ReaderExpired(msg, kind=handle._kind, ident=handle._ident, mode=directive.mode, reason=directive.reason, seq=directive.seq)
 
     # -- sending -------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import queue
 import shutil
 import sys
 import tempfile
@@ -20,7 +21,7 @@ __all__ = ["run_demo", "LiveView"]
 class LiveView:
     """Follows the directives and alerts topics and renders the cluster's safe point."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, expiries: queue.Queue[tuple[str, str, str]] | None = None) -> None:
         from confluent_kafka import Consumer
 
         self.settings = settings
@@ -40,6 +41,10 @@ class LiveView:
         self.alerts: deque[dict[str, Any]] = deque(maxlen=6)
         self.raised: dict[str, dict[str, Any]] = {}
         self.count = 0
+        self.bands: dict[str, dict[str, str]] = {}  # node -> {kind: severity}
+        self.expired: deque[dict[str, Any]] = deque(maxlen=4)
+        self.expiries = expiries
+        self.expire_seq: dict[str, int] = {}
 
     def poll(self, timeout: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
@@ -51,7 +56,13 @@ class LiveView:
             if raw is None:
                 continue
             value = json.loads(raw)
-            if msg.topic() == self.settings.directives_topic and value.get("type") == "compaction":
+            if msg.topic() == self.settings.directives_topic and value.get("type") == "expire":
+                if value["seq"] > self.expire_seq.get(value["cluster"], 0):
+                    self.expire_seq[value["cluster"]] = value["seq"]
+                    self.expired.append(value)
+                    if self.expiries is not None and "reader_id" in value:
+                        self.expiries.put((value["cluster"], value["node"], value["reader_id"]))
+            elif msg.topic() == self.settings.directives_topic and value.get("type") == "compaction":
                 prev = self.latest.get(value["cluster"])
                 if prev is None or value["seq"] > prev["seq"]:
                     self.latest[value["cluster"]] = value
@@ -63,6 +74,12 @@ class LiveView:
                     self.raised[value["id"]] = value
                 else:
                     self.raised.pop(value["id"], None)
+                if value["kind"] in ("pinned_bytes", "reader_age") and value.get("node"):
+                    node_bands = self.bands.setdefault(value["node"], {})
+                    if value["state"] == "raised":
+                        node_bands[value["kind"]] = f"{value['severity']} ({_human(value['kind'], value['value'])})"
+                    else:
+                        node_bands.pop(value["kind"], None)
 
     def render(self, elapsed: float, job: str) -> str:
         lines = [f"safepoint demo  t+{elapsed:5.0f}s  job: {job}  directives seen: {self.count}", ""]
@@ -76,6 +93,12 @@ class LiveView:
             lines.append(f"{name:<12}{d['seq']:>6}{d['safe_ts']:>20}{lag:>8.1f}  {blocker}")
         if not self.latest:
             lines.append("  (waiting for the first directive: Spark starts, then every node reports)")
+        lines += ["", "pressure bands (normal unless listed):"]
+        for node, kinds in sorted(self.bands.items()):
+            if kinds:
+                lines.append(f"  {node:<14}" + "  ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+        for e in list(self.expired)[::-1]:
+            lines.append(f"  expired {e['mode']:<8} {e['node']} {e.get('reader_id') or e.get('tx_id')}: {e['reason'][:70]}")
         lines += ["", "recent directives:"]
         for d in list(self.directives)[::-1]:
             lines.append(f"  {d['cluster']} seq {d['seq']} safe_ts {d['safe_ts']} floor {d['catalog_floor']}")
@@ -86,6 +109,14 @@ class LiveView:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def _human(kind: str, value: int | None) -> str:
+    if value is None:
+        return "?"
+    if kind == "pinned_bytes":
+        return f"{value / 1e9:.1f} GB"
+    return f"{value / 1000:.0f}s"
 
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None) -> int:
@@ -105,9 +136,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         settings,
         bootstrap=broker.bootstrap,
         checkpoint=checkpoint,
-        retention=settings.retention or 2_000_000,
-        node_lease_ms=settings.node_lease_ms if settings.node_lease_ms != 30_000 else 10_000,
-        directive_interval_ms=settings.directive_interval_ms or 1000,
+        **_demo_policy(settings),
     )
     print(f"broker ready at {broker.bootstrap}; retention {settings.retention} us, lease {settings.node_lease_ms} ms", flush=True)
     spark = query = view = None
@@ -115,17 +144,19 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     start = time.monotonic()
     try:
         ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
+        expiries: queue.Queue[tuple[str, str, str]] = queue.Queue()
+        sim_cfg = SimConfig(nodes=nodes, rate=rate, stuck_reader_every_ms=60_000)
         sim_thread = threading.Thread(
             target=run_simulator,
-            args=(broker.bootstrap, settings.events_topic, SimConfig(nodes=nodes, rate=rate), duration_s, 0),
-            kwargs={"quiet": True},
+            args=(broker.bootstrap, settings.events_topic, sim_cfg, duration_s, 0),
+            kwargs={"quiet": True, "expiries": expiries},
             daemon=True,
         )
         sim_thread.start()
         print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark ...", flush=True)
         spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo")
         query = build_query(spark, settings)
-        view = LiveView(settings)
+        view = LiveView(settings, expiries)
         last_print = 0.0
         while duration_s is None or time.monotonic() - start < duration_s:
             view.poll(1.0)
@@ -157,3 +188,27 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         broker.cleanup()
         if own_ckpt:
             shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def _demo_policy(settings: Settings) -> dict[str, Any]:
+    """Thresholds scaled to a demo: the simulator pins 50 MB per second a reader stays open.
+    Values the user set (flag, environment or file) are kept."""
+    defaults = Settings()
+    demo = {
+        "retention": 2_000_000,
+        "node_lease_ms": 10_000,
+        "directive_interval_ms": 1_000,
+        "pinned_warning_enter_bytes": 1_000_000_000,
+        "pinned_warning_exit_bytes": 800_000_000,
+        "pinned_critical_enter_bytes": 2_000_000_000,
+        "pinned_critical_exit_bytes": 1_600_000_000,
+        "band_enter_window_ms": 3_000,
+        "band_exit_window_ms": 5_000,
+        "reader_age_warning_ms": 30_000,
+        "reader_age_critical_ms": 60_000,
+        "stall_ms": 30_000,
+        "expire_after_ms": 5_000,
+        "max_reader_lifetime_ms": 30_000,
+        "expire_grace_ms": 10_000,
+    }
+    return {k: v if getattr(settings, k) == getattr(defaults, k) else getattr(settings, k) for k, v in demo.items()}

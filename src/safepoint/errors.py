@@ -34,7 +34,38 @@ class ReaderRefused(SafepointError):
 
 
 class ReaderExpired(SafepointError):
-    """The safe-point service expired this reader or transaction under history pressure."""
+    """The safe-point service expired this reader or transaction under history pressure.
+
+    Raised at the handle's next operation boundary (``check()``, ``prepare()``, a commit, the end
+    of a ``with`` block whose snapshot was already released). The same error for a graceful and a
+    hard expiry, so a database maps it to one transient/resource-pressure error code: the
+    operation may be retried with a fresh snapshot.
+    """
+
+    code = "snapshot_expired"
+    """A stable code for the database's error mapping (transient, resource pressure)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str | None = None,
+        ident: str | None = None,
+        mode: str | None = None,
+        reason: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        """``"reader"`` or ``"tx"``."""
+        self.ident = ident
+        """The reader_id or tx_id."""
+        self.mode = mode
+        """``"graceful"`` or ``"hard"``."""
+        self.reason = reason
+        """The job's reason, from the directive."""
+        self.seq = seq
+        """The expire directive's seq."""
 
 
 class ClientClosed(SafepointError):

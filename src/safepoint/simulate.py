@@ -9,6 +9,7 @@ simulated clock. MVCC time is the wall clock in microseconds (a hybrid-clock sta
 from __future__ import annotations
 
 import json
+import queue
 import random
 import signal
 import time
@@ -34,6 +35,9 @@ class SimConfig:
     publish_topology: bool = True
     groups_per_node: int = 0
     pinned_bytes_per_s_of_age: int = 50_000_000
+    stuck_reader_every_ms: int = 0
+    """Every so often one node opens a reader that would stay open stuck_reader_ms (0: never)."""
+    stuck_reader_ms: int = 180_000
 
 
 @dataclass
@@ -58,6 +62,16 @@ class ClusterSim:
         self._carry = 0.0
         self._started = False
         self._topology_version = 0
+        self._next_stuck = self.now + config.stuck_reader_every_ms // 3 if config.stuck_reader_every_ms else None
+        self.expired: list[tuple[str, str]] = []
+
+    def expire(self, node: str, reader_id: str) -> None:
+        """The node obeys an expire directive: the reader is cancelled at its next boundary."""
+        for n in self.nodes:
+            if n.name == node and reader_id in n.readers:
+                ts, _ = n.readers[reader_id]
+                n.readers[reader_id] = (ts, self.now)
+                self.expired.append((node, reader_id))
 
     # -- event builders -------------------------------------------------------------
     def _node_event(self, n: _Node, kind: str, **fields: Any) -> dict[str, Any]:
@@ -144,6 +158,12 @@ class ClusterSim:
                 n.readers.clear()
                 n.txs = {t: v for t, v in n.txs.items() if v[2]}
                 out.append(self.heartbeat(n))
+        if self._next_stuck is not None and self.now >= self._next_stuck:
+            self._next_stuck = self.now + cfg.stuck_reader_every_ms
+            n = rng.choice(self.nodes)
+            rid = self._id("stuck-")
+            n.readers[rid] = (self._mvcc(), self.now + cfg.stuck_reader_ms)
+            out.append(self._node_event(n, "reader_open", reader_id=rid, read_ts=self._mvcc(), label="stuck-report"))
         # New work: each opening is followed by a close later, so ~2 events per opening.
         self._carry += cfg.rate * dt_ms / 1000 / 2.2
         while self._carry >= 1:
@@ -191,6 +211,7 @@ def run_simulator(
     kafka_conf: dict[str, Any] | None = None,
     clusters: int = 1,
     quiet: bool = False,
+    expiries: queue.Queue[tuple[str, str, str]] | None = None,
 ) -> int:
     """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM."""
     from confluent_kafka import Producer
@@ -234,6 +255,11 @@ def run_simulator(
     try:
         while not stop and (duration_s is None or time.monotonic() - start < duration_s):
             now = int(time.time() * 1000)
+            while expiries is not None and not expiries.empty():
+                cluster, node, rid = expiries.get_nowait()
+                for sim in sims:
+                    if sim.cfg.cluster == cluster:
+                        sim.expire(node, rid)
             for sim in sims:
                 for ev in sim.advance(now):
                     producer.produce(topic, key=key_of(ev), value=json.dumps(ev, separators=(",", ":")), on_delivery=on_delivery)

@@ -13,7 +13,7 @@ from typing import Any
 
 import jsonschema
 
-from safepoint.core import ALERTS, DEADLETTER, DIRECTIVES, Engine, Output, Policy, Position
+from safepoint.core import ALERTS, DEADLETTER, DIRECTIVES, ClusterState, Engine, NodeState, Output, Policy, Position
 from safepoint.schemas import load
 
 EVENTS_TOPIC = "safepoint.events"
@@ -145,6 +145,13 @@ class Run:
     def alerts(self, kind: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
         return alerts(self.outputs, kind, state)
 
+    def expires(self) -> list[dict[str, Any]]:
+        return expires(self.outputs)
+
+    def restore(self) -> None:
+        """Carry every state object through JSON text, as the job does between micro-batches."""
+        restore_engine(self.engine)
+
     def last_safe_ts(self) -> int | None:
         ds = self.directives()
         return ds[-1]["safe_ts"] if ds else None
@@ -152,6 +159,17 @@ class Run:
 
 def directives(outs: Iterable[Output]) -> list[dict[str, Any]]:
     return [o.value for o in outs if o.channel == DIRECTIVES and o.value["type"] == "compaction"]
+
+
+def expires(outs: Iterable[Output]) -> list[dict[str, Any]]:
+    """The forced-expiry directives among ``outs``."""
+    return [o.value for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
+
+
+def restore_engine(engine: Engine) -> None:
+    """Replace every NodeState and ClusterState of ``engine`` by its to_json -> JSON text -> from_json copy."""
+    engine.nodes = {k: NodeState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.nodes.items()}
+    engine.clusters = {k: ClusterState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.clusters.items()}
 
 
 def alerts(outs: Iterable[Output], kind: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
