@@ -22,6 +22,21 @@ Guarantees:
 * A failed delivery is logged and counted, and the next heartbeat tick publishes a ``snapshot``
   so the job's view of the active set is repaired. The idempotent producer is recreated when it
   hits a fatal error (after a broker crash it fails with ``OUT_OF_ORDER_SEQUENCE_NUMBER``).
+
+Forced expiry (the job's ``expire`` directives, applied by :meth:`Reporter.expire`, which
+:class:`~safepoint.connectors.listener.DirectiveListener` calls when made with ``reporter=``): the
+database calls ``check()`` on the handle at its operation boundaries; an expired reader or
+transaction raises :class:`~safepoint.errors.ReaderExpired` there (and at ``prepare()`` and at
+commit), never in the middle of an operation::
+
+    def cancel(handle, directive):            # optional: stop the running work at once
+        db.cancel_queries_of(handle)
+
+    listener = DirectiveListener("kafka:9092", reporter=reporter)   # polled or started elsewhere
+    with reporter.reader(ts, on_expire=cancel) as r:
+        for batch in scan:
+            r.check()                          # ReaderExpired: retry with a fresh snapshot
+            ...
 """
 
 from __future__ import annotations
@@ -752,17 +767,19 @@ class Reporter:
             mode,
             directive.seq,
             directive.reason,
-            extra={
-                "safepoint_event": "forced_expiry",
-                "cluster": self.cluster,
-                "node": self.node,
-                "kind": kind,
-                "id": ident,
-                "ts": handle._ts,
-                "label": handle.label,
-                "mode": mode,
-                "reason": directive.reason,
-                "seq": directive.seq,
+            extra={  # the structured audit record of a forced expiry
+                "safepoint": {
+                    "event": "forced_expiry",
+                    "cluster": self.cluster,
+                    "node": self.node,
+                    "kind": kind,
+                    "id": ident,
+                    "ts": handle._ts,
+                    "label": handle.label,
+                    "mode": mode,
+                    "reason": directive.reason,
+                    "seq": directive.seq,
+                }
             },
         )
         if callback is not None:

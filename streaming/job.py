@@ -11,11 +11,12 @@ import logging
 from typing import Any
 
 from safepoint.core.events import DEFAULT_CLUSTER
+from safepoint.errors import ConfigError
 from safepoint.schemas import load
 from safepoint.settings import Settings
 from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
 
-__all__ = ["build_query", "envelope_schema", "read_events", "QUERY_NAME"]
+__all__ = ["build_query", "envelope_schema", "read_events", "QUERY_NAME", "kafka_connector_missing", "kafka_options"]
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "safepoint"
@@ -31,14 +32,38 @@ def envelope_schema() -> Any:
     return StructType([StructField(f, StringType(), True) for f in fields])
 
 
-def _kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
+KAFKA_CONNECTOR_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def kafka_connector_missing(spark: Any) -> str | None:
+    """None when Spark's own Kafka connector is on the classpath, else what to do."""
+    try:
+        spark.sparkContext._jvm.java.lang.Class.forName(
+            KAFKA_CONNECTOR_CLASS, True, spark.sparkContext._jvm.Thread.currentThread().getContextClassLoader()
+        )
+    except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
+        version = spark.version
+        return (
+            f"Spark's Kafka connector ({KAFKA_CONNECTOR_CLASS}) is not on the classpath: submit with "
+            f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{version}, or use source_format = \"python\""
+        )
+    return None
+
+
+def require_kafka_connector(spark: Any) -> None:
+    why = kafka_connector_missing(spark)
+    if why:
+        raise ConfigError(why)
+
+
+def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
     opts: dict[str, str] = {}
     prefix = "kafka."
     opts[(prefix if builtin else "") + "bootstrap.servers"] = settings.bootstrap
     for k, v in settings.librdkafka().items():
         if k == "bootstrap.servers":
             continue
-        opts[prefix + k] = v.get() if hasattr(v, "get") and not isinstance(v, dict) else str(v)
+        opts[prefix + k] = str(v)
     return opts
 
 
@@ -46,7 +71,7 @@ def read_events(spark: Any, settings: Settings) -> Any:
     """The raw input: topic, partition, offset, key, value (binary)."""
     builtin = settings.source_format == "kafka"
     reader = spark.readStream.format("kafka" if builtin else "safepoint_kafka")
-    for k, v in _kafka_options(settings, builtin).items():
+    for k, v in kafka_options(settings, builtin).items():
         reader = reader.option(k, v)
     reader = (
         reader.option("subscribe", settings.events_topic)
@@ -66,6 +91,8 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -
 
     if settings.source_format == "python":
         spark.dataSource.register(KafkaDataSource)
+    else:
+        require_kafka_connector(spark)
     checkpoint = checkpoint or settings.checkpoint
     if not checkpoint:
         msg = "the job needs a checkpoint directory (--checkpoint)"
@@ -95,7 +122,7 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -
     )
     builtin = settings.source_format == "kafka"
     writer = outputs.writeStream.format("kafka" if builtin else "safepoint_kafka").queryName(QUERY_NAME)
-    for k, v in _kafka_options(settings, builtin).items():
+    for k, v in kafka_options(settings, builtin).items():
         writer = writer.option(k, v)
     return (
         writer.option("checkpointLocation", checkpoint)

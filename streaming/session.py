@@ -65,7 +65,9 @@ def build_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master(master).appName(app)
+    builder = SparkSession.builder.appName(app)
+    if master not in ("", "submit"):  # under spark-submit the master comes from the command line
+        builder = builder.master(master)
     for k, v in spark_conf(shuffle_partitions, extra).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

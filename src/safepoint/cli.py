@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
+    p = sub.add_parser("view", help="live view of the safe point, blockers, bands and alerts of a running job")
+    _kafka_flags(p)
+    p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+
     p = sub.add_parser("demo", help="broker + simulated cluster + job + live view, on this machine")
     p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
     p.add_argument("--nodes", type=int, default=None, help=f"simulated nodes [env {env_name('nodes')}; default 5]")
@@ -238,7 +243,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-COMMANDS = {"broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo}
+def cmd_view(args: argparse.Namespace) -> int:
+    from safepoint.demo import follow
+
+    return follow(_settings(args), _env_or(args, "duration", None, float))
+
+
+COMMANDS = {"view": cmd_view, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

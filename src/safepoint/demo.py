@@ -111,6 +111,29 @@ class LiveView:
         self.consumer.close()
 
 
+def follow(settings: Settings, duration_s: float | None) -> int:
+    """``safepoint view``: follow a running job's outputs until Ctrl-C or the duration ends."""
+    view = LiveView(settings)
+    start = time.monotonic()
+    tty = sys.stdout.isatty()
+    last_print = 0.0
+    try:
+        while duration_s is None or time.monotonic() - start < duration_s:
+            view.poll(1.0)
+            screen = view.render(time.monotonic() - start, f"following {settings.directives_topic} at {settings.bootstrap}")
+            if tty:
+                sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
+                sys.stdout.flush()
+            elif time.monotonic() - last_print >= 5:
+                last_print = time.monotonic()
+                print(screen + "\n", flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        view.close()
+    return 0
+
+
 def _human(kind: str, value: int | None) -> str:
     if value is None:
         return "?"

@@ -58,6 +58,7 @@ class Settings:
     shuffle_partitions: int = 4
     """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over."""
     spark_master: str = "local[2]"
+    """Spark master URL; "submit" (or empty) takes the one spark-submit was given."""
     retention: int = 0
     node_lease_ms: int = 30_000
     directive_interval_ms: int = 0

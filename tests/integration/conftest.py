@@ -1,19 +1,58 @@
-"""One broker and one Spark session for the whole integration suite."""
+"""One broker and one Spark session for the whole integration suite.
+
+The broker is the embedded one unless SAFEPOINT_TEST_KAFKA says otherwise:
+``container`` starts Apache Kafka (KRaft) with testcontainers (needs a Docker engine), and
+``bootstrap=HOST:PORT`` uses a Kafka that is already running.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from safepoint.broker import EmbeddedBroker
 
+KAFKA_IMAGE = "apache/kafka:4.1.0"
+
+
+@dataclass
+class ExternalKafka:
+    bootstrap: str
+
+
+def docker_engine() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
+                              timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"no Docker CLI or engine ({exc})"
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return "no Docker engine answers (`docker info` failed): " + (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return None
+
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
+def broker() -> Iterator[Any]:
+    mode = os.environ.get("SAFEPOINT_TEST_KAFKA", "embedded")
+    if mode.startswith("bootstrap="):
+        yield ExternalKafka(mode.split("=", 1)[1])
+        return
+    if mode == "container":
+        why = docker_engine()
+        if why:
+            pytest.skip(f"SAFEPOINT_TEST_KAFKA=container needs a Docker engine: {why}")
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer(KAFKA_IMAGE).with_kraft() as kafka:
+            yield ExternalKafka(kafka.get_bootstrap_server())
+        return
     b = EmbeddedBroker()
     b.start()
     try:

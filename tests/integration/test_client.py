@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import threading
 import time
@@ -18,9 +19,9 @@ from confluent_kafka.admin import NewTopic
 
 from safepoint.broker import EmbeddedBroker
 from safepoint.connectors.listener import Directive, DirectiveListener, ExpireDirective, compact_up_to
-from safepoint.connectors.reporter import Reporter, default_incarnation
+from safepoint.connectors.reporter import Handle, Reader, Reporter, default_incarnation
 from safepoint.connectors.topics import ensure_topics
-from safepoint.errors import ClientClosed, ReaderRefused
+from safepoint.errors import ClientClosed, ReaderExpired, ReaderRefused
 from safepoint.schemas import load
 from safepoint.settings import Settings
 
@@ -170,19 +171,31 @@ def directive(seq: int, safe_ts: int, cluster: str = "c1", catalog_floor: int | 
     return value
 
 
-def expire(seq: int, node: str, reader_id: str, cluster: str = "c1") -> tuple[str, dict[str, Any]]:
-    value = {
+def expire(
+    seq: int,
+    node: str,
+    hold_id: str,
+    cluster: str = "c1",
+    *,
+    mode: str = "graceful",
+    kind: str = "reader",
+    cluster_wall_ms: int | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """An expire directive (key, value) as the job writes it; ``kind`` "reader" or "tx"."""
+    value: dict[str, Any] = {
         "v": 1,
         "type": "expire",
         "cluster": cluster,
         "node": node,
-        "reader_id": reader_id,
+        ("reader_id" if kind == "reader" else "tx_id"): hold_id,
         "reason": "pinned_bytes critical",
-        "mode": "graceful",
+        "mode": mode,
         "seq": seq,
     }
+    if cluster_wall_ms is not None:
+        value["cluster_wall_ms"] = cluster_wall_ms
     jsonschema.Draft7Validator(load("outputs", "expire")).validate(value)
-    return f"{cluster}/{node}/{reader_id}", value
+    return f"{cluster}/{node}/{hold_id}", value
 
 
 def poll_until(listener: DirectiveListener, pred: Callable[[Directive], bool], timeout_s: float = 10.0) -> Directive:
@@ -549,3 +562,273 @@ def test_listener_waits_for_a_missing_topic_and_from_settings(kafka: EmbeddedBro
         assert poll_until(listener, lambda d: True).safe_ts == 100
     with Reporter.from_settings(settings, "n1", mvcc_clock=lambda: 5, heartbeat_interval_s=None) as rep:
         assert rep.topic == settings.events_topic and rep.bootstrap == kafka.bootstrap
+
+
+# -- forced expiry (node side) -------------------------------------------------------------
+
+
+FAST_FETCH = {"fetch.wait.max.ms": 20}
+"""The listeners of these tests ask the broker to answer fetches quickly: each directive is awaited."""
+
+
+def pump(listener: DirectiveListener, pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Poll the listener (expiries are applied in this thread) until ``pred`` holds."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, "condition not met before the deadline"
+        listener.poll(0.05)
+
+
+def published(kafka: EmbeddedBroker, topic: str, rep: Reporter, n: int) -> list[tuple[str, str]]:
+    """(type, reader_id / tx_id[:outcome]) of exactly the ``n`` events published so far."""
+    assert rep.flush(10) == 0
+    out = []
+    for e in consume_events(kafka.bootstrap, topic, n):
+        ident = e.get("reader_id") or e.get("tx_id")
+        out.append((e["type"], f"{ident}:{e['outcome']}" if "outcome" in e else ident))
+    return out
+
+
+def test_graceful_expiry_raises_at_the_next_check_and_releases_the_reader(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str
+) -> None:
+    calls: list[tuple[Handle, ExpireDirective, bool]] = []
+    user: list[ExpireDirective] = []
+    with (
+        make_reporter(kafka, events_topic, on_expire=lambda h, d: calls.append((h, d, h.is_open))) as rep,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep, on_expire=user.append) as listener,
+    ):
+        pump(listener, lambda: listener.caught_up)
+        with pytest.raises(ReaderExpired) as info, rep.reader(100, reader_id="r-1", label="report") as r:
+            r.check()  # not expired: a no-op
+            produce(kafka.bootstrap, directives_topic, [expire(1, "n1", "r-1")])
+            pump(listener, lambda: r.expired)
+            # Graceful: the reporter's callback ran, the user's listener callback too, and the
+            # reader is still held (the job keeps protecting it) until the next boundary.
+            assert [(h, d.seq, d.mode, still_open) for h, d, still_open in calls] == [(r, 1, "graceful", True)]
+            assert [d.reader_id for d in user] == ["r-1"]
+            assert r.is_open and rep.active_readers == [r]
+            assert published(kafka, events_topic, rep, 1) == [("reader_open", "r-1")]
+            r.check()
+            pytest.fail("check() must raise")
+        err = info.value
+        assert (err.kind, err.ident, err.mode, err.reason, err.seq) == ("reader", "r-1", "graceful", "pinned_bytes critical", 1)
+        assert err.code == "snapshot_expired"
+        assert str(err).startswith("reader r-1 (report) at read_ts 100 on node n1 was expired by the safe-point service")
+        assert "graceful expiry, directive seq 1): pinned_bytes critical" in str(err)
+        assert "retry it with a fresh snapshot" in str(err)
+        assert not r.is_open and rep.active_readers == []
+        with pytest.raises(ReaderExpired):
+            r.check()  # every later boundary raises too
+        # A graceful expiry of a reader whose block ends before any boundary: it just closes.
+        with rep.reader(110, reader_id="r-2") as r2:
+            produce(kafka.bootstrap, directives_topic, [expire(2, "n1", "r-2")])
+            pump(listener, lambda: r2.expired)
+        assert published(kafka, events_topic, rep, 4) == [
+            ("reader_open", "r-1"),
+            ("reader_close", "r-1"),
+            ("reader_open", "r-2"),
+            ("reader_close", "r-2"),
+        ]
+        stats = rep.stats()
+        assert (stats.expired, stats.expiries_ignored, stats.expire_callback_failures) == (2, 0, 0)
+        assert listener.stats().expires_delivered == 2
+
+
+def test_hard_expiry_releases_the_reader_at_once(kafka: EmbeddedBroker, events_topic: str, directives_topic: str) -> None:
+    with (
+        make_reporter(kafka, events_topic) as rep,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep) as listener,
+    ):
+        cancelled: list[tuple[str, str, bool]] = []
+
+        def cancel(h: Handle, d: ExpireDirective) -> None:  # the node cancels the running query
+            cancelled.append((h.reader_id if isinstance(h, Reader) else "?", d.mode, h.is_open))
+
+        pump(listener, lambda: listener.caught_up)
+        # A user exception in the block is never swallowed, and the reader's close is not repeated.
+        with pytest.raises(RuntimeError, match="query cancelled"), rep.reader(100, reader_id="r-1", on_expire=cancel) as r:
+            produce(kafka.bootstrap, directives_topic, [expire(1, "n1", "r-1", mode="hard")])
+            pump(listener, lambda: r.expired)
+            # The callback ran while the reader was still held; then the reporter released it.
+            assert cancelled == [("r-1", "hard", True)]
+            assert not r.is_open and rep.active_readers == []
+            assert published(kafka, events_topic, rep, 2) == [("reader_open", "r-1"), ("reader_close", "r-1")]
+            with pytest.raises(ReaderExpired, match=r"reader r-1 at read_ts 100 .*\(hard expiry, directive seq 1\)"):
+                r.check()
+            raise RuntimeError("query cancelled")
+        # A block that ends normally after a hard expiry raises: what it read after the release
+        # was not protected from compaction.
+        with pytest.raises(ReaderExpired, match="hard expiry"), rep.reader(110, reader_id="r-2") as r2:
+            produce(kafka.bootstrap, directives_topic, [expire(2, "n1", "r-2", mode="hard")])
+            pump(listener, lambda: r2.expired)
+        # Graceful first, then hard after the grace period: the escalation releases it.
+        modes: list[str] = []
+        with pytest.raises(ReaderExpired, match="hard expiry, directive seq 4"):
+            with rep.reader(120, reader_id="r-3", on_expire=lambda h, d: modes.append(d.mode)) as r3:
+                produce(kafka.bootstrap, directives_topic, [expire(3, "n1", "r-3")])
+                pump(listener, lambda: r3.expired)
+                assert r3.is_open
+                produce(kafka.bootstrap, directives_topic, [expire(4, "n1", "r-3", mode="hard")])
+                pump(listener, lambda: not r3.is_open)
+                r3.check()
+        assert modes == ["graceful", "hard"]
+        assert published(kafka, events_topic, rep, 6) == [
+            ("reader_open", "r-1"),
+            ("reader_close", "r-1"),
+            ("reader_open", "r-2"),
+            ("reader_close", "r-2"),
+            ("reader_open", "r-3"),
+            ("reader_close", "r-3"),
+        ]
+        assert (rep.stats().expired, rep.stats().expiries_ignored) == (4, 0)
+
+
+def test_expiry_of_unknown_closed_other_node_or_prepared_is_a_noop(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="safepoint.reporter")
+    with (
+        make_reporter(kafka, events_topic) as rep,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep) as listener,
+    ):
+        pump(listener, lambda: listener.caught_up)
+        with rep.reader(100, reader_id="r-closed"):
+            pass
+        r = rep.reader(100, reader_id="r-open").open()
+        prepared = rep.transaction(100, tx_id="t-prepared").begin()
+        prepared.prepare("n2", ["n1", "n2"])
+        produce(
+            kafka.bootstrap,
+            directives_topic,
+            [
+                expire(1, "n1", "r-unknown", mode="hard"),
+                expire(2, "n1", "r-closed", mode="hard"),
+                expire(3, "n1", "t-prepared", kind="tx", mode="hard"),
+                expire(4, "n2", "r-open", mode="hard"),  # another node's reader of the same id
+                expire(5, "n1", "r-open"),
+                expire(6, "n1", "r-open"),  # a repeat of a graceful expiry under a new seq
+            ],
+        )
+        pump(listener, lambda: listener.stats().expires_delivered == 5)
+        stats = rep.stats()
+        assert (stats.expired, stats.expiries_ignored) == (1, 4)
+        assert r.expired and r.is_open and r.expiry is not None and r.expiry.seq == 5
+        assert prepared.is_open and prepared.prepared and not prepared.expired
+        assert rep.active_transactions == [prepared]
+        warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+        assert any("t-prepared ignored: it is prepared" in m for m in warnings), warnings
+        prepared.end("commit", commit_ts=150)  # its coordinator decides, not the job
+        r.close()
+        assert published(kafka, events_topic, rep, 7) == [
+            ("reader_open", "r-closed"),
+            ("reader_close", "r-closed"),
+            ("reader_open", "r-open"),
+            ("tx_begin", "t-prepared"),
+            ("tx_prepare", "t-prepared"),
+            ("tx_end", "t-prepared:commit"),
+            ("reader_close", "r-open"),
+        ]
+
+
+def test_backlog_expiries_of_an_earlier_process_are_skipped(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str
+) -> None:
+    # The compacted topic still holds expiries decided before this process started.
+    with make_reporter(kafka, events_topic, incarnation=8, wall_clock=Clock(start=WALL0 + 10_000)) as rep:
+        live = rep.reader(100, reader_id="r-live").open()
+        reused = rep.transaction(100, tx_id="t-reused").begin()  # an id the earlier process used too
+        produce(
+            kafka.bootstrap,
+            directives_topic,
+            [
+                expire(1, "n1", "r-dead", mode="hard", cluster_wall_ms=WALL0 + 1),
+                expire(2, "n1", "t-reused", kind="tx", mode="hard", cluster_wall_ms=WALL0 + 2),  # before its open
+                expire(3, "n1", "t-dead", kind="tx", cluster_wall_ms=WALL0 + 3),
+                expire(4, "n1", "r-live", mode="hard", cluster_wall_ms=WALL0 + 20_000),
+            ],
+        )
+        user: list[ExpireDirective] = []
+        with DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep, on_expire=user.append) as listener:
+            pump(listener, lambda: listener.caught_up)
+            stats = listener.stats()
+            assert (stats.backlog_expires_skipped, stats.expires_delivered) == (2, 2)
+            assert [d.seq for d in user] == [2, 4]
+            assert live.expired and not live.is_open
+            assert not reused.expired and reused.is_open  # the directive predates this transaction
+            assert (rep.stats().expired, rep.stats().expiries_ignored) == (1, 1)
+            # After the backlog, an expiry of an unknown id is still delivered (and a no-op).
+            produce(kafka.bootstrap, directives_topic, [expire(5, "n1", "r-gone")])
+            pump(listener, lambda: listener.stats().expires_delivered == 3)
+            assert listener.stats().backlog_expires_skipped == 2 and rep.stats().expiries_ignored == 2
+        reused.end("commit")
+        assert published(kafka, events_topic, rep, 4) == [
+            ("reader_open", "r-live"),
+            ("tx_begin", "t-reused"),
+            ("reader_close", "r-live"),
+            ("tx_end", "t-reused:commit"),
+        ]
+
+
+def test_expired_transaction_cannot_commit_and_publishes_abort(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str
+) -> None:
+    seen: list[str] = []
+    with (
+        make_reporter(kafka, events_topic, on_expire=lambda h, d: seen.append(f"reporter:{d.seq}")) as rep,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep) as listener,
+    ):
+        pump(listener, lambda: listener.caught_up)
+        # Graceful: the commit at the end of the block is the cancel point.
+        with pytest.raises(ReaderExpired) as info, rep.transaction(200, tx_id="t-1", label="etl") as tx:
+            produce(kafka.bootstrap, directives_topic, [expire(1, "n1", "t-1", kind="tx")])
+            pump(listener, lambda: tx.expired)
+            assert tx.is_open
+        assert (info.value.kind, info.value.ident, info.value.mode) == ("tx", "t-1", "graceful")
+        assert "transaction t-1 (etl) at begin_ts 200" in str(info.value)
+        assert "aborted and did not commit; retry it with a fresh snapshot" in str(info.value)
+        assert (tx.outcome, tx.is_open) == ("abort", False)
+        # An explicit commit raises too; prepare() is a cancel point as well.
+        tx2 = rep.transaction(210, tx_id="t-2", on_expire=lambda h, d: seen.append(f"handle:{d.seq}")).begin()
+        tx3 = rep.transaction(220, tx_id="t-3").begin()
+        produce(kafka.bootstrap, directives_topic, [expire(2, "n1", "t-2", kind="tx"), expire(3, "n1", "t-3", kind="tx")])
+        pump(listener, lambda: tx2.expired and tx3.expired)
+        with pytest.raises(ReaderExpired, match="transaction t-2"):
+            tx2.end("commit", commit_ts=230)
+        with pytest.raises(ReaderExpired, match="transaction t-3"):
+            tx3.prepare("n2", ["n1", "n2"])
+        tx2.end("abort")  # idempotent, no error
+        # Hard: aborted by the reporter at once; a user exception in the block propagates.
+        with pytest.raises(KeyError), rep.transaction(240, tx_id="t-4") as tx4:
+            produce(kafka.bootstrap, directives_topic, [expire(4, "n1", "t-4", kind="tx", mode="hard")])
+            pump(listener, lambda: not tx4.is_open)
+            with pytest.raises(ReaderExpired, match="hard expiry"):
+                tx4.check()
+            raise KeyError("row")
+        assert seen == ["reporter:1", "handle:2", "reporter:3", "reporter:4"]
+        assert rep.active_transactions == []
+        assert published(kafka, events_topic, rep, 8) == [
+            ("tx_begin", "t-1"),
+            ("tx_end", "t-1:abort"),
+            ("tx_begin", "t-2"),
+            ("tx_begin", "t-3"),
+            ("tx_end", "t-2:abort"),
+            ("tx_end", "t-3:abort"),
+            ("tx_begin", "t-4"),
+            ("tx_end", "t-4:abort"),
+        ]
+
+
+def test_on_expire_failure_is_logged_and_the_expiry_still_applies(kafka: EmbeddedBroker, events_topic: str) -> None:
+    def broken(h: Handle, d: ExpireDirective) -> None:
+        raise RuntimeError("cancel failed")
+
+    with make_reporter(kafka, events_topic, on_expire=broken) as rep:
+        r = rep.reader(100, reader_id="r-1").open()
+        _, value = expire(1, "n1", "r-1", mode="hard")
+        assert rep.expire(ExpireDirective.from_json(value)) is r
+        assert rep.expire(ExpireDirective.from_json(value)) is None  # already released: a no-op
+        assert not r.is_open and rep.stats().expire_callback_failures == 1
+        with pytest.raises(ReaderExpired):
+            r.check()
+        assert published(kafka, events_topic, rep, 2) == [("reader_open", "r-1"), ("reader_close", "r-1")]
