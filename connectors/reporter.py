@@ -991,7 +991,9 @@ class Reporter:
             f"The operation is cancelled and {outcome}; retry it with a fresh snapshot "
             f"(a new {what} at the current time)"
         )
-        return ReaderExpired(msg, kind=handle._kind, ident=handle._ident, mode=directive.mode, reason=directive.reason, seq=directive.seq)
+        return ReaderExpired(
+            msg, kind=handle._kind, ident=handle._ident, mode=directive.mode, reason=directive.reason, seq=directive.seq
+        )
 
     # -- sending -------------------------------------------------------------------------
     def _check_open(self) -> None:

@@ -19,7 +19,8 @@ def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic
         NewTopic(topics["directives"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}),
         NewTopic(topics["alerts"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["deadletter"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
-    ]
+    ] + ([NewTopic(topics["accounting"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})]
+         if topics.get("accounting") else [])
 
 
 def ensure_topics(conf: dict[str, Any], specs: list[NewTopic], timeout_s: float = 30.0) -> list[str]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from safepoint.core.events import DEFAULT_CLUSTER
+from safepoint.core.events import DEADLETTER_CODES, DEFAULT_CLUSTER
 from safepoint.errors import ConfigError
-from safepoint.schemas import load
+from safepoint.schemas import NODE_EVENT_TYPES, load
 from safepoint.settings import Settings
 from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
 
@@ -54,6 +54,29 @@ def require_kafka_connector(spark: Any) -> None:
     why = kafka_connector_missing(spark)
     if why:
         raise ConfigError(why)
+
+
+ACCOUNTING = "accounting"
+IGNORE_REASONS = ("duplicate", "older_seq", "stale_incarnation", "stale_version")
+
+
+def accounting_metrics() -> list[Any]:
+    """Per-batch counters of every message's outcome (the query's observedMetrics["accounting"])."""
+    from pyspark.sql import functions as F
+
+    def count(cond: Any) -> Any:
+        return F.sum(F.when(cond, 1).otherwise(0))
+
+    outcome = F.col("outcome")
+    metrics = [
+        F.count(F.lit(1)).alias("consumed"),
+        count(outcome == "applied").alias("applied"),
+        count(outcome.startswith("ignored:")).alias("ignored"),
+        count(outcome.startswith("deadlettered:")).alias("deadlettered"),
+    ]
+    metrics += [count(outcome == f"ignored:{r}").alias(f"ignored_{r}") for r in IGNORE_REASONS]
+    metrics += [count(outcome == f"deadlettered:{c}").alias(f"deadlettered_{c}") for c in DEADLETTER_CODES]
+    return metrics
 
 
 def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
@@ -101,7 +124,9 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -
     env = F.from_json(F.col("value").cast("string"), envelope_schema())
     keyed = raw.select(
         F.coalesce(env.getField("cluster"), F.when(env.isNotNull(), F.lit(DEFAULT_CLUSTER)), F.lit("")).alias("cluster"),
-        F.coalesce(env.getField("node"), F.lit("")).alias("node"),
+        F.when(env.getField("type").isin(*NODE_EVENT_TYPES), F.coalesce(env.getField("node"), F.lit("")))
+        .otherwise(F.lit(""))
+        .alias("node"),
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("long").alias("offset"),
         F.col("key").cast("binary").alias("key"),
@@ -114,8 +139,9 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -
         outputMode="Append",
         timeMode="None",
     )
+    stage_one = stage_one.observe(ACCOUNTING, *accounting_metrics())
     outputs = stage_one.groupBy("cluster").transformWithState(
-        statefulProcessor=ClusterProcessor(policy, settings.topics()),
+        statefulProcessor=ClusterProcessor(policy, settings.topics(), settings.accounting_topic),
         outputStructType=OUTPUT_SCHEMA,
         outputMode="Append",
         timeMode="None",

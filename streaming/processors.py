@@ -33,6 +33,7 @@ STAGE_ONE_SCHEMA = StructType(
         StructField("partition", IntegerType(), False),
         StructField("offset", LongType(), False),
         StructField("wall_ms", LongType(), False),
+        StructField("outcome", StringType(), False),
         StructField("payload", StringType(), False),
     ]
 )
@@ -97,27 +98,31 @@ class NodeProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802, N803
         group_cluster = key[0]
         nodes: dict[tuple[str, str], NodeState] = {}
+        gates: dict[str, dict[str, int]] = {}
         if self.state.exists():
             stored = self.state.get()
             assert stored is not None
-            for item in json.loads(stored[0]):
+            data = json.loads(stored[0])
+            for item in data["nodes"]:
                 ns = NodeState.from_json(item)
                 nodes[(ns.cluster, ns.node)] = ns
-        before = len(nodes)
+            gates = data["gates"]
+        before = (len(nodes), json.dumps(gates, sort_keys=True))
         ordered = sorted(rows, key=lambda r: r["offset"])
         for row in ordered:
             pos = Position(self.topic, row["partition"], row["offset"], row["key"])
-            item = node_stage(nodes, row["value"], pos, self.policy)
+            item = node_stage(nodes, row["value"], pos, self.policy, gates)
             wall, payload = encode_stage_one(item)
             yield Row(
                 cluster=item.cluster or group_cluster,
                 partition=row["partition"],
                 offset=row["offset"],
                 wall_ms=wall,
+                outcome=item.label,
                 payload=payload,
             )
-        if nodes or before:
-            self.state.update((json.dumps([ns.to_json() for ns in nodes.values()]),))
+        if nodes or before != (0, "{}") or gates:
+            self.state.update((json.dumps({"nodes": [ns.to_json() for ns in nodes.values()], "gates": gates}),))
 
     def close(self) -> None:
         pass
@@ -126,9 +131,10 @@ class NodeProcessor(StatefulProcessor):
 class ClusterProcessor(StatefulProcessor):
     """Stage two: the cluster's round, safe point, directives and alerts (grouping key: cluster)."""
 
-    def __init__(self, policy: dict[str, Any], topics: dict[str, str]) -> None:
+    def __init__(self, policy: dict[str, Any], topics: dict[str, str], accounting_topic: str = "") -> None:
         self.policy_dict = policy
         self.topics = topics
+        self.accounting_topic = accounting_topic
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.policy = Policy.from_dict(self.policy_dict)
@@ -150,6 +156,12 @@ class ClusterProcessor(StatefulProcessor):
         out: list[Output] = []
         for row in merge_log_order(list(rows)):
             item = decode_stage_one(cluster, row["payload"])
+            if self.accounting_topic:
+                yield Row(
+                    topic=self.accounting_topic,
+                    key=f"{row['partition']}:{row['offset']}",
+                    value=encode({"partition": row["partition"], "offset": row["offset"], "outcome": row["outcome"]}),
+                )
             if item.output is not None:
                 out.append(item.output)  # a dead letter touches no state
             else:

@@ -96,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "shuffle-partitions", "tasks the stateful stages spread over", int)
     _flag(p, "spark-master", "Spark master URL")
     _flag(p, "events-partitions", "partitions of the events topic if the job creates it", int)
+    _flag(p, "accounting-topic", "also write every input offset's outcome to this topic ('' = off)")
     _common_job_flags(p)
 
     p = sub.add_parser("replay", help="run the core over a JSONL file of events, without Spark or Kafka")
@@ -185,6 +186,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
 
 
+def accounting(progress: Any) -> dict[str, int]:
+    """The batch's accounting counters (applied, ignored_<why>, deadlettered_<class>) from its progress."""
+    metrics = getattr(progress, "observedMetrics", None)
+    if metrics is None and hasattr(progress, "get"):
+        metrics = progress.get("observedMetrics")
+    row = (metrics or {}).get("accounting")
+    if row is None:
+        return {}
+    data = row.asDict() if hasattr(row, "asDict") else dict(row)
+    return {k: int(v or 0) for k, v in data.items()}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from safepoint.connectors.topics import ensure_topics, topic_specs
     from safepoint.streaming.job import build_query
@@ -215,8 +228,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress = query.lastProgress
             if progress and progress.get("batchId") != last:
                 last = progress.get("batchId")
+                counts = " ".join(f"{k}={v}" for k, v in accounting(progress).items() if v and k != "consumed")
                 print(
-                    f"batch {last}: {progress.get('numInputRows')} events, {progress.get('processedRowsPerSecond', 0):.0f}/s",
+                    f"batch {last}: {progress.get('numInputRows')} events, "
+                    f"{progress.get('processedRowsPerSecond', 0):.0f}/s {counts}".rstrip(),
                     flush=True,
                 )
         if not query.isActive and query.exception() is not None:

@@ -45,6 +45,8 @@ class Settings:
     directives_topic: str = "safepoint.directives"
     alerts_topic: str = "safepoint.alerts"
     deadletter_topic: str = "safepoint.deadletter"
+    accounting_topic: str = ""
+    """If set, the job also writes every input offset's outcome there (applied, ignored:<why>, deadlettered:<class>)."""
     events_partitions: int = 4
     """Partitions of the events topic when the job creates it."""
     trigger_ms: int = 500
@@ -99,6 +101,7 @@ class Settings:
             "directives": self.directives_topic,
             "alerts": self.alerts_topic,
             "deadletter": self.deadletter_topic,
+            "accounting": self.accounting_topic,
         }
 
     def with_overrides(self, **values: Any) -> Settings:

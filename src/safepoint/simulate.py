@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ClusterSim", "SimConfig", "generate_log", "run_simulator"]
+__all__ = ["ClusterSim", "SimConfig", "generate_log", "run_simulator", "bad_message", "BAD_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class SimConfig:
     stuck_reader_every_ms: int = 0
     """Every so often one node opens a reader that would stay open stuck_reader_ms (0: never)."""
     stuck_reader_ms: int = 180_000
+    bad_rate: float = 0.0
+    """Share of extra bad messages published by ``run_simulator`` (see ``bad_message``; 0: none)."""
 
 
 @dataclass
@@ -202,6 +204,59 @@ def key_of(event: dict[str, Any]) -> str:
     return str(event.get("node") or event.get("cluster", "default"))
 
 
+BAD_KINDS = (
+    "null",
+    "not_utf8",
+    "not_json",
+    "not_object",
+    "missing_v",
+    "unsupported_v",
+    "unknown_type",
+    "missing_field",
+    "mistyped_field",
+    "negative_seq",
+    "fraction",
+    "duplicate",
+)
+"""What ``bad_message`` makes: every kind but ``duplicate`` must be dead-lettered; a duplicate is ignored."""
+
+
+def bad_message(rng: random.Random, event: dict[str, Any], kind: str | None = None) -> tuple[str, bytes | None, str]:
+    """(key, value, kind): a poison message derived from ``event``, or ``event`` itself sent again."""
+    kind = kind or rng.choice(BAD_KINDS)
+    key = key_of(event)
+    ev = dict(event)
+    if kind == "null":
+        return key, None, kind
+    if kind == "duplicate":
+        return key, json.dumps(ev, separators=(",", ":")).encode(), kind
+    if kind == "not_utf8":
+        return key, b"\xff\xfe" + json.dumps(ev).encode(), kind
+    if kind == "not_json":
+        text = json.dumps(ev)
+        return key, text[: max(1, len(text) // 2)].encode(), kind
+    if kind == "not_object":
+        return key, json.dumps([ev]).encode(), kind
+    if kind == "missing_v":
+        del ev["v"]
+    elif kind == "unsupported_v":
+        ev["v"] = 2
+    elif kind == "unknown_type":
+        ev["type"] = ev["type"] + "_x"
+    elif kind == "missing_field":
+        del ev["wall_ms"]
+    elif kind == "mistyped_field":
+        ev["wall_ms"] = str(ev["wall_ms"])
+    elif kind == "negative_seq":
+        if "seq" in ev:
+            ev["seq"] = -1 - int(ev["seq"])
+        else:
+            ev["version"] = -1
+    elif kind == "fraction":
+        ev["wall_ms"] = ev["wall_ms"] + 0.5
+    return key, json.dumps(ev, separators=(",", ":")).encode(), kind
+
+
 def run_simulator(
     bootstrap: str,
     topic: str,
@@ -249,6 +304,7 @@ def run_simulator(
         signal.signal(signal.SIGINT, _stop)
     except ValueError:
         pass  # not the main thread: the caller stops us through duration or KeyboardInterrupt
+    bad_rng = random.Random(seed + 7919)  # apart from the simulation's own, so bad_rate changes no event
     start = time.monotonic()
     sent = 0
     last_report = start
@@ -265,6 +321,10 @@ def run_simulator(
                     producer.produce(topic, key=key_of(ev), value=json.dumps(ev, separators=(",", ":")), on_delivery=on_delivery)
                     producer.poll(0)
                     sent += 1
+                    if config.bad_rate and bad_rng.random() < config.bad_rate:
+                        key, value, _ = bad_message(bad_rng, ev)
+                        producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                        sent += 1
             if not quiet and time.monotonic() - last_report >= 5:
                 last_report = time.monotonic()
                 print(f"simulate: {sent} events sent ({sent / (last_report - start):.0f}/s), {failures} failed", flush=True)

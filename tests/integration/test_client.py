@@ -148,7 +148,8 @@ def decode_valid(key: bytes | None, value: bytes) -> dict[str, Any]:
 
 
 def produce(bootstrap: str, topic: str, messages: list[tuple[str, dict[str, Any]]]) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    # One request in flight keeps the order; an idempotent producer would spend 0.5 s starting up.
+    p = Producer({"bootstrap.servers": bootstrap, "max.in.flight.requests.per.connection": 1, "linger.ms": 0})
     for key, value in messages:
         p.produce(topic, key=key.encode(), value=json.dumps(value, separators=(",", ":")).encode())
         p.poll(0)
@@ -567,10 +568,6 @@ def test_listener_waits_for_a_missing_topic_and_from_settings(kafka: EmbeddedBro
 # -- forced expiry (node side) -------------------------------------------------------------
 
 
-FAST_FETCH = {"fetch.wait.max.ms": 20}
-"""The listeners of these tests ask the broker to answer fetches quickly: each directive is awaited."""
-
-
 def pump(listener: DirectiveListener, pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Poll the listener (expiries are applied in this thread) until ``pred`` holds."""
     deadline = time.monotonic() + timeout_s
@@ -582,9 +579,9 @@ def pump(listener: DirectiveListener, pred: Callable[[], bool], timeout_s: float
 def published(kafka: EmbeddedBroker, topic: str, rep: Reporter, n: int) -> list[tuple[str, str]]:
     """(type, reader_id / tx_id[:outcome]) of exactly the ``n`` events published so far."""
     assert rep.flush(10) == 0
-    out = []
+    out: list[tuple[str, str]] = []
     for e in consume_events(kafka.bootstrap, topic, n):
-        ident = e.get("reader_id") or e.get("tx_id")
+        ident = str(e.get("reader_id") or e.get("tx_id"))
         out.append((e["type"], f"{ident}:{e['outcome']}" if "outcome" in e else ident))
     return out
 
@@ -596,7 +593,7 @@ def test_graceful_expiry_raises_at_the_next_check_and_releases_the_reader(
     user: list[ExpireDirective] = []
     with (
         make_reporter(kafka, events_topic, on_expire=lambda h, d: calls.append((h, d, h.is_open))) as rep,
-        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep, on_expire=user.append) as listener,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep, on_expire=user.append) as listener,
     ):
         pump(listener, lambda: listener.caught_up)
         with pytest.raises(ReaderExpired) as info, rep.reader(100, reader_id="r-1", label="report") as r:
@@ -638,7 +635,7 @@ def test_graceful_expiry_raises_at_the_next_check_and_releases_the_reader(
 def test_hard_expiry_releases_the_reader_at_once(kafka: EmbeddedBroker, events_topic: str, directives_topic: str) -> None:
     with (
         make_reporter(kafka, events_topic) as rep,
-        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep) as listener,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep) as listener,
     ):
         cancelled: list[tuple[str, str, bool]] = []
 
@@ -690,7 +687,7 @@ def test_expiry_of_unknown_closed_other_node_or_prepared_is_a_noop(
     caplog.set_level(logging.INFO, logger="safepoint.reporter")
     with (
         make_reporter(kafka, events_topic) as rep,
-        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep) as listener,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep) as listener,
     ):
         pump(listener, lambda: listener.caught_up)
         with rep.reader(100, reader_id="r-closed"):
@@ -749,7 +746,7 @@ def test_backlog_expiries_of_an_earlier_process_are_skipped(
             ],
         )
         user: list[ExpireDirective] = []
-        with DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep, on_expire=user.append) as listener:
+        with DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep, on_expire=user.append) as listener:
             pump(listener, lambda: listener.caught_up)
             stats = listener.stats()
             assert (stats.backlog_expires_skipped, stats.expires_delivered) == (2, 2)
@@ -776,7 +773,7 @@ def test_expired_transaction_cannot_commit_and_publishes_abort(
     seen: list[str] = []
     with (
         make_reporter(kafka, events_topic, on_expire=lambda h, d: seen.append(f"reporter:{d.seq}")) as rep,
-        DirectiveListener(kafka.bootstrap, topic=directives_topic, kafka_conf=FAST_FETCH, reporter=rep) as listener,
+        DirectiveListener(kafka.bootstrap, topic=directives_topic, reporter=rep) as listener,
     ):
         pump(listener, lambda: listener.caught_up)
         # Graceful: the commit at the end of the block is the cancel point.

@@ -301,7 +301,13 @@ class ClusterState:
             return  # discovery window: every live node gets a lease to report first
         found = self.problems(policy)
         self._sync_abort_alerts(found, out, self._quiet(found, policy))
+        self._round(found, now, policy, out)
+        # after the round: a message that both ends a long gap and advances the safe point is no stall
         self._check_stall(now, policy, out)
+
+    def _round(self, found: dict[str, tuple[str, str, int | None, int | None, str]], now: int, policy: Policy,
+               out: list[Output]) -> None:
+        """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances."""
         if found or not self.dirty:
             return
         if (

@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from safepoint.core.cluster import ClusterState
+from safepoint.core.cluster import IGNORED_STALE_VERSION, ClusterState
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import Output, dead_letter
@@ -44,6 +44,16 @@ class StageOne:
     update: NodeUpdate | None = None  # node event applied
     event: dict[str, Any] | None = None  # cluster event to apply in the cluster stage
     output: Output | None = None  # a dead letter
+    code: str | None = None  # the dead letter's error class
+
+    @property
+    def label(self) -> str:
+        """The message's final accounting label: applied, ignored:<reason>, deadlettered:<code>."""
+        if self.outcome == APPLIED:
+            return APPLIED
+        if self.outcome == IGNORED:
+            return f"{IGNORED}:{self.reason}"
+        return f"{DEADLETTERED}:{self.code}"
 
 
 def node_stage(
@@ -51,14 +61,24 @@ def node_stage(
     value: bytes | str | None,
     pos: Position,
     policy: Policy,
+    gates: dict[str, dict[str, int]] | None = None,
 ) -> StageOne:
-    """Parse one message and apply it to its node's state (``nodes`` is updated in place)."""
+    """Parse one message and apply it to its node's state (``nodes`` is updated in place).
+
+    Cluster events pass the version gate of their cluster (``gates``: cluster -> type -> last
+    version), so every message's outcome is final here; the cluster stage checks again.
+    """
     event = parse(value, policy.max_message_bytes)
     if isinstance(event, Rejected):
         out = dead_letter(event.error, value, pos.key, pos.topic, pos.partition, pos.offset)
-        return StageOne(cluster="", outcome=DEADLETTERED, reason=event.error, output=out)
+        return StageOne(cluster="", outcome=DEADLETTERED, reason=event.error, output=out, code=event.code)
     cluster = event["cluster"]
     if not is_node_event(event):
+        if gates is not None:
+            versions = gates.setdefault(cluster, {})
+            if event["version"] <= versions.get(event["type"], -1):
+                return StageOne(cluster=cluster, outcome=IGNORED, reason=IGNORED_STALE_VERSION)
+            versions[event["type"]] = event["version"]
         return StageOne(cluster=cluster, outcome=APPLIED, event=event)
     key = (cluster, event["node"])
     state = nodes.get(key)
@@ -87,15 +107,23 @@ def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list
 class Engine:
     """Both stages over a log in order, with the accounting of every message."""
 
-    def __init__(self, policy: Policy | None = None) -> None:
+    def __init__(self, policy: Policy | None = None, record: bool = False) -> None:
         self.policy = policy or Policy()
         self.nodes: dict[tuple[str, str], NodeState] = {}
+        self.gates: dict[str, dict[str, int]] = {}
         self.clusters: dict[str, ClusterState] = {}
         self.counts: Counter[str] = Counter()
+        self.labels: Counter[str] = Counter()
+        """Every message's final label: applied, ignored:<reason>, deadlettered:<code>."""
+        self.outcomes: list[tuple[int, int, str]] | None = [] if record else None
+        """With ``record``: (partition, offset, label) of every message, in order."""
 
     def process(self, value: bytes | str | None, pos: Position) -> list[Output]:
         out: list[Output] = []
-        item = node_stage(self.nodes, value, pos, self.policy)
+        item = node_stage(self.nodes, value, pos, self.policy, self.gates)
+        self.labels[item.label] += 1
+        if self.outcomes is not None:
+            self.outcomes.append((pos.partition, pos.offset, item.label))
         if item.output is not None:
             out.append(item.output)
             self.counts[DEADLETTERED] += 1

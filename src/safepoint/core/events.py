@@ -16,12 +16,36 @@ import fastjsonschema
 
 from safepoint.schemas import CLUSTER_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES, load
 
-__all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER"]
+__all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
 
 DEFAULT_CLUSTER = "default"
 _NODE_TYPES = frozenset(NODE_EVENT_TYPES)
 _CLUSTER_TYPES = frozenset(CLUSTER_EVENT_TYPES)
 _KNOWN = frozenset(EVENT_TYPES)
+_PREFIX_CODES = (
+    ("empty message", "empty"),
+    ("oversized message", "oversized"),
+    ("not UTF-8", "not_utf8"),
+    ("not JSON", "not_json"),
+    ("not an object", "not_object"),
+    ("missing field", "missing_field"),
+    ("mistyped field", "mistyped_field"),
+    ("unsupported v", "unsupported_v"),
+    ("unknown type", "unknown_type"),
+)
+DEADLETTER_CODES = (
+    "empty",
+    "oversized",
+    "not_utf8",
+    "not_json",
+    "not_object",
+    "missing_field",
+    "mistyped_field",
+    "out_of_range",
+    "unsupported_v",
+    "unknown_type",
+    "invalid_field",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +53,21 @@ class Rejected:
     """A message that cannot be applied, and why (the dead letter's ``error``)."""
 
     error: str
+
+    @property
+    def code(self) -> str:
+        """The class of the error, for counters: one of DEADLETTER_CODES."""
+        e = self.error
+        for prefix, code in _PREFIX_CODES:
+            if e.startswith(prefix):
+                return code
+        if e.startswith("invalid "):
+            inner = e.split(": ", 1)[-1]
+            for prefix, code in (("missing", "missing_field"), ("mistyped", "mistyped_field"), ("out of range", "out_of_range")):
+                if inner.startswith(prefix):
+                    return code
+            return "invalid_field"
+        return "invalid_field"
 
 
 class _JsonFloat(str):

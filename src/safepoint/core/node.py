@@ -388,9 +388,17 @@ class NodeState:
         Prepared transactions are never expired: their fate belongs to their coordinator."""
         self.expire_walls = [w for w in self.expire_walls if now - w < policy.expire_window_ms]
         budget = policy.max_expiries_per_window - len(self.expire_walls)
-        for hid, exp in sorted(self.expiries.items(), key=lambda kv: (kv[1][2], kv[0])):
+        def upgrade_order(kv: tuple[str, list[Any]]) -> tuple[Any, ...]:
+            """First expired first; among one moment's expiries, the hold that pins the most."""
+            hid, (kind, _mode, at) = kv
+            h = (self.readers if kind == "reader" else self.txs)[hid]
+            return at, h[R_TS], h[R_WALL], kind, hid
+
+        for hid, exp in sorted(self.expiries.items(), key=upgrade_order):
             if budget <= 0:
                 return
+            if exp[0] == "tx" and self.txs[hid][T_PREPARED]:
+                continue  # prepared since its graceful expiry: its fate belongs to its coordinator now
             if exp[1] == "graceful" and now - exp[2] >= policy.expire_grace_ms:
                 exp[1], exp[2] = "hard", now
                 self._emit_expire(exp[0], hid, "hard", now, signals)

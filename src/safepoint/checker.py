@@ -1,0 +1,683 @@
+"""An independent checker of a whole run: the events topic in, the directives, alerts and dead
+letters out, and the contract's safety, order, liveness and accounting rules between them.
+
+It never imports ``safepoint.core``: its model of a node (readers, transactions, restarts,
+snapshots, duplicates) and its validation of a message are written again here, as simply as
+possible, from CONTRACT.md. A bug shared by the job and this module would have to be made twice.
+
+Safety. A compaction directive carries ``basis``: for every member node, the incarnation and seq
+of the node's last event the job had applied when it emitted the directive. A node's events share
+a Kafka key, so they sit in one partition in order, and the node's state after that event is a
+pure function of the log: this checker replays each node up to that position and requires the
+directive's ``safe_ts`` to be <= every hold live there (reader ``read_ts``, transaction
+``begin_ts`` prepared or not, a group's published min tx time, ``mvcc_now - retention``). A hold
+below ``safe_ts`` is excused only if it was already below the previous directive's ``safe_ts``
+(it arrived late: nothing could protect it any more) and a ``horizon_violation`` alert names it.
+By induction over the directives this catches every directive that passed a hold it had counted.
+
+Liveness. The lag is ``cluster_wall_ms * mvcc_per_ms - safe_ts``; its worst value is just before
+an advance (``cluster_wall_ms`` of directive k against ``safe_ts`` of k-1) or at the end of the
+log. After the warm-up it must stay under ``retention + (longest hold lifetime seen in the log +
+node_lease_ms + directive_interval_ms) * mvcc_per_ms``.
+
+Accounting. Every message is applied, ignored (a duplicate or stale one) or dead-lettered; this
+checker classifies each itself and matches its bad ones with the job's dead letters by
+(partition, offset), both ways.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CheckResult", "check_logs", "check_kafka", "read_topic", "validate_event"]
+
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+WALL_MAX = 32_503_680_000_000  # year 3000, in ms
+MAX_EXAMPLES = 20  # violations kept verbatim; all are counted
+
+NODE_TYPES: dict[str, dict[str, type]] = {
+    "reader_open": {"reader_id": str, "read_ts": int},
+    "reader_close": {"reader_id": str},
+    "tx_begin": {"tx_id": str, "begin_ts": int},
+    "tx_prepare": {"tx_id": str, "coordinator": str, "participants": list},
+    "tx_end": {"tx_id": str, "outcome": str},
+    "heartbeat": {"mvcc_now": int},
+    "snapshot": {"cut": int, "readers": list, "txs": list},
+}
+CLUSTER_TYPES: dict[str, dict[str, type]] = {
+    "topology": {"version": int, "nodes": dict},
+    "catalog": {"version": int, "catalog_version": int, "activated_at": int},
+    "index_build": {"version": int, "index": str, "catalog_version": int, "state": str},
+    "rebalance": {"version": int, "group": str, "catalog_version": int, "state": str},
+}
+_ID_FIELDS = frozenset({"reader_id", "tx_id", "node", "coordinator", "index", "group", "cluster"})
+_NON_NEGATIVE = frozenset({"incarnation", "seq", "version", "catalog_version", "wall_ms"})
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and INT64_MIN <= x <= INT64_MAX
+
+
+def _field_error(name: str, value: Any, kind: type) -> str | None:
+    if kind is int:
+        if not _is_int(value):
+            return f"{name} is not a 64-bit integer"
+        if name in _NON_NEGATIVE and value < 0:
+            return f"{name} is negative"
+        if name == "wall_ms" and value > WALL_MAX:
+            return "wall_ms is past year 3000"
+        return None
+    if not isinstance(value, kind):
+        return f"{name} is not a {kind.__name__}"
+    if kind is str and name in _ID_FIELDS and not value:
+        return f"{name} is empty"
+    return None
+
+
+def validate_event(value: bytes | str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(event, None) for a message the contract lets through, (None, why) for a dead letter."""
+    if value is None:
+        return None, "null value"
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "not UTF-8"
+    try:
+        obj = json.loads(value)
+    except (ValueError, RecursionError):
+        return None, "not JSON"
+    if not isinstance(obj, dict):
+        return None, "not an object"
+    if not _is_int(obj.get("v")) or obj["v"] != 1:
+        return None, "v is missing or not 1"
+    kind = obj.get("type")
+    if not isinstance(kind, str) or kind not in NODE_TYPES and kind not in CLUSTER_TYPES:
+        return None, "unknown type"
+    required: dict[str, type] = {"wall_ms": int}
+    if kind in NODE_TYPES:
+        required.update({"node": str, "incarnation": int, "seq": int}, **NODE_TYPES[kind])
+    else:
+        required.update(CLUSTER_TYPES[kind])
+    for name, ftype in required.items():
+        if name not in obj:
+            return None, f"missing {name}"
+        why = _field_error(name, obj[name], ftype)
+        if why:
+            return None, why
+    if "cluster" in obj:
+        why = _field_error("cluster", obj["cluster"], str)
+        if why:
+            return None, why
+    why = _deep_errors(kind, obj)
+    if why:
+        return None, why
+    return obj, None
+
+
+def _deep_errors(kind: str, obj: dict[str, Any]) -> str | None:
+    """The nested fields this checker's model reads."""
+    if kind == "tx_end" and obj["outcome"] not in ("commit", "abort"):
+        return "outcome is not commit or abort"
+    if kind in ("index_build", "rebalance") and obj["state"] not in ("started", "finished"):
+        return "state is not started or finished"
+    if kind == "snapshot":
+        for items, id_key, ts_key in ((obj["readers"], "reader_id", "read_ts"), (obj["txs"], "tx_id", "begin_ts")):
+            for item in items:
+                if not isinstance(item, dict) or _field_error(id_key, item.get(id_key), str) or not _is_int(item.get(ts_key)):
+                    return f"a snapshot entry lacks a valid {id_key} or {ts_key}"
+                if "prepared" in item and not isinstance(item["prepared"], bool):
+                    return "a snapshot entry's prepared is not a boolean"
+    if kind == "heartbeat" and "groups" in obj:
+        if not isinstance(obj["groups"], list):
+            return "groups is not an array"
+        for g in obj["groups"]:
+            if not isinstance(g, dict) or _field_error("group", g.get("group"), str):
+                return "a group entry lacks a valid group"
+            if "leader" in g and not isinstance(g["leader"], bool):
+                return "a group's leader is not a boolean"
+            pub = g.get("published_min_tx_time")
+            if pub is not None and not _is_int(pub):
+                return "a group's published_min_tx_time is not an integer or null"
+    if kind == "topology":
+        for name, groups in obj["nodes"].items():
+            if not name or not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+                return "topology nodes must map node ids to lists of group ids"
+    return None
+
+
+# -- the model of one node ------------------------------------------------------------------
+
+
+@dataclass
+class _Hold:
+    ts: int
+    opened_wall: int
+    prepared: bool = False
+
+
+@dataclass
+class _Node:
+    incarnation: int = -1
+    seq: int = -1
+    holds: dict[tuple[str, str], _Hold] = field(default_factory=dict)
+    mvcc_now: int | None = None
+    groups: dict[str, tuple[bool, int | None]] = field(default_factory=dict)
+    last_wall: int = -1
+
+
+@dataclass
+class CheckResult:
+    """Everything the checker found. ``safety_ok`` is the verdict that must never fail."""
+
+    messages: int = 0
+    applied: int = 0
+    ignored: int = 0
+    bad: int = 0
+    bad_reasons: Counter[str] = field(default_factory=Counter)
+    dead_letters: int = 0
+    dead_letter_duplicates: int = 0
+    dead_letters_unexpected: int = 0
+    """Dead-lettered by the job, valid for this checker."""
+    dead_letters_missing: int = 0
+    """Bad for this checker, not dead-lettered by the job: silently lost."""
+    directives: int = 0
+    directive_duplicates: int = 0
+    expire_directives: int = 0
+    alerts_raised: Counter[str] = field(default_factory=Counter)
+    alerts_cleared: Counter[str] = field(default_factory=Counter)
+    clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    holds_checked: int = 0
+    excused_late_holds: int = 0
+    basis_checked: int = 0
+    basis_unverified: int = 0
+    basis_min_mismatches: int = 0
+    basis_not_topology: int = 0
+    violations: int = 0
+    order_violations: int = 0
+    violation_examples: list[str] = field(default_factory=list)
+    longest_hold_ms: int = 0
+    max_lag: int | None = None
+    """Worst safe-point lag after the warm-up, in MVCC units."""
+    lag_bound: int = 0
+    lag_samples: int = 0
+    first_wall_ms: int | None = None
+    last_wall_ms: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def safety_ok(self) -> bool:
+        return self.violations == 0 and self.order_violations == 0 and self.basis_unverified == 0
+
+    @property
+    def liveness_ok(self) -> bool:
+        return self.max_lag is not None and self.max_lag <= self.lag_bound
+
+    @property
+    def accounting_ok(self) -> bool:
+        return (
+            self.dead_letters_unexpected == 0
+            and self.dead_letters_missing == 0
+            and self.applied + self.ignored + self.bad == self.messages
+        )
+
+    def note(self, text: str) -> None:
+        if len(self.notes) < MAX_EXAMPLES:
+            self.notes.append(text)
+
+    def violation(self, text: str, order: bool = False) -> None:
+        if order:
+            self.order_violations += 1
+        else:
+            self.violations += 1
+        if len(self.violation_examples) < MAX_EXAMPLES:
+            self.violation_examples.append(text)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "messages": self.messages,
+            "applied": self.applied,
+            "ignored": self.ignored,
+            "bad": self.bad,
+            "bad_reasons": dict(self.bad_reasons),
+            "dead_letters": self.dead_letters,
+            "dead_letter_duplicates": self.dead_letter_duplicates,
+            "dead_letters_unexpected": self.dead_letters_unexpected,
+            "dead_letters_missing": self.dead_letters_missing,
+            "directives": self.directives,
+            "directive_duplicates": self.directive_duplicates,
+            "expire_directives": self.expire_directives,
+            "alerts_raised": dict(self.alerts_raised),
+            "alerts_cleared": dict(self.alerts_cleared),
+            "clusters": self.clusters,
+            "holds_checked": self.holds_checked,
+            "excused_late_holds": self.excused_late_holds,
+            "basis_checked": self.basis_checked,
+            "basis_unverified": self.basis_unverified,
+            "basis_min_mismatches": self.basis_min_mismatches,
+            "basis_not_topology": self.basis_not_topology,
+            "violations": self.violations,
+            "order_violations": self.order_violations,
+            "violation_examples": self.violation_examples,
+            "longest_hold_ms": self.longest_hold_ms,
+            "max_lag": self.max_lag,
+            "lag_bound": self.lag_bound,
+            "lag_samples": self.lag_samples,
+            "first_wall_ms": self.first_wall_ms,
+            "last_wall_ms": self.last_wall_ms,
+            "safety_ok": self.safety_ok,
+            "liveness_ok": self.liveness_ok,
+            "accounting_ok": self.accounting_ok,
+            "notes": self.notes,
+        }
+
+
+# -- the check --------------------------------------------------------------------------------
+
+
+class _Checker:
+    def __init__(
+        self,
+        directives: list[dict[str, Any]],
+        alerts: list[dict[str, Any]],
+        retention: int,
+        result: CheckResult,
+    ) -> None:
+        self.r = result
+        self.retention = retention
+        self.nodes: dict[tuple[str, str], _Node] = {}
+        self.topologies: dict[str, dict[int, frozenset[str]]] = defaultdict(dict)
+        self.cluster_first: dict[str, int] = {}
+        self.cluster_last: dict[str, int] = {}
+        self.versions: dict[tuple[str, str], int] = {}
+        self.late_alert_ids: set[str] = set()
+        self.late_alert_ts: set[tuple[str, str, int]] = set()
+        self._alerts(alerts)
+        self.by_cluster = self._directives(directives)
+        # (cluster, node) -> (incarnation, seq) -> [(directive, previous safe_ts)]
+        self.at: dict[tuple[str, str], dict[tuple[int, int], list[tuple[dict[str, Any], int | None]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        self.pending = 0
+        for cluster, ds in self.by_cluster.items():
+            prev: int | None = None
+            for d in ds:
+                for node, b in (d.get("basis") or {}).items():
+                    self.at[(cluster, node)][(b["incarnation"], b["seq"])].append((d, prev))
+                    self.pending += 1
+                prev = d["safe_ts"]
+
+    def _alerts(self, alerts: list[dict[str, Any]]) -> None:
+        seen: set[str] = set()
+        for a in alerts:
+            text = json.dumps(a, sort_keys=True)
+            if text in seen:
+                continue  # the sink is at-least-once: a replayed batch sends the same alert again
+            seen.add(text)
+            kind = str(a.get("kind"))
+            (self.r.alerts_raised if a.get("state") == "raised" else self.r.alerts_cleared)[kind] += 1
+            if kind == "horizon_violation" and a.get("state") == "raised":
+                self.late_alert_ids.add(str(a.get("id")))
+                if _is_int(a.get("value")):
+                    self.late_alert_ts.add((str(a.get("cluster")), str(a.get("node")), a["value"]))
+
+    def _directives(self, directives: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+        by_cluster: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
+        for d in directives:
+            if d.get("type") == "expire":
+                self.r.expire_directives += 1
+                continue
+            if d.get("type") != "compaction":
+                self.r.violation(f"unknown directive type {d.get('type')!r}", order=True)
+                continue
+            cluster, seq = d["cluster"], d["seq"]
+            old = by_cluster[cluster].get(seq)
+            if old is not None:
+                if old != d:
+                    self.r.violation(f"cluster {cluster}: two different directives with seq {seq}", order=True)
+                self.r.directive_duplicates += 1
+                continue
+            by_cluster[cluster][seq] = d
+        out: dict[str, list[dict[str, Any]]] = {}
+        for cluster, seqs in by_cluster.items():
+            ds = [seqs[s] for s in sorted(seqs)]
+            self.r.directives += len(ds)
+            if ds and ds[0]["seq"] != 1:
+                self.r.violation(f"cluster {cluster}: the first directive has seq {ds[0]['seq']}, not 1", order=True)
+            for a, b in zip(ds, ds[1:], strict=False):
+                if b["seq"] != a["seq"] + 1:
+                    self.r.violation(f"cluster {cluster}: directive seq jumps from {a['seq']} to {b['seq']}", order=True)
+                if b["safe_ts"] < a["safe_ts"]:
+                    self.r.violation(
+                        f"cluster {cluster}: safe_ts went back from {a['safe_ts']} (seq {a['seq']}) to {b['safe_ts']}", order=True
+                    )
+                if a.get("catalog_floor") is not None and (b.get("catalog_floor") is None or b["catalog_floor"] < a["catalog_floor"]):
+                    self.r.violation(f"cluster {cluster}: catalog_floor went back at seq {b['seq']}", order=True)
+            out[cluster] = ds
+        return out
+
+    # -- the log ------------------------------------------------------------------------
+    def message(self, partition: int, offset: int, value: bytes | str | None) -> bool:
+        """Classify and apply one message. Returns False when it is bad (a dead letter is due)."""
+        self.r.messages += 1
+        ev, why = validate_event(value)
+        if ev is None:
+            self.r.bad += 1
+            self.r.bad_reasons[str(why)] += 1
+            return False
+        cluster = ev.get("cluster", "default")
+        if ev["type"] in CLUSTER_TYPES:
+            self._cluster_event(cluster, ev)
+            return True
+        key = (cluster, ev["node"])
+        node = self.nodes.get(key)
+        if node is None:
+            node = self.nodes[key] = _Node()
+        if not self._apply(node, ev):
+            self.r.ignored += 1
+            return True
+        self.r.applied += 1
+        wall = ev["wall_ms"]
+        self.cluster_first[cluster] = min(self.cluster_first.get(cluster, wall), wall)
+        self.cluster_last[cluster] = max(self.cluster_last.get(cluster, wall), wall)
+        checks = self.at.get(key, {}).pop((node.incarnation, node.seq), None)
+        for d, prev in checks or []:
+            self.pending -= 1
+            self._check(cluster, ev["node"], node, d, prev)
+        return True
+
+    def _cluster_event(self, cluster: str, ev: dict[str, Any]) -> None:
+        key = (cluster, ev["type"])
+        if ev["version"] <= self.versions.get(key, -1):
+            self.r.ignored += 1  # stale version
+            return
+        self.versions[key] = ev["version"]
+        self.r.applied += 1
+        if ev["type"] == "topology":
+            self.topologies[cluster][ev["version"]] = frozenset(ev["nodes"])
+
+    def _close(self, node: _Node, key: tuple[str, str], wall: int) -> None:
+        hold = node.holds.pop(key, None)
+        if hold is not None:
+            self.r.longest_hold_ms = max(self.r.longest_hold_ms, wall - hold.opened_wall)
+
+    def _apply(self, node: _Node, ev: dict[str, Any]) -> bool:
+        inc, seq, wall = ev["incarnation"], ev["seq"], ev["wall_ms"]
+        if inc < node.incarnation or (inc == node.incarnation and seq <= node.seq):
+            return False  # stale or duplicate: ignored
+        if inc > node.incarnation:
+            # a restart: readers and undecided transactions died with the process, prepared ones stay
+            for k in [k for k, h in node.holds.items() if not (k[0] == "tx" and h.prepared)]:
+                self._close(node, k, wall)
+            node.incarnation = inc
+        node.seq = seq
+        node.last_wall = max(node.last_wall, wall)
+        t = ev["type"]
+        if t == "reader_open":
+            self._close(node, ("reader", ev["reader_id"]), wall)
+            node.holds[("reader", ev["reader_id"])] = _Hold(ev["read_ts"], wall)
+        elif t == "reader_close":
+            self._close(node, ("reader", ev["reader_id"]), wall)
+        elif t == "tx_begin":
+            self._close(node, ("tx", ev["tx_id"]), wall)
+            node.holds[("tx", ev["tx_id"])] = _Hold(ev["begin_ts"], wall)
+        elif t == "tx_prepare":
+            hold = node.holds.get(("tx", ev["tx_id"]))
+            if hold is not None:
+                hold.prepared = True
+        elif t == "tx_end":
+            self._close(node, ("tx", ev["tx_id"]), wall)
+        elif t == "heartbeat":
+            node.mvcc_now = ev["mvcc_now"]
+            if "groups" in ev:
+                node.groups = {g["group"]: (bool(g.get("leader", False)), g.get("published_min_tx_time")) for g in ev["groups"]}
+        elif t == "snapshot":
+            # the node's complete active set: it replaces the old one (a hold kept with its ts stays the same hold)
+            new: dict[tuple[str, str], _Hold] = {}
+            for kind, items, id_key, ts_key in (("reader", ev["readers"], "reader_id", "read_ts"), ("tx", ev["txs"], "tx_id", "begin_ts")):
+                for item in items:
+                    k = (kind, item[id_key])
+                    old = node.holds.get(k)
+                    if old is not None and old.ts == item[ts_key]:
+                        new[k] = _Hold(old.ts, old.opened_wall, bool(item.get("prepared", old.prepared)))
+                    else:
+                        new[k] = _Hold(item[ts_key], wall, bool(item.get("prepared", False)))
+            for k, old in list(node.holds.items()):
+                if k not in new or new[k].ts != old.ts:
+                    self._close(node, k, wall)
+            node.holds = new
+        return True
+
+    def _check(self, cluster: str, name: str, node: _Node, d: dict[str, Any], prev: int | None) -> None:
+        """Directive ``d`` was emitted with ``node`` at this very position: its holds bound safe_ts."""
+        r = self.r
+        r.basis_checked += 1
+        safe = d["safe_ts"]
+        where = f"directive seq {d['seq']} (safe_ts {safe}) of cluster {cluster}, node {name} at incarnation {node.incarnation} seq {node.seq}"
+        if node.mvcc_now is None:
+            r.violation(f"{where}: the node never sent a heartbeat, its minimum is unknown")
+            return
+        bounds: list[tuple[str, int]] = [("retention", max(node.mvcc_now - self.retention, INT64_MIN))]
+        for gid, (leader, published) in node.groups.items():
+            if published is None:
+                if leader:
+                    r.violation(f"{where}: group {gid} it leads has no published min tx time (minimum unknown)")
+                    return
+                continue
+            bounds.append((f"group {gid}", published))
+        local_min = min(ts for _, ts in bounds)
+        for what, ts in bounds:
+            if ts >= safe:
+                continue
+            if prev is not None and ts < prev:
+                r.excused_late_holds += 1  # it went below an older safe_ts (no alert exists for these)
+                r.note(f"{where}: the {what} bound {ts} is below the previous safe_ts {prev}")
+            else:
+                r.violation(f"{where}: passed the {what} bound {ts}")
+        for (kind, hid), hold in sorted(node.holds.items()):
+            r.holds_checked += 1
+            local_min = min(local_min, hold.ts)
+            if hold.ts >= safe:
+                continue
+            if prev is not None and hold.ts < prev:
+                if f"{cluster}/horizon_violation/{name}/{kind}/{hid}" in self.late_alert_ids or (cluster, name, hold.ts) in self.late_alert_ts:
+                    r.excused_late_holds += 1
+                else:
+                    r.violation(f"{where}: {kind} {hid} at {hold.ts} arrived below safe_ts {prev} with no horizon_violation alert")
+                continue
+            r.violation(f"{where}: passed live {kind} {hid} at {hold.ts}" + (" (prepared)" if hold.prepared else ""))
+        reported = (d.get("basis") or {}).get(name, {}).get("local_min")
+        if reported != local_min:
+            r.basis_min_mismatches += 1
+            if r.basis_min_mismatches <= 3:
+                r.note(f"{where}: basis local_min {reported}, this checker's {local_min}")
+
+    def finish(self, mvcc_per_ms: int, node_lease_ms: int, directive_interval_ms: int, warmup_ms: int) -> None:
+        r = self.r
+        r.basis_unverified = self.pending
+        if self.pending:
+            left = [(k, pos) for k, positions in self.at.items() for pos in positions]
+            r.violation(
+                f"{self.pending} basis positions name events this checker never applied, e.g. {left[:3]}: "
+                "those directives cannot be verified"
+            )
+        for (cluster, _name), node in self.nodes.items():
+            end = self.cluster_last.get(cluster)
+            if end is not None:
+                for hold in node.holds.values():
+                    r.longest_hold_ms = max(r.longest_hold_ms, end - hold.opened_wall)
+        for cluster, ds in self.by_cluster.items():
+            tops = set(self.topologies.get(cluster, {}).values())
+            if tops:
+                r.basis_not_topology += sum(1 for d in ds if frozenset(d.get("basis") or {}) not in tops)
+        if self.cluster_first:
+            r.first_wall_ms = min(self.cluster_first.values())
+            r.last_wall_ms = max(self.cluster_last.values())
+        r.lag_bound = self.retention + (r.longest_hold_ms + node_lease_ms + directive_interval_ms) * mvcc_per_ms
+        for cluster in sorted(set(self.cluster_first) | set(self.by_cluster)):
+            ds = self.by_cluster.get(cluster, [])
+            first, last = self.cluster_first.get(cluster), self.cluster_last.get(cluster)
+            lags: list[int] = []
+            if first is not None and last is not None:
+                warm = first + warmup_ms
+                for a, b in zip(ds, ds[1:], strict=False):
+                    if b["cluster_wall_ms"] >= warm:
+                        lags.append(b["cluster_wall_ms"] * mvcc_per_ms - a["safe_ts"])
+                if ds and last >= warm:
+                    lags.append(last * mvcc_per_ms - ds[-1]["safe_ts"])
+                elif not ds and last >= warm:
+                    lags.append((last - first) * mvcc_per_ms)  # no directive at all: the lag is the whole run
+            worst = max(lags) if lags else None
+            r.lag_samples += len(lags)
+            if worst is not None:
+                r.max_lag = worst if r.max_lag is None else max(r.max_lag, worst)
+            r.clusters[cluster] = {
+                "directives": len(ds),
+                "final_safe_ts": ds[-1]["safe_ts"] if ds else None,
+                "first_wall_ms": first,
+                "last_wall_ms": last,
+                "max_lag": worst,
+                "final_lag": last * mvcc_per_ms - ds[-1]["safe_ts"] if ds and last is not None else None,
+            }
+
+
+def check_logs(
+    events: Iterable[tuple[int, int, bytes | str | None]],
+    directives: list[dict[str, Any]],
+    alerts: list[dict[str, Any]],
+    dead_letters: list[dict[str, Any]],
+    *,
+    events_topic: str = "safepoint.events",
+    retention: int = 0,
+    node_lease_ms: int = 30_000,
+    directive_interval_ms: int = 0,
+    warmup_ms: int = 0,
+    mvcc_per_ms: int = 1000,
+) -> CheckResult:
+    """Check a whole run. ``events`` are (partition, offset, value) in offset order per partition
+    (partitions may come one after another); the output lists are the topics' parsed values."""
+    result = CheckResult()
+    checker = _Checker(directives, alerts, retention, result)
+    dl_at: set[tuple[int, int]] = set()
+    for dl in dead_letters:
+        if dl.get("topic", events_topic) != events_topic:
+            continue
+        pos = (dl["partition"], dl["offset"])
+        if pos in dl_at:
+            result.dead_letter_duplicates += 1
+        dl_at.add(pos)
+    result.dead_letters = len(dl_at)
+    for partition, offset, value in events:
+        ok = checker.message(partition, offset, value)
+        if ok and (partition, offset) in dl_at:
+            result.dead_letters_unexpected += 1
+            if result.dead_letters_unexpected <= 3:
+                result.note(f"the job dead-lettered {partition}:{offset}, which this checker applies: {_show(value)}")
+        elif not ok and (partition, offset) not in dl_at:
+            result.dead_letters_missing += 1
+            if result.dead_letters_missing <= 3:
+                result.note(f"no dead letter for bad message {partition}:{offset}: {_show(value)}")
+    checker.finish(mvcc_per_ms, node_lease_ms, directive_interval_ms, warmup_ms)
+    return result
+
+
+def _show(value: bytes | str | None) -> str:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            value = "base64:" + base64.b64encode(value).decode("ascii")
+    return repr(value)[:160]
+
+
+# -- reading the topics back ----------------------------------------------------------------
+
+
+def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 120.0) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
+    """(partition, offset, key, value) of every message up to the high watermarks, partition by partition."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            **conf,
+            "group.id": f"safepoint-checker-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "receive.message.max.bytes": 1_000_000_000,
+        }
+    )
+    try:
+        md = consumer.list_topics(topic, timeout=30)
+        if topic not in md.topics or md.topics[topic].error is not None:
+            return
+        for p in sorted(md.topics[topic].partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, p, low)])
+            pos = low
+            deadline = time.monotonic() + timeout_s
+            while pos < high:
+                if time.monotonic() > deadline:
+                    msg = f"reading {topic}[{p}] stopped at offset {pos} of {high} after {timeout_s:.0f} s"
+                    raise TimeoutError(msg)
+                for m in consumer.consume(2000, 1.0):
+                    if m.error():
+                        continue
+                    if m.offset() < pos:
+                        continue
+                    pos = m.offset() + 1
+                    deadline = time.monotonic() + timeout_s
+                    yield p, m.offset(), m.key(), m.value()
+                    if pos >= high:
+                        break
+            consumer.unassign()
+    finally:
+        consumer.close()
+
+
+def _json_values(conf: dict[str, Any], topic: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for _p, _o, _k, value in read_topic(conf, topic):
+        if value is None:
+            continue  # a tombstone on the compacted topic
+        obj = json.loads(value)
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def check_kafka(
+    conf: dict[str, Any],
+    topics: dict[str, str],
+    *,
+    retention: int,
+    node_lease_ms: int,
+    directive_interval_ms: int,
+    warmup_ms: int,
+    mvcc_per_ms: int = 1000,
+) -> CheckResult:
+    """Read the events, directives, alerts and dead-letter topics back and check them."""
+    directives = _json_values(conf, topics["directives"])
+    alerts = _json_values(conf, topics["alerts"])
+    dead = _json_values(conf, topics["deadletter"])
+    events = ((p, o, v) for p, o, _k, v in read_topic(conf, topics["events"]))
+    return check_logs(
+        events,
+        directives,
+        alerts,
+        dead,
+        events_topic=topics["events"],
+        retention=retention,
+        node_lease_ms=node_lease_ms,
+        directive_interval_ms=directive_interval_ms,
+        warmup_ms=warmup_ms,
+        mvcc_per_ms=mvcc_per_ms,
+    )

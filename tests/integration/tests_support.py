@@ -1,0 +1,28 @@
+"""Reading a topic's raw messages back, per partition in offset order."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, TopicPartition
+
+from kafka_util import unique
+
+
+def events_by_partition(bootstrap: str, topic: str) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("raw"), "enable.auto.commit": False})
+    out: list[tuple[int, int, bytes | None, bytes | None]] = []
+    try:
+        for p in sorted(c.list_topics(topic, timeout=10).topics[topic].partitions):
+            end = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            c.assign([TopicPartition(topic, p, 0)])
+            pos, deadline = 0, time.monotonic() + 20
+            while pos < end and time.monotonic() < deadline:
+                m = c.poll(0.2)
+                if m is None or m.error():
+                    continue
+                out.append((p, m.offset(), m.key(), m.value()))
+                pos = m.offset() + 1
+        return out
+    finally:
+        c.close()
