@@ -111,6 +111,17 @@ class LiveView:
         self.consumer.close()
 
 
+def show(screen: str, tty: bool, last_print: float) -> float:
+    """Redraw the screen on a terminal; elsewhere (logs, CI) print it every 5 s. Returns last_print."""
+    if tty:
+        sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
+        sys.stdout.flush()
+    elif time.monotonic() - last_print >= 5:
+        last_print = time.monotonic()
+        print(screen + "\n", flush=True)
+    return last_print
+
+
 def follow(settings: Settings, duration_s: float | None) -> int:
     """``safepoint view``: follow a running job's outputs until Ctrl-C or the duration ends."""
     view = LiveView(settings)
@@ -121,12 +132,7 @@ def follow(settings: Settings, duration_s: float | None) -> int:
         while duration_s is None or time.monotonic() - start < duration_s:
             view.poll(1.0)
             screen = view.render(time.monotonic() - start, f"following {settings.directives_topic} at {settings.bootstrap}")
-            if tty:
-                sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
-                sys.stdout.flush()
-            elif time.monotonic() - last_print >= 5:
-                last_print = time.monotonic()
-                print(screen + "\n", flush=True)
+            last_print = show(screen, tty, last_print)
     except KeyboardInterrupt:
         pass
     finally:
@@ -189,12 +195,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             prog = query.lastProgress
             job = f"batch {prog['batchId']}, {prog['numInputRows']} events" if prog else "starting"
             screen = view.render(time.monotonic() - start, job)
-            if tty:
-                sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
-                sys.stdout.flush()
-            elif time.monotonic() - last_print >= 5:
-                last_print = time.monotonic()
-                print(screen + "\n", flush=True)
+            last_print = show(screen, tty, last_print)
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
             print(f"  cluster {name}: seq {d['seq']} safe_ts {d['safe_ts']}", flush=True)
