@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from safepoint.core import DIRECTIVES, Engine, Output, Policy, Position
@@ -225,7 +225,9 @@ def oracle_at(samples: list[tuple[int, int]], spec: BandSpec) -> list[tuple[int,
 
 
 VALUES = st.sampled_from([0, 50, 79, 80, 81, 99, 100, 101, 150, 159, 160, 161, 199, 200, 201, 400])
-GAPS = st.one_of(st.integers(0, 3), st.sampled_from([1_000, 29_999, 30_000, 30_001, 119_999, 120_000, 120_001]), st.integers(0, 60_000))
+GAPS = st.one_of(
+    st.integers(0, 3), st.sampled_from([1_000, 29_999, 30_000, 30_001, 119_999, 120_000, 120_001]), st.integers(0, 60_000)
+)
 
 
 @st.composite
@@ -464,7 +466,10 @@ def test_engine_pinned_alerts_follow_the_band_rules(samples: list[tuple[int, int
         sev = ("normal", "warning", "critical")[old if new == 0 else new]
         threshold = SPEC.enter(new) if new > old else SPEC.exit(old)
         expected.append((state, sev, value, threshold, since, t))
-    got = [(a["state"], a["severity"], a["value"], a["threshold"], a["since_wall_ms"], a["cluster_wall_ms"]) for a in run.alerts("pinned_bytes")]
+    got = [
+        (a["state"], a["severity"], a["value"], a["threshold"], a["since_wall_ms"], a["cluster_wall_ms"])
+        for a in run.alerts("pinned_bytes")
+    ]
     assert got == expected
 
 
@@ -518,7 +523,10 @@ def test_reader_age_thresholds_are_policy_keys() -> None:
     n1 = single(run)
     run.feed(n1.open("r1", 9_000, T0), n1.hb(T0 + 999, 10_000), n1.hb(T0 + 1_000, 10_000), n1.hb(T0 + 1_999, 10_000))
     run.feed(n1.hb(T0 + 2_000, 10_000))
-    assert [(a["severity"], a["cluster_wall_ms"]) for a in run.alerts("reader_age")] == [("warning", T0 + 1_000), ("critical", T0 + 2_000)]
+    assert [(a["severity"], a["cluster_wall_ms"]) for a in run.alerts("reader_age")] == [
+        ("warning", T0 + 1_000),
+        ("critical", T0 + 2_000),
+    ]
 
 
 # -- in_doubt_tx -----------------------------------------------------------------------------------------
@@ -757,7 +765,10 @@ def test_restart_closes_expired_holds_and_clears_their_audit_alerts() -> None:
     assert len(run.expires()) == 2
     n1.restart()
     run.feed(n1.hb(EXPIRE_AT + 1, 10_000, pinned_bytes=25 * GIB))
-    assert sorted(a["id"] for a in run.alerts("forced_expiry", "cleared")) == ["default/forced_expiry/n1/r1", "default/forced_expiry/n1/t1"]
+    assert sorted(a["id"] for a in run.alerts("forced_expiry", "cleared")) == [
+        "default/forced_expiry/n1/r1",
+        "default/forced_expiry/n1/t1",
+    ]
     critical(run, n1, EXPIRE_AT + 10_000, EXPIRE_AT + 600_000)
     assert len(run.expires()) == 2, "nothing left to expire, nothing upgraded to hard"
 
@@ -927,7 +938,11 @@ def run_log(policy: Policy, events: list[dict[str, Any]], splits: set[int]) -> t
 
 def state_text(engine: Engine) -> str:
     return json.dumps(
-        [[s.to_json() for _k, s in sorted(engine.nodes.items())], [s.to_json() for _k, s in sorted(engine.clusters.items())]],
+        [
+            [s.to_json() for _k, s in sorted(engine.nodes.items())],
+            engine.gates,
+            [s.to_json() for _k, s in sorted(engine.clusters.items())],
+        ],
         sort_keys=True,
     )
 
@@ -976,7 +991,9 @@ HYP_POLICY = Policy(
 
 ACTIONS = st.lists(
     st.tuples(
-        st.sampled_from(["hb"] * 6 + ["open"] * 3 + ["begin"] * 2 + ["close", "prepare", "prepare", "end", "restart", "hb_plain"]),
+        st.sampled_from(
+            ["hb"] * 6 + ["open"] * 3 + ["begin"] * 2 + ["close", "prepare", "prepare", "end", "restart", "hb_plain"]
+        ),
         st.one_of(st.sampled_from([0, 1, 200, 499, 500, 699, 700, 999, 1_000]), st.integers(0, 2_500)),
         st.sampled_from([0, 79, 80, 150, 159, 160, 199, 200] + [250] * 12),
         st.integers(0, 40),  # a ts, or which hold to pick
@@ -1026,13 +1043,20 @@ def pressure_log(actions: list[tuple[str, int, int, int]]) -> list[dict[str, Any
     return evs
 
 
+# a transaction expired gracefully, then prepared before its grace period ran out
+PREPARED_AFTER_GRACEFUL = (
+    [("begin", 0, 250, 5)] + [("hb", 500, 250, 0)] * 5 + [("prepare", 1, 250, 0)] + [("hb", 1_000, 250, 0)] * 3
+)
+
+
 @SETTINGS
 @given(ACTIONS)
+@example(PREPARED_AFTER_GRACEFUL)
 def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]]) -> None:
     """Against a model of the holds built from the events alone: each expiry targets a live hold,
     never a prepared transaction; graceful ones only under critical pressure lasting expire_after_ms,
     only holds open max_reader_lifetime_ms, lowest ts first; hard only after the grace period of a
-    graceful one; never more than max_expiries_per_window in any expire_window_ms; each with its
+    graceful one and only while still critical; never more than max_expiries_per_window in any expire_window_ms; each with its
     audit alert, cleared when the hold closes; and nothing left undone while the budget allows."""
     p = HYP_POLICY
     evs = pressure_log(actions)
@@ -1067,13 +1091,19 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
         now = ev["wall_ms"]
         for a in [o.value for o in outs if o.value["type"] == "alert" and o.value["kind"] == "pinned_bytes"]:
             critical_since = a["cluster_wall_ms"] if (a["state"], a["severity"]) == ("raised", "critical") else None
-        cleared = sorted(a["id"] for a in (o.value for o in outs) if a["type"] == "alert" and a["kind"] == "forced_expiry" and a["state"] == "cleared")
+        cleared = sorted(
+            a["id"]
+            for a in (o.value for o in outs)
+            if a["type"] == "alert" and a["kind"] == "forced_expiry" and a["state"] == "cleared"
+        )
         assert cleared == sorted(f"default/forced_expiry/n1/{h}" for h in closed if h in expired)
         for h in closed:
             expired.pop(h, None)
         # what the engine did
         eligible = sorted(
-            (v[1], v[2], v[0], h) for h, v in live.items() if h not in expired and not v[3] and now - v[2] >= p.max_reader_lifetime_ms
+            (v[1], v[2], v[0], h)
+            for h, v in live.items()
+            if h not in expired and not v[3] and now - v[2] >= p.max_reader_lifetime_ms
         )
         due_before = sorted(
             (at, live[h][1], live[h][2], live[h][0], h)
@@ -1082,7 +1112,11 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
         )
         graceful: list[str] = []
         hard: list[str] = []
-        raised = [o.value for o in outs if o.value["type"] == "alert" and o.value["kind"] == "forced_expiry" and o.value["state"] == "raised"]
+        raised = [
+            o.value
+            for o in outs
+            if o.value["type"] == "alert" and o.value["kind"] == "forced_expiry" and o.value["state"] == "raised"
+        ]
         exps = [o for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
         assert [a["id"] for a in raised] == [f"default/forced_expiry/n1/{o.key.split('/')[-1]}" for o in exps]
         for o, a in zip(exps, raised, strict=True):
@@ -1103,6 +1137,7 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
             else:
                 assert expired.get(hid, [None])[0] == "graceful", "hard only after graceful"
                 assert now - expired[hid][1] >= p.expire_grace_ms
+                assert critical_since is not None, "hard only while pressure is still critical"
                 assert not graceful, "hard follow-ups come before new graceful expiries"
                 hard.append(hid)
                 expired[hid] = ["hard", now]
@@ -1114,7 +1149,7 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
         if critical_since is not None and now - critical_since >= p.expire_after_ms and len(graceful) < len(eligible):
             assert full, "an eligible hold was left while the budget allowed"
         due = [h for h, (mode, at) in expired.items() if mode == "graceful" and now - at >= p.expire_grace_ms and not live[h][3]]
-        assert not due or full, "a hard expiry was due while the budget allowed"
+        assert not due or full or critical_since is None, "a hard expiry was due while critical and the budget allowed"
 
 
 @SETTINGS
@@ -1125,3 +1160,25 @@ def test_batch_split_invariance_with_pressure(actions: list[tuple[str, int, int,
     outs, engine2 = run_log(HYP_POLICY, evs, splits)
     assert outs == straight
     assert state_text(engine2) == state_text(engine)
+
+
+def test_a_graceful_expiry_is_not_made_hard_once_pressure_left_critical() -> None:
+    """Seed 003, section 9: hard kill only "under sustained critical pressure". A reader expired
+    gracefully while critical is not escalated to hard after the band drops below critical."""
+    from safepoint.core.bands import band_step
+    from safepoint.core.node import NodeState
+    from safepoint.core.policy import Policy
+
+    policy = Policy(pinned_warning_enter_bytes=100, pinned_warning_exit_bytes=80, pinned_critical_enter_bytes=200,
+                    pinned_critical_exit_bytes=160, band_enter_window_ms=0, band_exit_window_ms=0,
+                    expire_after_ms=0, max_reader_lifetime_ms=0, expire_grace_ms=1_000)
+    state = NodeState("c", "n")
+    ev = {"v": 1, "cluster": "c", "node": "n", "incarnation": 0}
+    state.apply({**ev, "type": "heartbeat", "seq": 0, "wall_ms": 0, "mvcc_now": 10, "pinned_bytes": 0}, policy)
+    state.apply({**ev, "type": "reader_open", "seq": 1, "wall_ms": 1, "reader_id": "r", "read_ts": 5}, policy)
+    u = state.apply({**ev, "type": "heartbeat", "seq": 2, "wall_ms": 2, "mvcc_now": 10, "pinned_bytes": 500}, policy)
+    assert isinstance(u, object) and [s[1]["mode"] for s in u.signals if s[0] == "expire"] == ["graceful"]
+    u = state.apply({**ev, "type": "heartbeat", "seq": 3, "wall_ms": 3, "mvcc_now": 10, "pinned_bytes": 0}, policy)
+    u = state.apply({**ev, "type": "heartbeat", "seq": 4, "wall_ms": 5_000, "mvcc_now": 10, "pinned_bytes": 0}, policy)
+    assert state.pinned_band[0] == 0 and not [s for s in u.signals if s[0] == "expire"]
+    assert band_step is not None

@@ -217,7 +217,7 @@ class ClusterState:
                                            "cluster_wall_ms") if k in value}
             out.append(Output(DIRECTIVES, f"{self.name}/{node}/{hid}", value))
         else:
-            out.append(self._alert(body, body.pop("state"), now))
+            out.append(self._alert({k: v for k, v in body.items() if k != "state"}, body["state"], now))
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
         """Apply a validated cluster event. Returns why it was ignored, or None."""

@@ -117,7 +117,27 @@ def parse(value: bytes | str | None, max_bytes: int) -> dict[str, Any] | Rejecte
         return Rejected(reason)
     except RecursionError:
         return Rejected("not JSON: nested too deeply")
+    if "\\u" in text and _has_lone_surrogate(obj):
+        return Rejected("not UTF-8: a string escapes a lone UTF-16 surrogate (\\ud800-\\udfff)")
     return parse_obj(obj)
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    """JSON may escape a lone surrogate (\\ud800) that no UTF-8 output can carry."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _type_name(obj: Any) -> str:

@@ -142,11 +142,14 @@ class NodeState:
         state.debt_bytes = data["d"]
         state.last_wall_ms = data["w"]
         state._summary = tuple(data["x"]) if data.get("x") is not None else None
-        state.pinned_band = data["pb"]
-        state.age_band = data["ab"]
-        state.in_doubt = data["id"]
-        state.expiries = data["ex"]
-        state.expire_walls = data["ew"]
+        # Checkpoints written before the pressure policy existed restore with empty pressure state.
+        state.pinned_band = data.get("pb") or new_band()
+        state.age_band = data.get("ab") or new_band()
+        state.in_doubt = data.get("id") or []
+        state.expiries = data.get("ex") or {}
+        state.expire_walls = data.get("ew") or []
+        for tx in state.txs.values():
+            tx.extend([None] * (T_PREP_WALL + 1 - len(tx)))
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -394,9 +397,12 @@ class NodeState:
             h = (self.readers if kind == "reader" else self.txs)[hid]
             return at, h[R_TS], h[R_WALL], kind, hid
 
+        critical = self.pinned_band[0] == 2
         for hid, exp in sorted(self.expiries.items(), key=upgrade_order):
             if budget <= 0:
                 return
+            if not critical:
+                break  # hard kills only under sustained critical pressure (seed 003, section 9)
             if exp[0] == "tx" and self.txs[hid][T_PREPARED]:
                 continue  # prepared since its graceful expiry: its fate belongs to its coordinator now
             if exp[1] == "graceful" and now - exp[2] >= policy.expire_grace_ms:
