@@ -10,6 +10,7 @@ import pytest
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.errors import ConfigError
 from safepoint.settings import load_settings
+from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query, kafka_connector_missing, kafka_options
 
 from kafka_util import produce, read_topic, unique
@@ -27,23 +28,27 @@ def test_option_wiring_for_both_formats() -> None:
 
 
 def test_builtin_kafka_format(broker: Any, spark: Any, tmp_path: Any) -> None:
+    """Same log through the Python Data Source and through Spark's connector: identical directives."""
     tag = unique("builtin")
-    settings = load_settings(flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
-        "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 1_000,
-        "source_format": "kafka"}, environ={})
+    base = {"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "alerts_topic": f"{tag}.alerts",
+            "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 1_000}
+    builtin = load_settings(flags={**base, "directives_topic": f"{tag}.d-kafka", "source_format": "kafka"}, environ={})
     missing = kafka_connector_missing(spark)
     if missing:
         with pytest.raises(ConfigError, match="spark-sql-kafka-0-10"):
-            build_query(spark, settings, str(tmp_path / "ckpt"))
+            build_query(spark, builtin, str(tmp_path / "ckpt"))
         pytest.skip(missing)
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
-    hb = {"v": 1, "type": "heartbeat", "node": "n1", "incarnation": 0, "mvcc_now": 100}
-    produce(broker.bootstrap, settings.events_topic,
-            [("n1", {**hb, "seq": 1, "wall_ms": 0}), ("n1", {**hb, "seq": 2, "wall_ms": 2_000, "mvcc_now": 200})])
-    q = build_query(spark, settings, str(tmp_path / "ckpt"))
-    try:
-        q.processAllAvailable()
-    finally:
-        q.stop()
-    assert [d["safe_ts"] for d in read_topic(broker.bootstrap, settings.directives_topic)] == [200]
+    python = load_settings(flags={**base, "directives_topic": f"{tag}.d-python", "source_format": "python"}, environ={})
+    ensure_topics(python.librdkafka(), topic_specs(python.topics(), 2))
+    ensure_topics(builtin.librdkafka(), topic_specs(builtin.topics(), 2))
+    log = generate_log(SimConfig(nodes=4, rate=200, long_reader_share=0.02, long_reader_ms=(300, 2_000)), 6_000, seed=3)
+    produce(broker.bootstrap, python.events_topic, [(key_of(e), e) for e in log])
+    results = []
+    for settings, name in ((python, "python"), (builtin, "kafka")):
+        q = build_query(spark, settings, str(tmp_path / f"ckpt-{name}"))
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+        results.append(read_topic(broker.bootstrap, settings.directives_topic))
+    assert results[0] and results[0] == results[1]
