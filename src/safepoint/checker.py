@@ -94,6 +94,8 @@ def validate_event(value: bytes | str | None) -> tuple[dict[str, Any] | None, st
         obj = json.loads(value)
     except (ValueError, RecursionError):
         return None, "not JSON"
+    if "\\u" in value and not _encodable(obj):
+        return None, "a string holds a lone UTF-16 surrogate"
     if not isinstance(obj, dict):
         return None, "not an object"
     if not _is_int(obj.get("v")) or obj["v"] != 1:
@@ -120,6 +122,24 @@ def validate_event(value: bytes | str | None) -> tuple[dict[str, Any] | None, st
     if why:
         return None, why
     return obj, None
+
+
+def _encodable(obj: Any) -> bool:
+    """Every string (keys included) can be written as UTF-8: JSON may escape a lone surrogate."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return False
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return True
 
 
 def _deep_errors(kind: str, obj: dict[str, Any]) -> str | None:
@@ -591,9 +611,9 @@ def check_logs(
 def _show(value: bytes | str | None) -> str:
     if isinstance(value, bytes):
         try:
-            value = value.decode("utf-8")
+            return repr(value.decode("utf-8"))[:160]
         except UnicodeDecodeError:
-            value = "base64:" + base64.b64encode(value).decode("ascii")
+            return "base64:" + base64.b64encode(value).decode("ascii")[:160]
     return repr(value)[:160]
 
 
@@ -629,13 +649,12 @@ def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 120.0) -> It
                     msg = f"reading {topic}[{p}] stopped at offset {pos} of {high} after {timeout_s:.0f} s"
                     raise TimeoutError(msg)
                 for m in consumer.consume(2000, 1.0):
-                    if m.error():
+                    offset = m.offset()
+                    if m.error() or offset is None or offset < pos:
                         continue
-                    if m.offset() < pos:
-                        continue
-                    pos = m.offset() + 1
+                    pos = offset + 1
                     deadline = time.monotonic() + timeout_s
-                    yield p, m.offset(), m.key(), m.value()
+                    yield p, offset, m.key(), m.value()
                     if pos >= high:
                         break
             consumer.unassign()

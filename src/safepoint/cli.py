@@ -125,6 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 300]")
     p.add_argument("--checkpoint", default=None, help=f"checkpoint directory [env {env_name('checkpoint')}; default: temporary]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+
+    p = sub.add_parser("soak", help="simulator + job for a set time, then an independent safety/liveness check")
+    p.add_argument("--duration", type=float, default=None, help=f"seconds of simulated load [env {env_name('duration')}; default 300]")
+    p.add_argument("--nodes", type=int, default=None, help=f"simulated nodes [env {env_name('nodes')}; default 5]")
+    p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 200]")
+    p.add_argument(
+        "--bad-rate", type=float, default=None, help=f"extra bad messages per event [env {env_name('bad_rate')}; default 0.002]"
+    )
+    p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
+    p.add_argument("--report", default=None, help=f"also write the report as JSON to this file [env {env_name('report')}]")
+
+    # everything after "bench" goes to benchmarks/bench.py as is ("+" prefix: no "-" flag is taken here)
+    p = sub.add_parser("bench", help="benchmark: raw consume, plain consumer and the job (see README, Benchmark)",
+                       prefix_chars="+", add_help=False)
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -264,7 +279,36 @@ def cmd_view(args: argparse.Namespace) -> int:
     return follow(_settings(args), _env_or(args, "duration", None, float))
 
 
-COMMANDS = {"view": cmd_view, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo}
+def cmd_soak(args: argparse.Namespace) -> int:
+    from safepoint.soak import SoakConfig, run_soak
+
+    cfg = SoakConfig(
+        duration_s=_env_or(args, "duration", 300.0, float),
+        nodes=_env_or(args, "nodes", 5, int),
+        rate=_env_or(args, "rate", 200.0, float),
+        bad_rate=_env_or(args, "bad_rate", 0.002, float),
+        seed=_env_or(args, "seed", 0, int),
+    )
+    return run_soak(cfg, _env_or(args, "report", None, str))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run benchmarks/bench.py of this source checkout (it is not part of the installed package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
+    spec = importlib.util.spec_from_file_location("safepoint_bench", path) if path.exists() else None
+    if spec is None or spec.loader is None:
+        msg = f"safepoint bench runs from a source checkout: {path} not found"
+        raise SafepointError(msg)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    rc: int = module.main(list(args.bench_args))
+    return rc
+
+COMMANDS = {"view": cmd_view, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

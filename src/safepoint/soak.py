@@ -20,17 +20,19 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from safepoint.checker import CheckResult, check_kafka
+from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
 __all__ = ["SoakConfig", "Sample", "run_soak", "sample_processes", "dir_size", "growth", "format_report"]
 
 FLAT_GROWTH = 0.20
-"""A figure is flat after warm-up when it grew by less than this from the end of the first third."""
+"""A figure is flat after warm-up when it grew by less than this (see ``growth``)."""
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,13 @@ class SoakConfig:
     bad_rate: float = 0.002
     seed: int = 0
     sample_s: float = 10.0
-    long_reader_share: float = 0.003
-    """Share of readers that stay open 8-30 s (the rest: 5-400 ms)."""
+    long_reader_share: float = 0.001
+    """Share of readers that stay open 8-30 s (the rest: 5-400 ms): one every ten seconds or so at 200 events/s."""
     restart_per_node_per_min: float = 0.5
+    min_batches_to_retain: int = 20
+    """spark.sql.streaming.minBatchesToRetain for the soak (Spark's default: 100). The checkpoint keeps
+    the files of this many batches, so its size levels off after them plus a maintenance pass: a
+    short window lets a few minutes tell real state growth from file retention."""
     policy: dict[str, Any] = field(
         default_factory=lambda: {
             "retention": 1_000_000,
@@ -65,6 +71,8 @@ class Sample:
     state_bytes: int
     checkpoint_bytes: int
     workers: int
+    batch: int | None = None
+    """The job's last completed micro-batch, None before the first."""
 
 
 def sample_processes() -> dict[str, int]:
@@ -102,13 +110,23 @@ def dir_size(path: str | Path) -> int:
     return total
 
 
-def growth(samples: list[Sample], attr: str, duration_s: float) -> float | None:
-    """Relative growth of ``attr`` from the first sample after the first third of the run to the last."""
-    after = [s for s in samples if s.t_s >= duration_s / 3 and getattr(s, attr) > 0]
-    if len(after) < 2:
+def growth(samples: list[Sample], attr: str, min_batch: int = 0) -> float | None:
+    """Growth of ``attr`` after warm-up: the mean of the last third of the job's processing time
+    against the mean of the middle third (the first third is warm-up). Processing time starts at
+    the first sample taken once batch ``min_batch`` completed (for the checkpoint's state: once
+    the window of retained batches has filled, before which it grows by construction); a mean
+    smooths the saw-tooth of files that maintenance deletes now and then. None when a third has
+    no sample."""
+    running = [s for s in samples if s.batch is not None and s.batch >= min_batch] or samples
+    if len(running) < 3:
         return None
-    ref, end = getattr(after[0], attr), getattr(after[-1], attr)
-    return float(end - ref) / ref
+    t0, t1 = running[0].t_s, running[-1].t_s
+    third = (t1 - t0) / 3
+    middle: list[int] = [getattr(s, attr) for s in running if t0 + third <= s.t_s < t0 + 2 * third]
+    last: list[int] = [getattr(s, attr) for s in running if s.t_s >= t0 + 2 * third]
+    if not middle or not last or sum(middle) <= 0:
+        return None
+    return (sum(last) / len(last)) / (sum(middle) / len(middle)) - 1.0
 
 
 class _Accounting:
@@ -119,7 +137,7 @@ class _Accounting:
         self.batches = 0
 
     def attach(self, spark: Any) -> None:
-        from pyspark.sql.streaming import StreamingQueryListener
+        from pyspark.sql.streaming.listener import StreamingQueryListener
 
         outer = self
 
@@ -187,16 +205,25 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         )
         start = time.monotonic()
         sim.start()
-        spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-soak")
+        spark = build_session(
+            settings.spark_master,
+            settings.shuffle_partitions,
+            app="safepoint-soak",
+            extra={
+                "spark.sql.streaming.minBatchesToRetain": str(cfg.min_batches_to_retain),
+                "spark.sql.streaming.stateStore.maintenanceInterval": "10s",
+            },
+        )
         try:
             accounting.attach(spark)
         except Exception as exc:  # noqa: BLE001 - the figures are a bonus; the checker does the accounting
             print(f"soak: no job accounting listener ({exc})", file=out)
-        query = build_query(spark, settings)
+        query = running = build_query(spark, settings)
         state_dir = os.path.join(checkpoint, "state")
 
         def sample() -> Sample:
             procs = sample_processes()
+            prog = running.lastProgress
             s = Sample(
                 t_s=round(time.monotonic() - start, 1),
                 jvm_rss=procs["jvm"],
@@ -205,10 +232,12 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
                 state_bytes=dir_size(state_dir),
                 checkpoint_bytes=dir_size(checkpoint),
                 workers=procs["workers_n"],
+                batch=prog["batchId"] if prog else None,
             )
             samples.append(s)
             return s
 
+        every = min(cfg.sample_s, max(2.0, cfg.duration_s / 8))  # short runs still get several samples
         next_sample = time.monotonic()
         while sim.is_alive():
             if not query.isActive:
@@ -216,12 +245,11 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
                 return 2
             if time.monotonic() >= next_sample:
                 s = sample()
-                next_sample += cfg.sample_s
-                prog = query.lastProgress
-                batch = f"batch {prog['batchId']}" if prog else "starting"
+                next_sample = max(next_sample + every, time.monotonic())
+                batch = "starting" if s.batch is None else f"batch {s.batch}"
                 print(
                     f"soak: t+{s.t_s:5.0f}s {batch}: jvm {_mb(s.jvm_rss)}, workers {_mb(s.workers_rss)} ({s.workers}), "
-                    f"driver {_mb(s.driver_rss)}, state {_mb(s.state_bytes)}",
+                    f"driver {_mb(s.driver_rss)}, state {_mb(s.state_bytes)}, checkpoint {_mb(s.checkpoint_bytes)}",
                     file=out,
                     flush=True,
                 )
@@ -254,6 +282,12 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         if not result.safety_ok:
             return 1
         return 0 if result.liveness_ok and result.accounting_ok else 3
+    except SafepointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a failed run is exit 2, never mistaken for a safety failure (1)
+        traceback.print_exc()
+        print(f"soak: the run failed: {exc}", file=out, flush=True)
+        return 2
     finally:
         if query is not None and query.isActive:
             query.stop()
@@ -264,7 +298,9 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
 
 
 def _mb(n: int | float | None) -> str:
-    return "n/a" if n is None else f"{n / 1e6:.0f} MB"
+    if n is None:
+        return "n/a"
+    return f"{n / 1e6:.0f} MB" if n >= 10e6 else f"{n / 1e3:.0f} kB"
 
 
 def _report(
@@ -281,11 +317,11 @@ def _report(
     last = samples[-1] if samples else None
     flat: dict[str, Any] = {}
     for attr in ("jvm_rss", "workers_rss", "driver_rss", "state_bytes"):
-        g = growth(samples, attr, run_s)
+        g = growth(samples, attr, cfg.min_batches_to_retain if attr == "state_bytes" else 0)
         flat[attr] = {
             "start": getattr(first, attr) if first else None,
             "end": getattr(last, attr) if last else None,
-            "growth_after_first_third": g,
+            "growth_after_warmup": g,
             "flat": g is not None and g < FLAT_GROWTH,
         }
     return {
@@ -346,13 +382,15 @@ def format_report(report: dict[str, Any]) -> str:
         f"= retention + longest hold {c['longest_hold_ms'] / 1000:.1f} s + lease + directive interval; {c['lag_samples']} samples)"
     )
     lines.append(f"accounting: {'OK' if report['accounting_ok'] else 'FAILED'}")
+    if report.get("simulator_exit"):
+        lines.append(f"  note: the simulator exited with {report['simulator_exit']} (failed deliveries)")
     for name, label in (("jvm_rss", "JVM RSS"), ("workers_rss", "Python workers RSS"), ("driver_rss", "driver RSS"),
                         ("state_bytes", "state size")):
         f = report["flat"][name]
-        g = f["growth_after_first_third"]
+        g = f["growth_after_warmup"]
         gs = "n/a" if g is None else f"{g * 100:+.0f}%"
         lines.append(
-            f"{label}: start {_mb(f['start'])}, end {_mb(f['end'])}, after the first third {gs} "
+            f"{label}: start {_mb(f['start'])}, end {_mb(f['end'])}, last third vs middle third {gs} "
             f"-> {'flat' if f['flat'] else 'NOT flat'}"
         )
     for note in c["notes"][:5]:

@@ -96,7 +96,10 @@ def parse(value: bytes | str | None, max_bytes: int) -> dict[str, Any] | Rejecte
     if value is None:
         return Rejected("empty message: the value is null")
     if isinstance(value, str):
-        size = len(value.encode("utf-8", "surrogatepass"))
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as exc:
+            return Rejected(f"not UTF-8: {exc.reason} at character {exc.start}")
         text = value
     else:
         size = len(value)
