@@ -130,15 +130,16 @@ class KafkaInputPartition(InputPartition):
 
 class KafkaStreamReader(DataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
-        self.options = dict(options)
+        # Spark hands a Python data source its options with lower-cased keys.
+        self.options = {k.lower(): v for k, v in options.items()}
         if "bootstrap.servers" not in self.options or "subscribe" not in self.options:
             msg = "safepoint_kafka source needs options bootstrap.servers and subscribe"
             raise ValueError(msg)
         self.topic = self.options["subscribe"]
-        self.starting = self.options.get("startingOffsets", "earliest")
-        limit = self.options.get("maxOffsetsPerTrigger")
+        self.starting = self.options.get("startingoffsets", "earliest")
+        limit = self.options.get("maxoffsetspertrigger")
         self.max_rows = int(limit) if limit else None
-        self.timeout_s = float(self.options.get("readTimeoutSeconds", "120"))
+        self.timeout_s = float(self.options.get("readtimeoutseconds", "120"))
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -260,38 +261,87 @@ class KafkaWriterCommit(WriterCommitMessage):
         self.count = count
 
 
+_DELIVERY_POLL_S = 0.1
+_MAX_PRODUCER_REBUILDS = 3
+
+
+def _fatal(exc: BaseException) -> bool:
+    """Whether the producer is dead for good (e.g. OUT_OF_ORDER_SEQUENCE_NUMBER once a broker
+    lost acknowledged data): it never sends again and must be rebuilt. confluent-kafka 2.16.1's
+    ``flush()`` can raise ``SystemError`` in that state; ``poll()`` raises ``KafkaException``."""
+    if isinstance(exc, SystemError):
+        return True
+    return _fatal_error(exc.args[0] if exc.args else None)
+
+
+def _fatal_error(err: Any) -> bool:
+    """A ``KafkaError`` that is fatal, or ``_FATAL`` (what a dead producer's ``produce()`` raises)."""
+    from confluent_kafka import KafkaError
+
+    return isinstance(err, KafkaError) and (err.fatal() or err.code() == KafkaError._FATAL)
+
+
 class KafkaStreamWriter(DataSourceStreamWriter):
     def __init__(self, options: Mapping[str, str]) -> None:
         self.options = dict(options)
-        self.flush_timeout_s = float(self.options.get("flushTimeoutSeconds", "60"))
+        # Spark lower-cases a Python data source's option keys
+        self.flush_timeout_s = float(self.options.get("flushtimeoutseconds", self.options.get("flushTimeoutSeconds", "60")))
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        """Produce the task's rows and wait for every delivery (``poll()`` until the flush
+        timeout, not ``flush()``). A fatal producer error drops the producer and sends again, on a
+        new one, every row whose delivery was not confirmed (at most ``_MAX_PRODUCER_REBUILDS``
+        times); any other failure fails the task so that Spark retries it."""
         from confluent_kafka import KafkaException
 
+        rows = [(row["topic"], row["key"], row["value"]) for row in iterator]
+        pending = list(range(len(rows)))
+        rebuilds = 0
+        while True:
+            delivered: dict[int, Any] = {}  # row index -> delivery error (None: delivered)
+            error: BaseException | None = None
+            try:
+                self._send(rows, pending, delivered)
+            except (KafkaException, BufferError, SystemError) as exc:
+                error = exc
+            fatal = (error is not None and _fatal(error)) or any(_fatal_error(err) for err in delivered.values())
+            if fatal and rebuilds < _MAX_PRODUCER_REBUILDS:
+                _PRODUCERS.clear()  # the dead producer is never polled again: its late reports go nowhere
+                rebuilds += 1
+                pending = [i for i in pending if i not in delivered or delivered[i] is not None]
+                log.warning("the Kafka producer failed fatally (%s); sending %d message(s) again on a new one",
+                            error or "delivery error", len(pending))
+                continue
+            if error is not None:
+                _PRODUCERS.clear()
+                msg = f"producing to Kafka failed: {error}"
+                raise RuntimeError(msg) from error
+            failures = [f"{rows[i][0]}: {err}" for i, err in delivered.items() if err is not None]
+            remaining = len(pending) - len(delivered)
+            if remaining or failures:
+                _PRODUCERS.clear()
+                msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
+                raise RuntimeError(msg)
+            return KafkaWriterCommit(len(rows))
+
+    def _send(self, rows: list[tuple[str, Any, Any]], pending: list[int], delivered: dict[int, Any]) -> None:
+        """Produce ``rows[i]`` for each pending ``i`` in order, then poll until each has its
+        delivery report in ``delivered`` or the flush timeout has passed."""
         producer = _producer(self.options)
-        failures: list[str] = []
 
-        def on_delivery(err: Any, msg: Any) -> None:
-            if err is not None:
-                failures.append(f"{msg.topic()}: {err}")
+        def report(i: int) -> Any:
+            def on_delivery(err: Any, msg: Any) -> None:
+                delivered[i] = err
 
-        count = 0
-        try:
-            for row in iterator:
-                key = row["key"]
-                producer.produce(row["topic"], value=row["value"], key=key, on_delivery=on_delivery)
-                producer.poll(0)
-                count += 1
-            remaining = producer.flush(self.flush_timeout_s)
-        except (KafkaException, BufferError) as exc:
-            _PRODUCERS.clear()  # a fatal producer (e.g. after a broker crash) is rebuilt on retry
-            msg = f"producing to Kafka failed: {exc}"
-            raise RuntimeError(msg) from exc
-        if remaining or failures:
-            _PRODUCERS.clear()
-            msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
-            raise RuntimeError(msg)
-        return KafkaWriterCommit(count)
+            return on_delivery
+
+        for i in pending:
+            topic, key, value = rows[i]
+            producer.produce(topic, value=value, key=key, on_delivery=report(i))
+            producer.poll(0)
+        deadline = time.monotonic() + self.flush_timeout_s
+        while len(delivered) < len(pending) and time.monotonic() < deadline:
+            producer.poll(_DELIVERY_POLL_S)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Each task flushed its own messages before reporting success."""
