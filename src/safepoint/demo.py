@@ -166,6 +166,8 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         bootstrap=broker.bootstrap,
         checkpoint=checkpoint,
         **_demo_policy(settings),
+        # local[2]: two tasks per stateful stage start their Python workers faster than four
+        shuffle_partitions=2 if settings.shuffle_partitions == Settings().shuffle_partitions else settings.shuffle_partitions,
     )
     print(f"broker ready at {broker.bootstrap}; retention {settings.retention} us, lease {settings.node_lease_ms} ms", flush=True)
     spark = query = view = None
