@@ -182,24 +182,54 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
-class Reader:
+class _Handle:
+    """What readers and transactions share: the reporter, the optional fields, the expiry."""
+
+    __slots__ = ("_reporter", "label", "groups", "namespace", "opened_wall_ms", "_state", "_on_expire", "_expiry")
+
+    def __init__(
+        self,
+        reporter: Reporter,
+        label: str | None,
+        groups: Sequence[str] | None,
+        namespace: str | None,
+        on_expire: ExpireCallback | None,
+    ) -> None:
+        self._reporter = reporter
+        self.label = label
+        self.groups = list(groups) if groups is not None else None
+        self.namespace = namespace
+        self.opened_wall_ms: int | None = None
+        self._state = "new"
+        self._on_expire = on_expire
+        self._expiry: ExpireDirective | None = None
+
+    @property
+    def expired(self) -> bool:
+        """True once the safe-point service expired this handle (see :meth:`Reporter.expire`)."""
+        return self._expiry is not None
+
+    @property
+    def expiry(self) -> ExpireDirective | None:
+        """The expire directive that applies to this handle (the hard one after an escalation), or None."""
+        return self._expiry
+
+    def _base_entry(self, id_key: str, ident: str, ts_key: str, ts: int | None) -> dict[str, Any]:
+        """The handle as it appears in a snapshot's readers or txs."""
+        entry: dict[str, Any] = {id_key: ident, ts_key: ts}
+        _add_optional(entry, self.label, self.namespace, self.groups)
+        if self.opened_wall_ms is not None:
+            entry["opened_wall_ms"] = self.opened_wall_ms
+        return entry
+
+
+class Reader(_Handle):
     """One snapshot reader. ``with`` publishes ``reader_open`` on enter and ``reader_close`` on exit.
 
     Made by :meth:`Reporter.reader`; :meth:`open` and :meth:`close` do the same without ``with``.
     """
 
-    __slots__ = (
-        "_reporter",
-        "reader_id",
-        "read_ts",
-        "label",
-        "groups",
-        "namespace",
-        "opened_wall_ms",
-        "_state",
-        "_on_expire",
-        "_expiry",
-    )
+    __slots__ = ("reader_id", "read_ts")
 
     def __init__(
         self,
@@ -211,30 +241,14 @@ class Reader:
         namespace: str | None,
         on_expire: ExpireCallback | None = None,
     ) -> None:
-        self._reporter = reporter
+        super().__init__(reporter, label, groups, namespace, on_expire)
         self.read_ts: int | None = read_ts
         self.reader_id = reader_id
-        self.label = label
-        self.groups = list(groups) if groups is not None else None
-        self.namespace = namespace
-        self.opened_wall_ms: int | None = None
-        self._state = "new"  # new -> open -> closed | expired (released because of an expiry)
-        self._on_expire = on_expire
-        self._expiry: ExpireDirective | None = None
+        # _state: new -> open -> closed | expired (released because of an expiry)
 
     @property
     def is_open(self) -> bool:
         return self._state == "open"
-
-    @property
-    def expired(self) -> bool:
-        """True once the safe-point service expired this reader (see :meth:`Reporter.expire`)."""
-        return self._expiry is not None
-
-    @property
-    def expiry(self) -> ExpireDirective | None:
-        """The expire directive that applies to this reader (the hard one after an escalation), or None."""
-        return self._expiry
 
     def check(self) -> None:
         """An operation boundary: raise :class:`~safepoint.errors.ReaderExpired` if the reader was expired.
@@ -275,11 +289,7 @@ class Reader:
             raise self._reporter._expired_error(self)
 
     def _entry(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"reader_id": self.reader_id, "read_ts": self.read_ts}
-        _add_optional(entry, self.label, self.namespace, self.groups)
-        if self.opened_wall_ms is not None:
-            entry["opened_wall_ms"] = self.opened_wall_ms
-        return entry
+        return self._base_entry("reader_id", self.reader_id, "read_ts", self.read_ts)
 
     def __repr__(self) -> str:
         return f"Reader({self.reader_id!r}, read_ts={self.read_ts}, {self._state})"
@@ -297,7 +307,7 @@ class Reader:
         return self.read_ts
 
 
-class Transaction:
+class Transaction(_Handle):
     """One read-write transaction. ``with`` publishes ``tx_begin``, then ``tx_end`` on exit.
 
     On a normal exit the outcome is ``commit``, on an exception ``abort``, unless :meth:`end` was
@@ -306,22 +316,7 @@ class Transaction:
     (and in :meth:`Reporter.snapshot`) until :meth:`end` is called with the decision.
     """
 
-    __slots__ = (
-        "_reporter",
-        "tx_id",
-        "begin_ts",
-        "label",
-        "groups",
-        "namespace",
-        "opened_wall_ms",
-        "coordinator",
-        "participants",
-        "outcome",
-        "commit_ts",
-        "_state",
-        "_on_expire",
-        "_expiry",
-    )
+    __slots__ = ("tx_id", "begin_ts", "coordinator", "participants", "outcome", "commit_ts")
 
     def __init__(
         self,
@@ -333,20 +328,14 @@ class Transaction:
         namespace: str | None,
         on_expire: ExpireCallback | None = None,
     ) -> None:
-        self._reporter = reporter
+        super().__init__(reporter, label, groups, namespace, on_expire)
         self.begin_ts: int | None = begin_ts
         self.tx_id = tx_id
-        self.label = label
-        self.groups = list(groups) if groups is not None else None
-        self.namespace = namespace
-        self.opened_wall_ms: int | None = None
         self.coordinator: str | None = None
         self.participants: list[str] | None = None
         self.outcome: Outcome | None = None
         self.commit_ts: int | None = None
-        self._state = "new"  # new -> open [-> prepared] -> ended | expired (aborted because of an expiry)
-        self._on_expire = on_expire
-        self._expiry: ExpireDirective | None = None
+        # _state: new -> open [-> prepared] -> ended | expired (aborted because of an expiry)
 
     @property
     def is_open(self) -> bool:
@@ -355,16 +344,6 @@ class Transaction:
     @property
     def prepared(self) -> bool:
         return self._state == "prepared"
-
-    @property
-    def expired(self) -> bool:
-        """True once the safe-point service expired this transaction (see :meth:`Reporter.expire`)."""
-        return self._expiry is not None
-
-    @property
-    def expiry(self) -> ExpireDirective | None:
-        """The expire directive that applies to this transaction (the hard one after an escalation), or None."""
-        return self._expiry
 
     def check(self) -> None:
         """An operation boundary: raise :class:`~safepoint.errors.ReaderExpired` if the transaction was expired.
@@ -462,10 +441,7 @@ class Transaction:
             self.end("abort")
 
     def _entry(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"tx_id": self.tx_id, "begin_ts": self.begin_ts}
-        _add_optional(entry, self.label, self.namespace, self.groups)
-        if self.opened_wall_ms is not None:
-            entry["opened_wall_ms"] = self.opened_wall_ms
+        entry = self._base_entry("tx_id", self.tx_id, "begin_ts", self.begin_ts)
         if self._state == "prepared":
             entry["prepared"] = True
             entry["coordinator"] = self.coordinator
