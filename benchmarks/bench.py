@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from safepoint.soak import dir_size
+
 START_MS = 1_700_000_000_000
 PROTO = "@@BENCH "
 HERE = Path(__file__).resolve()
@@ -77,18 +79,6 @@ def percentile(values: list[float], p: float) -> float | None:
     lo = int(k)
     hi = min(lo + 1, len(xs) - 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def dir_size(path: str | Path) -> int:
-    """Apparent bytes of the files under ``path`` (what ``du --apparent-size -b`` says)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                continue
-    return total
 
 
 def proc_tree(pid: int) -> dict[str, list[Any]]:
