@@ -530,6 +530,7 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         spark_master=spec["master"],
         shuffle_partitions=spec["shuffle_partitions"],
         starting_offsets="earliest",
+        fast_path=spec.get("fast_path", True),
     )
 
 
@@ -692,6 +693,7 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
         state_dir = os.path.join(settings.checkpoint, "state")
         result = {
             "master": settings.spark_master,
+            "path": "fast" if settings.fast_path else "plain",
             "session_s": session_s,
             "total_s": t_end - t0,
             "batches": [_progress_row(seen[b]) for b in sorted(seen)],
@@ -762,6 +764,7 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
         state_dir = os.path.join(settings.checkpoint, "state")
         result = {
             "master": settings.spark_master,
+            "path": "fast" if settings.fast_path else "plain",
             "session_s": session_s,
             "batches": [_progress_row(seen[b]) for b in sorted(seen)],
             "rss_peak": sampler.peak,
@@ -841,6 +844,7 @@ def summarize_tp(res: dict[str, Any], holds: int) -> dict[str, Any]:
     cpu = res.get("cpu_after_batch0") or {}
     return {
         "master": res["master"],
+        "path": res.get("path", "fast"),
         "batches": len(batches),
         "batch0_rows": batches[0]["numInputRows"] if batches else None,
         "batch0_ms": (batches[0]["durationMs"] or {}).get("triggerExecution") if batches else None,
@@ -934,7 +938,8 @@ def source_ignores_max_offsets() -> str | None:
 
 
 def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: list[tuple[int, str, bytes]], master: str,
-                 tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None) -> dict[str, Any]:
+                 tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None,
+                 fast: bool = True) -> dict[str, Any]:
     topics = make_topics(bootstrap, tag, args.partitions)
     ckpt = work / f"ckpt-{tag}"
     total = len(events)
@@ -942,7 +947,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(ckpt), "master": master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
-        "timeout_s": args.timeout, "profile_rate": args.profile_rate,
+        "timeout_s": args.timeout, "profile_rate": args.profile_rate, "fast_path": fast,
     }
     feeder = Feeder(bootstrap, topics["events"], events, args.max_offsets, ckpt, args.first_batch)
     feeder.start()
@@ -1250,117 +1255,63 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
     }
 
 
-class _KeyedState:
-    """A ValueState stand-in: one value per grouping key, the key set before each call."""
-
-    def __init__(self) -> None:
-        self.data: dict[Any, Any] = {}
-        self.key: Any = None
-
-    def exists(self) -> bool:
-        return self.key in self.data
-
-    def get(self) -> Any:
-        return self.data.get(self.key)
-
-    def update(self, value: Any) -> None:
-        self.data[self.key] = value
-
-    def clear(self) -> None:
-        self.data.pop(self.key, None)
-
-
-class _Handle:
-    def __init__(self) -> None:
-        self.states: dict[str, _KeyedState] = {}
-
-    def getValueState(self, name: str, schema: Any, *a: Any, **k: Any) -> _KeyedState:  # noqa: N802
-        return self.states.setdefault(name, _KeyedState())
-
-
 def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
-    """The job's two processors run locally on the same micro-batches, without Spark.
+    """Both paths' processors run locally on the same micro-batches, without Spark (streaming/local.py).
 
-    Rows are pyspark ``Row`` objects like the ones transformWithState hands over; the state is a
-    dict. What is left between this and the job's real rate is Spark's own cost (Arrow/pickle
-    between JVM and Python, the two shuffles, RocksDB, the source and sink).
+    The fast path is profiled with cProfile on a second pass. What is left between this and the
+    job's real rate is Spark's own cost (Arrow between JVM and Python, the shuffles, RocksDB, the
+    source and sink).
     """
-    from pyspark.sql import Row
-
     from safepoint.core.policy import Policy
-    from safepoint.streaming.processors import ClusterProcessor, NodeProcessor
+    from safepoint.streaming.local import LocalJob
 
     policy = Policy().to_dict()
-    node_p = NodeProcessor(policy, "bench")
-    cluster_p = ClusterProcessor(policy, {"directives": "d", "alerts": "a", "deadletter": "x"})
-    nh, ch = _Handle(), _Handle()
-    node_p.init(nh)  # type: ignore[arg-type]
-    cluster_p.init(ch)  # type: ignore[arg-type]
-    nstate = nh.states["nodes"]
-    cstate = ch.states["cluster"]
+    topics = {"events": "bench", "directives": "d", "alerts": "a", "deadletter": "x"}
     offsets = [0] * partitions
-    rows = []
+    msgs = []
     for key, value in values:
         p = zlib.crc32(key.encode()) % partitions
-        env = json.loads(value)
-        node = env.get("node", "") if env.get("type") not in ("topology", "catalog", "index_build", "rebalance") else ""
-        rows.append(Row(cluster=env.get("cluster", "default"), node=node, partition=p, offset=offsets[p], key=key.encode(),
-                        value=value))
+        msgs.append((p, offsets[p], key.encode(), value))
         offsets[p] += 1
-    stage1_s = stage2_s = 0.0
-    n_out = 0
+    n = len(msgs)
     prof = cProfile.Profile()
 
-    def one_pass(profiled: bool) -> tuple[float, float, int]:
-        nstate.data.clear()
-        cstate.data.clear()
-        s1 = s2 = 0.0
+    def one_pass(fast: bool, profiled: bool) -> tuple[LocalJob, int]:
+        job = LocalJob(policy, topics, fast=fast)
         outs = 0
-        for start in range(0, len(rows), batch_rows):
-            batch = rows[start:start + batch_rows]
-            groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
-            for r in batch:
-                groups[(r["cluster"], r["node"])].append(r)
-            if profiled:
-                prof.enable()
-            t = time.perf_counter()
-            stage_one: dict[str, list[Any]] = defaultdict(list)
-            for key, grp in groups.items():
-                nstate.key = key
-                for out in node_p.handleInputRows(key, iter(grp), None):
-                    stage_one[out["cluster"]].append(out)
-            t1 = time.perf_counter()
-            for cl, grp in stage_one.items():
-                cstate.key = (cl,)
-                for _ in cluster_p.handleInputRows((cl,), iter(grp), None):
-                    outs += 1
-            t2 = time.perf_counter()
-            if profiled:
-                prof.disable()
-            s1 += t1 - t
-            s2 += t2 - t1
-        return s1, s2, outs
+        if profiled:
+            prof.enable()
+        for start in range(0, n, batch_rows):
+            outs += len(job.run_batch(msgs[start:start + batch_rows]))
+        if profiled:
+            prof.disable()
+        return job, outs
 
-    stage1_s, stage2_s, n_out = one_pass(False)
-    one_pass(True)
-    n = len(rows)
-    state_bytes = sum(len(v[0]) for v in nstate.data.values()) + sum(len(v[0]) for v in cstate.data.values())
+    plain, _ = one_pass(False, False)
+    fast, n_out = one_pass(True, False)
+    one_pass(True, True)
+    fs = fast.seconds
+    total = sum(fs.values())
     return {
         "events": n,
         "batch_rows": batch_rows,
-        "node_stage_us_per_event": stage1_s / n * 1e6,
-        "cluster_stage_us_per_event": stage2_s / n * 1e6,
-        "total_us_per_event": (stage1_s + stage2_s) / n * 1e6,
-        "events_per_s": n / (stage1_s + stage2_s),
+        "route_us_per_event": fs["route"] / n * 1e6,
+        "node_stage_us_per_event": fs["stage1"] / n * 1e6,
+        "cluster_stage_us_per_event": fs["stage2"] / n * 1e6,
+        "total_us_per_event": total / n * 1e6,
+        "events_per_s": n / total,
+        "plain_total_us_per_event": sum(plain.seconds.values()) / n * 1e6,
+        "plain_node_stage_us_per_event": plain.seconds["stage1"] / n * 1e6,
+        "plain_cluster_stage_us_per_event": plain.seconds["stage2"] / n * 1e6,
         "outputs": n_out,
-        "state_value_bytes": state_bytes,
-        "top_self": _top_stats(prof, (stage1_s + stage2_s) / n * 1e6),
-        "cumulative_us_per_event": _cum_for(prof, (stage1_s + stage2_s) / n * 1e6, [
-            "engine.py:node_stage", "events.py:parse", "node.py:apply",
-            "processors.py:encode_stage_one", "processors.py:decode_stage_one", "node.py:from_json", "node.py:to_json",
-            "engine.py:cluster_stage", "cluster.py:from_json", "cluster.py:to_json", "cluster.py:_directive",
-            "codec.py:encode", "processors.py:merge_log_order", "json/__init__.py:dumps", "json/__init__.py:loads",
-            "pyspark/sql/types.py:__new__", "pyspark/sql/types.py:__getitem__",
+        "state_value_bytes": sum(fast.state_bytes()),
+        "plain_state_value_bytes": sum(plain.state_bytes()),
+        "top_self": _top_stats(prof, total / n * 1e6),
+        "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
+            "engine.py:parse_stage", "events.py:parse", "engine.py:apply_stage", "node.py:apply",
+            "node.py:from_json", "node.py:to_json", "engine.py:cluster_stage", "cluster.py:from_json", "cluster.py:to_json",
+            "cluster.py:_directive", "codec.py:encode", "packed.py:merge_items", "packed.py:route",
+            "packed.py:stage_one_bucket", "packed.py:stage_two", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),
     }
 
@@ -1372,6 +1323,7 @@ _PYSPY_GROUPS = [
     ("safepoint core: cluster round (core/cluster.py)", lambda f: "safepoint/core/cluster.py" in f or "sortedcontainers" in f),
     ("safepoint core: engine glue, outputs, codec", lambda f: "safepoint/core/" in f),
     ("processors: stage-one payload JSON encode/decode", lambda f: "encode_stage_one" in f or "decode_stage_one" in f),
+    ("fast path: router, (un)pickling packed rows, state JSON (streaming/packed.py)", lambda f: "streaming/packed.py" in f),
     ("processors: handleInputRows (state JSON, Row fields, sort/merge)", lambda f: "streaming/processors.py" in f),
     ("source: Kafka read (kafka_source.py read)", lambda f: "kafka_source.py" in f and f.startswith(("read ", "KafkaStreamReader.read "))),
     ("sink: Kafka write (kafka_source.py write)", lambda f: "kafka_source.py" in f and "write" in f),
@@ -1609,7 +1561,7 @@ def build_report(res: dict[str, Any]) -> str:
     for tp in res.get("spark_throughput", []):
         s = tp["sustained_events_per_s"]
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(tp["cpu_us_per_event"].items()))
-        L.append(f"| (3a) job {tp['master']}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
+        L.append(f"| (3a) job {tp['master']}{', plain path' if tp.get('path') == 'plain' else ''}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
                  f"{mb(tp['jvm_plus_workers_rss_end'])} (JVM {mb(tp['rss_end'].get('jvm'))} + {tp['rss_end'].get('workers_n')} "
                  f"workers {mb(tp['rss_end'].get('workers'))}; PSS {mb(tp['rss_end'].get('jvm_pss', 0) + tp['rss_end'].get('workers_pss', 0))}) | "
                  f"{tp['batches']} batches{' (feeder late ' + str(tp['feeder_late_chunks']) + 'x)' if tp.get('feeder_late_chunks') else ''}, "
@@ -1694,8 +1646,9 @@ def build_report(res: dict[str, Any]) -> str:
         pp = prof.get("processors_local")
         if pp:
             L.append(f"The job's processors run locally without Spark ({pp['events']:,} events in batches of {pp['batch_rows']:,}): "
-                     f"node stage {pp['node_stage_us_per_event']:.1f} us/event, cluster stage "
-                     f"{pp['cluster_stage_us_per_event']:.1f} us/event, {fmt_rate(pp['events_per_s'])} ev/s. Cumulative us/event: "
+                     f"fast path: router {pp['route_us_per_event']:.1f} us/event, node stage {pp['node_stage_us_per_event']:.1f}, "
+                     f"cluster stage {pp['cluster_stage_us_per_event']:.1f}, {fmt_rate(pp['events_per_s'])} ev/s; plain path "
+                     f"{pp['plain_total_us_per_event']:.1f} us/event. Fast path cumulative us/event: "
                      + ", ".join(f"`{k}` {v:.1f}" for k, v in sorted(pp["cumulative_us_per_event"].items(), key=lambda kv: -kv[1])))
             L.append("")
         pl = prof.get("plain_core")
@@ -1716,7 +1669,7 @@ def build_report(res: dict[str, Any]) -> str:
 def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     plain = (res.get("plain") or {}).get("events_per_s")
-    tps = {t["master"]: t for t in res.get("spark_throughput", [])}
+    tps = {t["master"]: t for t in res.get("spark_throughput", []) if t.get("path", "fast") == "fast"}
     best = max((t["sustained_events_per_s"] or 0 for t in tps.values()), default=0) or None
     best_master = max(tps.values(), key=lambda t: t["sustained_events_per_s"] or 0)["master"] if tps else None
     r = best / plain if best and plain else None
@@ -1757,7 +1710,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 def findings(res: dict[str, Any]) -> list[str]:
     """Plain-language top findings from the numbers (the .md and the console)."""
     out: list[str] = []
-    tps = res.get("spark_throughput", [])
+    tps = [t for t in res.get("spark_throughput", []) if t.get("path", "fast") == "fast"]
     t2 = next((t for t in tps if t["master"] == "local[2]"), tps[-1] if tps else None)
     prof = res.get("profile", {})
     pp = prof.get("processors_local")
@@ -1794,11 +1747,11 @@ def findings(res: dict[str, Any]) -> list[str]:
                        f"({r['backlog_at_end_of_pacing']:,} events of backlog when pacing ended).")
     if pp and pl:
         out.append(
-            f"Python work per event in the job's processors, measured without Spark: {pp['total_us_per_event']:.1f} us "
-            f"(node stage {pp['node_stage_us_per_event']:.1f}, cluster stage {pp['cluster_stage_us_per_event']:.1f}) vs "
-            f"{pl['us_per_event']:.1f} us for Engine.process alone: the two-stage split (stage-one rows JSON-encoded "
-            "and decoded again, Row field access, per-group state JSON) is not where the time goes; Spark's own "
-            "per-row, per-key and per-batch costs are."
+            f"Python work per event in the job's processors, measured without Spark: fast path "
+            f"{pp['total_us_per_event']:.1f} us (router {pp['route_us_per_event']:.1f}, node stage "
+            f"{pp['node_stage_us_per_event']:.1f}, cluster stage {pp['cluster_stage_us_per_event']:.1f}), plain path "
+            f"{pp['plain_total_us_per_event']:.1f} us, Engine.process alone {pl['us_per_event']:.1f} us. Stage state "
+            f"values at the end: fast {pp['state_value_bytes']:,} B, plain {pp['plain_state_value_bytes']:,} B."
         )
     jf = prof.get("jfr")
     if jf and jf.get("groups"):
@@ -1837,6 +1790,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trigger-ms", type=int, default=500, help="processing-time trigger of the job (the job's default)")
     p.add_argument("--masters", default="local[1],local[2]", help="Spark masters of the throughput runs")
     p.add_argument("--latency-master", default="local[2]")
+    p.add_argument("--paths", default="fast,plain",
+                   help="fast: the masters' runs use the fast path (the default); plain: add a local[2] run of the plain path")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of event time sent before pacing (first batch, excluded)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="most seconds to wait for the job to catch up after pacing")
     p.add_argument("--timeout", type=float, default=600.0, help="most seconds for one Spark run")
@@ -1931,6 +1886,12 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"(3a) job {master}: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0 "
                     f"({tp['batches']} batches), RSS JVM+workers {mb(tp['jvm_plus_workers_rss_end'])}, state dir "
                     f"{mb(tp['state_dir_bytes'])}, {tp['directives']} directives")
+            if "plain" in [x.strip() for x in args.paths.split(",")]:
+                say("(3a) job local[2], plain path (fast_path = false), over the backlog ...")
+                tp = run_spark_tp(args, work, bootstrap, wl.events, "local[2]", "tp-plain", holds, {"broker": broker_pid},
+                                  fast=False)
+                res["spark_throughput"].append(tp)
+                say(f"(3a) job local[2] plain path: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s")
 
         if "latency" in phases:
             res["latency"] = []
@@ -1970,7 +1931,7 @@ def main(argv: list[str] | None = None) -> int:
             res["profile"] = prof
 
         # state per hold: the local[2] throughput run at the end of the backlog
-        tps = res.get("spark_throughput", [])
+        tps = [t for t in res.get("spark_throughput", []) if t.get("path", "fast") == "fast"]
         t2 = next((t for t in tps if t["master"] == "local[2]"), tps[-1] if tps else None)
         if t2:
             ls = (res.get("plain") or {}).get("state") or {}

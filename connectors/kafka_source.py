@@ -30,6 +30,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from safepoint.gcfreeze import freeze_once
+
 __all__ = ["KafkaDataSource", "SOURCE_SCHEMA", "SINK_COLUMNS", "plan_offsets"]
 
 log = logging.getLogger(__name__)
@@ -189,6 +191,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         from confluent_kafka import KafkaError, TopicPartition
 
         assert isinstance(partition, KafkaInputPartition)
+        freeze_once()
         consumer = _consumer(self.options)
         tp = TopicPartition(partition.topic, partition.partition, partition.start)
         consumer.assign([tp])
@@ -292,6 +295,7 @@ class KafkaStreamWriter(DataSourceStreamWriter):
         timeout, not ``flush()``). A fatal producer error drops the producer and sends again, on a
         new one, every row whose delivery was not confirmed (at most ``_MAX_PRODUCER_REBUILDS``
         times); any other failure fails the task so that Spark retries it."""
+        freeze_once()
         from confluent_kafka import KafkaException
 
         rows = [(row["topic"], row["key"], row["value"]) for row in iterator]

@@ -1,8 +1,13 @@
 """The streaming job: events in, per-node state, per-cluster round, directives and alerts out.
 
-source (safepoint_kafka or kafka) -> from_json envelope (JVM) -> group by (cluster, node)
--> NodeProcessor (transformWithState, RocksDB) -> group by cluster
--> ClusterProcessor (transformWithState, RocksDB) -> sink (topic, key, value)
+Fast path (default, streaming/packed.py):
+source (safepoint_kafka or kafka) -> Router (mapInArrow: parse, pack per cluster and node bucket)
+-> group by (cluster, bucket) -> BucketProcessor (transformWithState, RocksDB) -> group by cluster
+-> PackedClusterProcessor (transformWithState, RocksDB) -> sink (topic, key, value)
+
+Plain path (fast_path = false, streaming/processors.py): one row per message,
+from_json envelope (JVM) -> group by (cluster, node) -> NodeProcessor -> group by cluster
+-> ClusterProcessor -> sink. Both run the same core and give the same outputs.
 """
 
 from __future__ import annotations
@@ -14,6 +19,15 @@ from safepoint.core.events import DEADLETTER_CODES, DEFAULT_CLUSTER
 from safepoint.errors import ConfigError
 from safepoint.schemas import NODE_EVENT_TYPES, load
 from safepoint.settings import Settings
+from safepoint.streaming.packed import (
+    IGNORE_REASONS,
+    METRICS,
+    PACKED_ONE_SCHEMA,
+    ROUTED_SCHEMA,
+    BucketProcessor,
+    PackedClusterProcessor,
+    Router,
+)
 from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
 
 __all__ = ["build_query", "envelope_schema", "read_events", "QUERY_NAME", "kafka_connector_missing", "kafka_options"]
@@ -57,7 +71,6 @@ def require_kafka_connector(spark: Any) -> None:
 
 
 ACCOUNTING = "accounting"
-IGNORE_REASONS = ("duplicate", "older_seq", "stale_incarnation", "stale_version")
 
 
 def accounting_metrics() -> list[Any]:
@@ -77,6 +90,13 @@ def accounting_metrics() -> list[Any]:
     metrics += [count(outcome == f"ignored:{r}").alias(f"ignored_{r}") for r in IGNORE_REASONS]
     metrics += [count(outcome == f"deadlettered:{c}").alias(f"deadlettered_{c}") for c in DEADLETTER_CODES]
     return metrics
+
+
+def packed_metrics() -> list[Any]:
+    """The same counters over the fast path's packed rows, which carry them as columns."""
+    from pyspark.sql import functions as F
+
+    return [F.coalesce(F.sum(m), F.lit(0)).alias(m) for m in METRICS]
 
 
 def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
@@ -106,9 +126,50 @@ def read_events(spark: Any, settings: Settings) -> Any:
     return reader.load().select("partition", "offset", "key", "value")
 
 
+def _stateful(df: Any, keys: list[str], processor: Any, schema: Any) -> Any:
+    """One transformWithState operator (no timers, append) grouped by ``keys``."""
+    return df.groupBy(*keys).transformWithState(
+        statefulProcessor=processor, outputStructType=schema, outputMode="Append", timeMode="None"
+    )
+
+
+def _plain_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+    """One row per message: JVM envelope, group by (cluster, node), group by cluster."""
+    from pyspark.sql import functions as F
+
+    env = F.from_json(F.col("value").cast("string"), envelope_schema())
+    keyed = raw.select(
+        F.coalesce(env.getField("cluster"), F.when(env.isNotNull(), F.lit(DEFAULT_CLUSTER)), F.lit("")).alias("cluster"),
+        F.when(env.getField("type").isin(*NODE_EVENT_TYPES), F.coalesce(env.getField("node"), F.lit("")))
+        .otherwise(F.lit(""))
+        .alias("node"),
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("long").alias("offset"),
+        F.col("key").cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+    )
+    stage_one = _stateful(keyed, ["cluster", "node"], NodeProcessor(policy, settings.events_topic), STAGE_ONE_SCHEMA)
+    stage_one = stage_one.observe(ACCOUNTING, *accounting_metrics())
+    return _stateful(stage_one, ["cluster"], ClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
+
+
+def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+    """Packed rows: parse and pack per Kafka partition, group by (cluster, bucket), group by cluster."""
+    from pyspark.sql import functions as F
+
+    routed = raw.select(
+        F.col("partition").cast("int").alias("partition"),
+        F.col("offset").cast("long").alias("offset"),
+        F.col("key").cast("binary").alias("key"),
+        F.col("value").cast("binary").alias("value"),
+    ).mapInArrow(Router(policy, settings.events_topic, settings.node_buckets), ROUTED_SCHEMA)
+    stage_one = _stateful(routed, ["cluster", "bucket"], BucketProcessor(policy, settings.node_buckets), PACKED_ONE_SCHEMA)
+    stage_one = stage_one.observe(ACCOUNTING, *packed_metrics())
+    return _stateful(stage_one, ["cluster"], PackedClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
+
+
 def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -> Any:
     """Start the streaming query and return it."""
-    from pyspark.sql import functions as F
 
     from safepoint.connectors.kafka_source import KafkaDataSource
 
@@ -121,31 +182,8 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -
         msg = "the job needs a checkpoint directory (--checkpoint)"
         raise ValueError(msg)
     raw = read_events(spark, settings)
-    env = F.from_json(F.col("value").cast("string"), envelope_schema())
-    keyed = raw.select(
-        F.coalesce(env.getField("cluster"), F.when(env.isNotNull(), F.lit(DEFAULT_CLUSTER)), F.lit("")).alias("cluster"),
-        F.when(env.getField("type").isin(*NODE_EVENT_TYPES), F.coalesce(env.getField("node"), F.lit("")))
-        .otherwise(F.lit(""))
-        .alias("node"),
-        F.col("partition").cast("int").alias("partition"),
-        F.col("offset").cast("long").alias("offset"),
-        F.col("key").cast("binary").alias("key"),
-        F.col("value").cast("binary").alias("value"),
-    )
     policy = settings.policy().to_dict()
-    stage_one = keyed.groupBy("cluster", "node").transformWithState(
-        statefulProcessor=NodeProcessor(policy, settings.events_topic),
-        outputStructType=STAGE_ONE_SCHEMA,
-        outputMode="Append",
-        timeMode="None",
-    )
-    stage_one = stage_one.observe(ACCOUNTING, *accounting_metrics())
-    outputs = stage_one.groupBy("cluster").transformWithState(
-        statefulProcessor=ClusterProcessor(policy, settings.topics(), settings.accounting_topic),
-        outputStructType=OUTPUT_SCHEMA,
-        outputMode="Append",
-        timeMode="None",
-    )
+    outputs = (_fast_path if settings.fast_path else _plain_path)(raw, settings, policy)
     builtin = settings.source_format == "kafka"
     writer = outputs.writeStream.format("kafka" if builtin else "safepoint_kafka").queryName(QUERY_NAME)
     for k, v in kafka_options(settings, builtin).items():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import groupby
 from typing import Any
 
@@ -24,8 +24,9 @@ from safepoint.core.engine import Position, StageOne, cluster_stage, node_stage
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES, Output
 from safepoint.core.policy import Policy
+from safepoint.gcfreeze import freeze_once
 
-__all__ = ["NodeProcessor", "ClusterProcessor", "STAGE_ONE_SCHEMA", "OUTPUT_SCHEMA"]
+__all__ = ["NodeProcessor", "ClusterProcessor", "STAGE_ONE_SCHEMA", "OUTPUT_SCHEMA", "run_cluster", "stored_value"]
 
 STAGE_ONE_SCHEMA = StructType(
     [
@@ -70,6 +71,46 @@ def decode_stage_one(cluster: str, payload: str) -> StageOne:
     return StageOne(cluster=cluster, outcome="ignored", reason=data[1])
 
 
+def run_cluster(
+    cluster: str,
+    state: ClusterState | None,
+    entries: Iterable[tuple[int, int, str, StageOne]],
+    policy: Policy,
+    accounting: bool,
+) -> tuple[ClusterState | None, bool, list[tuple[str | None, str, dict[str, Any]]]]:
+    """The cluster stage over (partition, offset, label, stage-one result) in log order.
+
+    Returns the state, whether it was touched, and the outputs as (channel, key, value); channel
+    None is an accounting row. Both paths' cluster processors call this.
+    """
+    touched = False
+    outputs: list[tuple[str | None, str, dict[str, Any]]] = []
+    out: list[Output] = []
+    for partition, offset, label, item in entries:
+        if accounting:
+            outputs.append((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
+        if item.output is not None:
+            out.append(item.output)  # a dead letter touches no state
+        else:
+            if state is None:
+                state = ClusterState(cluster)
+            cluster_stage(state, item, policy, out)
+            touched = True
+        for o in out:
+            outputs.append((o.channel, o.key, o.value))
+        out.clear()
+    return state, touched, outputs
+
+
+def stored_value(state: Any) -> str | None:
+    """The JSON string a processor's value state holds, or None."""
+    if not state.exists():
+        return None
+    value = state.get()
+    assert value is not None
+    return str(value[0])
+
+
 def merge_log_order(rows: list[Any]) -> Iterator[Any]:
     """One batch's rows of a cluster in log order.
 
@@ -92,6 +133,7 @@ class NodeProcessor(StatefulProcessor):
         self.topic = topic
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_once()
         self.policy = Policy.from_dict(self.policy_dict)
         self.state = handle.getValueState("nodes", _STATE_SCHEMA)
 
@@ -99,16 +141,15 @@ class NodeProcessor(StatefulProcessor):
         group_cluster = key[0]
         nodes: dict[tuple[str, str], NodeState] = {}
         gates: dict[str, dict[str, int]] = {}
-        if self.state.exists():
-            stored = self.state.get()
-            assert stored is not None
-            data = json.loads(stored[0])
+        stored = stored_value(self.state)
+        if stored is not None:
+            data = json.loads(stored)
             for item in data["nodes"]:
                 ns = NodeState.from_json(item)
                 nodes[(ns.cluster, ns.node)] = ns
             gates = data["gates"]
         before = (len(nodes), json.dumps(gates, sort_keys=True))
-        ordered = sorted(rows, key=lambda r: r["offset"])
+        ordered = sorted(rows, key=lambda r: (r["offset"], r["partition"]))
         for row in ordered:
             pos = Position(self.topic, row["partition"], row["offset"], row["key"])
             item = node_stage(nodes, row["value"], pos, self.policy, gates)
@@ -137,6 +178,7 @@ class ClusterProcessor(StatefulProcessor):
         self.accounting_topic = accounting_topic
 
     def init(self, handle: StatefulProcessorHandle) -> None:
+        freeze_once()
         self.policy = Policy.from_dict(self.policy_dict)
         self.state = handle.getValueState("cluster", _STATE_SCHEMA)
         self.channel_topic = {
@@ -147,33 +189,22 @@ class ClusterProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[Row], timerValues: Any) -> Iterator[Row]:  # noqa: N802, N803
         cluster = key[0]
-        state: ClusterState | None = None
-        if self.state.exists():
-            stored = self.state.get()
-            assert stored is not None
-            state = ClusterState.from_json(json.loads(stored[0]))
-        touched = False
-        out: list[Output] = []
-        for row in merge_log_order(list(rows)):
-            item = decode_stage_one(cluster, row["payload"])
-            if self.accounting_topic:
-                yield Row(
-                    topic=self.accounting_topic,
-                    key=f"{row['partition']}:{row['offset']}",
-                    value=encode({"partition": row["partition"], "offset": row["offset"], "outcome": row["outcome"]}),
-                )
-            if item.output is not None:
-                out.append(item.output)  # a dead letter touches no state
-            else:
-                if state is None:
-                    state = ClusterState(cluster)
-                cluster_stage(state, item, self.policy, out)
-                touched = True
-            for o in out:
-                yield Row(topic=self.channel_topic[o.channel], key=o.key, value=encode(o.value))
-            out.clear()
+        stored = stored_value(self.state)
+        state = ClusterState.from_json(json.loads(stored)) if stored is not None else None
+        entries = (
+            (row["partition"], row["offset"], row["outcome"], decode_stage_one(cluster, row["payload"]))
+            for row in merge_log_order(list(rows))
+        )
+        state, touched, outputs = run_cluster(cluster, state, entries, self.policy, bool(self.accounting_topic))
+        yield from self.emit(outputs)
         if state is not None and touched:
             self.state.update((json.dumps(state.to_json()),))
+
+    def emit(self, outputs: list[tuple[str | None, str, dict[str, Any]]]) -> Iterator[Row]:
+        """The sink's rows: channel None is an accounting row."""
+        for channel, okey, ovalue in outputs:
+            topic = self.accounting_topic if channel is None else self.channel_topic[channel]
+            yield Row(topic=topic, key=okey, value=encode(ovalue))
 
     def close(self) -> None:
         pass

@@ -59,6 +59,11 @@ class Settings:
     """python: the built-in Python Data Source (no jars); kafka: Spark's own connector (needs its jar)."""
     shuffle_partitions: int = 4
     """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over."""
+    fast_path: bool = True
+    """Pack each micro-batch per (cluster, node bucket) before the shuffle (streaming/packed.py);
+    false moves every message as its own row (the plain path). Same outputs; fixed per checkpoint."""
+    node_buckets: int = 8
+    """Fast path: state groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
     spark_master: str = "local[2]"
     """Spark master URL; "submit" (or empty) takes the one spark-submit was given."""
     retention: int = 0
@@ -174,6 +179,9 @@ def load_settings(
         raise ConfigError(str(exc)) from exc
     if settings.source_format not in ("python", "kafka"):
         msg = f"source_format must be 'python' or 'kafka', got {settings.source_format!r}"
+        raise ConfigError(msg)
+    if settings.node_buckets < 1:
+        msg = f"node_buckets must be at least 1, got {settings.node_buckets}"
         raise ConfigError(msg)
     if settings.starting_offsets not in ("earliest", "latest"):
         msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"

@@ -45,6 +45,14 @@ def band_step(state: list[Any], spec: BandSpec, t: int, value: int) -> tuple[int
     ``since`` is when the condition that caused the change began: the start of the sustained
     breach for a raise, of the sustained recovery for a lowering.
     """
+    if (
+        state[B_LEVEL] == 0
+        and state[B_BREACH1] is None
+        and state[B_BREACH2] is None
+        and value < spec.warning_enter
+        and value < spec.critical_enter
+    ):
+        return None  # normal and staying so, nothing breaching: the state is already canonical
     for lvl, b_idx, r_idx in ((1, B_BREACH1, B_RECOVER1), (2, B_BREACH2, B_RECOVER2)):
         if value >= spec.enter(lvl):
             if state[b_idx] is None:
@@ -70,8 +78,29 @@ def band_step(state: list[Any], spec: BandSpec, t: int, value: int) -> tuple[int
                 break
             level, since = level - 1, began
     if level == old:
+        _canonical(state)
         return None
     state[B_LEVEL] = level
     state[B_SINCE] = t
+    _canonical(state)
     assert since is not None
     return old, level, since
+
+
+def _canonical(state: list[Any]) -> None:
+    """Clear the fields no later decision can read, so equal histories give equal states (and a
+    quiet band is ``new_band()``, which the node's state leaves out). At level L: the breach
+    start of a level <= L is only read to raise above L, and is None again at any lowering (the
+    value is then below that level's exit, so below its enter); the recovery start of a level > L
+    is only read while at that level, and a raise to it happens at a sample at or above its enter,
+    which resets it; ``level_since`` (when the current level was entered) means nothing at normal."""
+    level = state[B_LEVEL]
+    if level >= 1:
+        state[B_BREACH1] = None
+    if level >= 2:
+        state[B_BREACH2] = None
+    if level < 1:
+        state[B_RECOVER1] = None
+        state[B_SINCE] = None
+    if level < 2:
+        state[B_RECOVER2] = None

@@ -146,12 +146,28 @@ class ClusterState:
             if missing:
                 self._missing_groups[node] = missing
 
-    def _unindex(self, node: str, rec: list[Any]) -> None:
-        if rec[N_MIN] is not None:
-            self._mins.discard((rec[N_MIN], node))
-        self._unknown.pop(node, None)
-        self._walls.discard((rec[N_LAST], node))
-        self._missing_groups.pop(node, None)
+    def _reindex(self, node: str, rec: list[Any], old_min: int | None, old_last: int, groups_changed: bool) -> None:
+        """Re-index a member whose record changed, touching only what changed: the indexes end
+        as ``_rebuild`` would make them (dict order aside, which no output depends on)."""
+        new_min = rec[N_MIN]
+        if new_min != old_min:
+            if old_min is not None:
+                self._mins.discard((old_min, node))
+            else:
+                self._unknown.pop(node, None)
+            if new_min is not None:
+                self._mins.add((new_min, node))
+        if new_min is None:
+            self._unknown[node] = rec[N_UNKNOWN] or "unknown"
+        if rec[N_LAST] != old_last:
+            self._walls.discard((old_last, node))
+            self._walls.add((rec[N_LAST], node))
+        if groups_changed and self.topology is not None:
+            missing = sorted(set(self.topology.get(node) or ()) - set(rec[N_GROUPS]))
+            if missing:
+                self._missing_groups[node] = missing
+            else:
+                self._missing_groups.pop(node, None)
 
     # -- inputs -----------------------------------------------------------------------
     def _advance(self, wall: int) -> None:
@@ -167,6 +183,7 @@ class ClusterState:
         self._advance(u.wall_ms)
         rec = self.nodes.get(u.node)
         member = u.node in self._members
+        fresh = rec is None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
             rec = [u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms]
@@ -177,8 +194,7 @@ class ClusterState:
             self._never.discard(u.node)
             self.dirty = True
         else:
-            if member:
-                self._unindex(u.node, rec)
+            old_min, old_last = rec[N_MIN], rec[N_LAST]
             rec[N_INC] = u.incarnation
             rec[N_SEQ] = u.seq
             rec[N_MIN] = u.local_min
@@ -190,7 +206,9 @@ class ClusterState:
                 rec[N_LAST] = u.wall_ms
             if u.changed:
                 self.dirty = True
-        if member:
+            if member:
+                self._reindex(u.node, rec, old_min, old_last, u.groups is not None)
+        if member and fresh:
             self._index(u.node, rec)
         for kind, hid in u.closed:
             self._clear_violation(f"horizon_violation/{u.node}/{kind}/{hid}", out)
@@ -255,6 +273,9 @@ class ClusterState:
         found: dict[str, tuple[str, str, int | None, int | None, str]] = {}
         now = self.cluster_time
         assert now is not None
+        if (not self._never and not self._unknown and not self._missing_groups
+                and (not self._walls or self._walls[0][0] >= now - policy.node_lease_ms)):
+            return found  # the common case, nothing wrong: what the loops below would find
         for node in self._never:
             found[f"missing_node/{node}"] = (
                 "missing_node",
@@ -300,7 +321,7 @@ class ClusterState:
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         found = self.problems(policy)
-        self._sync_abort_alerts(found, out, self._quiet(found, policy))
+        self._sync_abort_alerts(found, out, self._quiet(found, policy) if found else None)
         self._round(found, now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
         self._check_stall(now, policy, out)
@@ -394,6 +415,8 @@ class ClusterState:
         out: list[Output],
         quiet: set[str] | None = None,
     ) -> None:
+        if not found and not self.raised:
+            return
         now = self.cluster_time
         assert now is not None
         for aid in [a for a in self.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:

@@ -17,7 +17,7 @@ from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policy
 
-__all__ = ["Engine", "StageOne", "node_stage", "cluster_stage", "Position"]
+__all__ = ["Engine", "StageOne", "node_stage", "parse_stage", "apply_stage", "cluster_stage", "Position"]
 
 APPLIED = "applied"
 IGNORED = "ignored"
@@ -68,10 +68,28 @@ def node_stage(
     Cluster events pass the version gate of their cluster (``gates``: cluster -> type -> last
     version), so every message's outcome is final here; the cluster stage checks again.
     """
+    event = parse_stage(value, pos, policy)
+    if isinstance(event, StageOne):
+        return event
+    return apply_stage(nodes, event, policy, gates)
+
+
+def parse_stage(value: bytes | str | None, pos: Position, policy: Policy) -> dict[str, Any] | StageOne:
+    """The first half of ``node_stage``: the validated event, or its dead letter."""
     event = parse(value, policy.max_message_bytes)
     if isinstance(event, Rejected):
         out = dead_letter(event.error, value, pos.key, pos.topic, pos.partition, pos.offset)
         return StageOne(cluster="", outcome=DEADLETTERED, reason=event.error, output=out, code=event.code)
+    return event
+
+
+def apply_stage(
+    nodes: dict[tuple[str, str], NodeState],
+    event: dict[str, Any],
+    policy: Policy,
+    gates: dict[str, dict[str, int]] | None = None,
+) -> StageOne:
+    """The second half of ``node_stage``: apply one validated event to its node (or gate)."""
     cluster = event["cluster"]
     if not is_node_event(event):
         if gates is not None:

@@ -65,6 +65,14 @@ class NodeUpdate:
         return cls(*data)
 
 
+def _quiet(band: list[Any]) -> bool:
+    """Normal with nothing breaching: in canonical form (``bands._canonical``) that is ``new_band()``."""
+    return band == _NEW_BAND
+
+
+_NEW_BAND = new_band()
+
+
 class NodeState:
     """The job's view of one node: identity, open readers and transactions, last figures."""
 
@@ -109,37 +117,33 @@ class NodeState:
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return {
-            "c": self.cluster,
-            "n": self.node,
-            "i": self.incarnation,
-            "s": self.seq,
-            "r": self.readers,
-            "t": self.txs,
-            "m": self.mvcc_now,
-            "g": self.groups,
-            "p": self.pinned_bytes,
-            "d": self.debt_bytes,
-            "w": self.last_wall_ms,
-            "x": list(self._summary) if self._summary is not None else None,
-            "pb": self.pinned_band,
-            "ab": self.age_band,
-            "id": self.in_doubt,
-            "ex": self.expiries,
-            "ew": self.expire_walls,
-        }
+        """The node's state for the state store, compact: empty and default fields are left out,
+        and so is a quiet pressure band (``from_json`` restores both as new)."""
+        data: dict[str, Any] = {"c": self.cluster, "n": self.node, "i": self.incarnation, "s": self.seq,
+                                "w": self.last_wall_ms}
+        optional = (
+            ("r", self.readers), ("t", self.txs), ("m", self.mvcc_now), ("g", self.groups), ("p", self.pinned_bytes),
+            ("d", self.debt_bytes), ("x", list(self._summary) if self._summary is not None else None),
+            ("pb", None if _quiet(self.pinned_band) else self.pinned_band),
+            ("ab", None if _quiet(self.age_band) else self.age_band),
+            ("id", self.in_doubt), ("ex", self.expiries), ("ew", self.expire_walls),
+        )
+        for key, value in optional:
+            if value is not None and value != [] and value != {}:
+                data[key] = value
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeState:
         state = cls(data["c"], data["n"])
         state.incarnation = data["i"]
         state.seq = data["s"]
-        state.readers = data["r"]
-        state.txs = data["t"]
-        state.mvcc_now = data["m"]
-        state.groups = data["g"]
-        state.pinned_bytes = data["p"]
-        state.debt_bytes = data["d"]
+        state.readers = data.get("r") or {}
+        state.txs = data.get("t") or {}
+        state.mvcc_now = data.get("m")
+        state.groups = data.get("g") or {}
+        state.pinned_bytes = data.get("p")
+        state.debt_bytes = data.get("d")
         state.last_wall_ms = data["w"]
         state._summary = tuple(data["x"]) if data.get("x") is not None else None
         # Checkpoints written before the pressure policy existed restore with empty pressure state.
@@ -389,7 +393,10 @@ class NodeState:
         most (lowest ts first) among those open longer than max_reader_lifetime_ms, graceful
         first and hard after the grace period, at most max_expiries_per_window per window.
         Prepared transactions are never expired: their fate belongs to their coordinator."""
-        self.expire_walls = [w for w in self.expire_walls if now - w < policy.expire_window_ms]
+        if self.expire_walls:
+            self.expire_walls = [w for w in self.expire_walls if now - w < policy.expire_window_ms]
+        if self.pinned_band[0] != 2:
+            return  # nothing is expired, or upgraded to hard, outside the critical band
         budget = policy.max_expiries_per_window - len(self.expire_walls)
         def upgrade_order(kv: tuple[str, list[Any]]) -> tuple[Any, ...]:
             """First expired first; among one moment's expiries, the hold that pins the most."""

@@ -8,6 +8,7 @@ wall-clock milliseconds (event time), ``retention`` in MVCC units.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from functools import lru_cache
 from typing import Any
 
 from safepoint.core.bands import BandSpec
@@ -93,7 +94,7 @@ class Policy:
             raise ValueError(msg)
 
     def pinned_band(self) -> BandSpec:
-        return BandSpec(
+        return _band(
             self.pinned_warning_enter_bytes,
             self.pinned_warning_exit_bytes,
             self.pinned_critical_enter_bytes,
@@ -104,7 +105,7 @@ class Policy:
 
     def age_band(self) -> BandSpec:
         """Age only grows while the reader lives and drops when it closes: no debounce needed."""
-        return BandSpec(
+        return _band(
             self.reader_age_warning_ms,
             self.reader_age_warning_ms,
             self.reader_age_critical_ms,
@@ -120,3 +121,9 @@ class Policy:
     def from_dict(cls, data: dict[str, Any]) -> Policy:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@lru_cache(maxsize=64)
+def _band(*spec: int) -> BandSpec:
+    """One BandSpec per distinct thresholds (asked for on every node event)."""
+    return BandSpec(*spec)
