@@ -551,6 +551,7 @@ def _progress_row(p: dict[str, Any]) -> dict[str, Any]:
     return {
         "batchId": p.get("batchId"),
         "numInputRows": p.get("numInputRows"),
+        "sparkInputRows": p.get("sparkInputRows"),
         "durationMs": p.get("durationMs"),
         "stateOperators": ops,
         "timestamp": p.get("timestamp"),
@@ -558,9 +559,14 @@ def _progress_row(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_dict(p: Any) -> dict[str, Any]:
-    if isinstance(p, dict):
-        return p
-    return json.loads(p.json) if hasattr(p, "json") else dict(p)
+    """A progress as a dict whose ``numInputRows`` counts messages (the accounting counter
+    ``consumed``: on the fast path Spark's own count is of packed rows, kept as ``sparkInputRows``)."""
+    from safepoint.streaming.job import messages_in
+
+    d = p if isinstance(p, dict) else json.loads(p.json) if hasattr(p, "json") else dict(p)
+    if "sparkInputRows" not in d:
+        d = {**d, "sparkInputRows": d.get("numInputRows"), "numInputRows": messages_in(d)}
+    return d
 
 
 def new_progress(query: Any, last_b: int) -> list[dict[str, Any]]:
@@ -1774,7 +1780,7 @@ def findings(res: dict[str, Any]) -> list[str]:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="safepoint bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--events", type=int, default=200_000, help="events in the throughput backlog")
+    p.add_argument("--events", type=int, default=410_000, help="events in the throughput backlog")
     p.add_argument("--nodes", type=int, default=1000, help="database nodes in the workload (plus one probe node)")
     p.add_argument("--rate", default="1000,10000", help="offered rates for the latency runs, events/s, comma-separated")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of paced load per latency rate")
@@ -1783,9 +1789,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--long-share", type=float, default=0.001, help="share of readers that stay open 8-30 s")
     p.add_argument("--probe-hz", type=float, default=10.0, help="probe blocker frees per second of event time (= directives/s)")
     p.add_argument("--partitions", type=int, default=4, help="partitions of the events topics")
-    p.add_argument("--shuffle-partitions", type=int, default=4)
-    p.add_argument("--max-offsets", type=int, default=50_000,
-                   help="maxOffsetsPerTrigger given to the job, and the chunk the throughput runs are fed in (one per batch)")
+    p.add_argument("--shuffle-partitions", type=int, default=None, help="default: the job's shuffle_partitions setting")
+    p.add_argument("--max-offsets", type=int, default=200_000,
+                   help="maxOffsetsPerTrigger given to the job (the job's default), and the chunk the throughput runs are fed in (one per batch)")
     p.add_argument("--first-batch", type=int, default=10_000, help="events in the throughput runs' batch 0 (excluded)")
     p.add_argument("--trigger-ms", type=int, default=500, help="processing-time trigger of the job (the job's default)")
     p.add_argument("--masters", default="local[1],local[2]", help="Spark masters of the throughput runs")
@@ -1800,7 +1806,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
     p.add_argument("--profile-events", type=int, default=60_000, help="events for the cProfile runs and the py-spy'd job run")
     p.add_argument("--keep", action="store_true", help="keep the work directory (checkpoints, logs)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.shuffle_partitions is None:
+        from safepoint.settings import Settings
+
+        args.shuffle_partitions = Settings().shuffle_partitions
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from safepoint.streaming.packed import (
 )
 from safepoint.streaming.processors import OUTPUT_SCHEMA, STAGE_ONE_SCHEMA, ClusterProcessor, NodeProcessor
 
-__all__ = ["build_query", "envelope_schema", "read_events", "QUERY_NAME", "kafka_connector_missing", "kafka_options"]
+__all__ = ["build_query", "batch_accounting", "messages_in", "envelope_schema", "read_events", "QUERY_NAME", "kafka_connector_missing", "kafka_options"]
 
 log = logging.getLogger(__name__)
 QUERY_NAME = "safepoint"
@@ -92,6 +92,30 @@ def accounting_metrics() -> list[Any]:
     return metrics
 
 
+def batch_accounting(progress: Any) -> dict[str, int]:
+    """A batch's accounting counters (consumed, applied, ignored_<why>, deadlettered_<class>) from
+    its progress (a StreamingQueryProgress or its dict); {} if the batch reported none."""
+    metrics = getattr(progress, "observedMetrics", None)
+    if metrics is None and hasattr(progress, "get"):
+        metrics = progress.get("observedMetrics")
+    row = (metrics or {}).get(ACCOUNTING)
+    if row is None:
+        return {}
+    data = row.asDict() if hasattr(row, "asDict") else dict(row)
+    return {k: int(v or 0) for k, v in data.items()}
+
+
+def messages_in(progress: Any) -> int:
+    """Input messages of a batch. Use this, not ``numInputRows``: on the fast path with the Python
+    source, the source hands Spark packed rows (one per cluster and node bucket), so Spark's
+    ``numInputRows`` counts those; the accounting counter ``consumed`` counts messages."""
+    acct = batch_accounting(progress)
+    if "consumed" in acct:
+        return acct["consumed"]
+    rows = progress["numInputRows"] if hasattr(progress, "__getitem__") else getattr(progress, "numInputRows", 0)
+    return int(rows or 0)
+
+
 def packed_metrics() -> list[Any]:
     """The same counters over the fast path's packed rows, which carry them as columns."""
     from pyspark.sql import functions as F
@@ -110,12 +134,22 @@ def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
     return opts
 
 
-def read_events(spark: Any, settings: Settings) -> Any:
-    """The raw input: topic, partition, offset, key, value (binary)."""
+def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = None) -> Any:
+    """The raw input: partition, offset, key, value (binary). With ``pack`` (the Python source on
+    the fast path: {"policy": ..., "buckets": ...}) the source routes and packs in its read tasks
+    and returns the fast path's routed rows (cluster, bucket, blob) instead."""
+    import json
+
+    from safepoint.connectors.kafka_source import PACK_OPTION
+
     builtin = settings.source_format == "kafka"
     reader = spark.readStream.format("kafka" if builtin else "safepoint_kafka")
     for k, v in kafka_options(settings, builtin).items():
         reader = reader.option(k, v)
+    if pack is not None:
+        assert not builtin
+        reader = (reader.option(PACK_OPTION, "true").option("safepoint.policy", json.dumps(pack["policy"]))
+                  .option("safepoint.buckets", str(pack["buckets"])))
     reader = (
         reader.option("subscribe", settings.events_topic)
         .option("startingOffsets", settings.starting_offsets)
@@ -123,6 +157,8 @@ def read_events(spark: Any, settings: Settings) -> Any:
     )
     if builtin:
         reader = reader.option("failOnDataLoss", "true")
+    if pack is not None:
+        return reader.load()
     return reader.load().select("partition", "offset", "key", "value")
 
 
@@ -153,23 +189,32 @@ def _plain_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
     return _stateful(stage_one, ["cluster"], ClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
 
 
-def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
-    """Packed rows: parse and pack per Kafka partition, group by (cluster, bucket), group by cluster."""
+def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any], routed: bool = False) -> Any:
+    """Packed rows: parse and pack per Kafka partition (in the Python source's read tasks when
+    ``routed``, else a mapInArrow), group by (cluster, bucket), group by cluster."""
     from pyspark.sql import functions as F
 
-    routed = raw.select(
+    if routed:
+        return _fast_stages(raw, settings, policy)
+    routed_df = raw.select(
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("long").alias("offset"),
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
     ).mapInArrow(Router(policy, settings.events_topic, settings.node_buckets), ROUTED_SCHEMA)
+    return _fast_stages(routed_df, settings, policy)
+
+
+def _fast_stages(routed: Any, settings: Settings, policy: dict[str, Any]) -> Any:
     stage_one = _stateful(routed, ["cluster", "bucket"], BucketProcessor(policy, settings.node_buckets), PACKED_ONE_SCHEMA)
     stage_one = stage_one.observe(ACCOUNTING, *packed_metrics())
     return _stateful(stage_one, ["cluster"], PackedClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
 
 
-def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -> Any:
-    """Start the streaming query and return it."""
+def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, pack_in_source: bool = True) -> Any:
+    """Start the streaming query and return it. ``pack_in_source=False`` makes the fast path pack
+    in a separate mapInArrow even with the Python source, as it must with Spark's ``kafka`` format
+    (tests use it to run that plan here, where the connector jar is absent)."""
 
     from safepoint.connectors.kafka_source import KafkaDataSource
 
@@ -181,9 +226,13 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None) -
     if not checkpoint:
         msg = "the job needs a checkpoint directory (--checkpoint)"
         raise ValueError(msg)
-    raw = read_events(spark, settings)
     policy = settings.policy().to_dict()
-    outputs = (_fast_path if settings.fast_path else _plain_path)(raw, settings, policy)
+    if settings.fast_path and settings.source_format == "python" and pack_in_source:
+        routed = read_events(spark, settings, {"policy": policy, "buckets": settings.node_buckets})
+        outputs = _fast_path(routed, settings, policy, routed=True)
+    else:
+        raw = read_events(spark, settings)
+        outputs = (_fast_path if settings.fast_path else _plain_path)(raw, settings, policy)
     builtin = settings.source_format == "kafka"
     writer = outputs.writeStream.format("kafka" if builtin else "safepoint_kafka").queryName(QUERY_NAME)
     for k, v in kafka_options(settings, builtin).items():

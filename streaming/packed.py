@@ -207,9 +207,9 @@ def stage_two(
 
 
 ROUTED_SCHEMA = StructType([
-    StructField("cluster", StringType(), False),
-    StructField("bucket", IntegerType(), False),
-    StructField("blob", BinaryType(), False),
+    StructField("cluster", StringType(), True),
+    StructField("bucket", IntegerType(), True),
+    StructField("blob", BinaryType(), True),
 ])
 PACKED_ONE_SCHEMA = StructType(
     [StructField("cluster", StringType(), False), StructField("blob", BinaryType(), False)]
@@ -231,7 +231,8 @@ class Router:
 
         freeze_once()
         policy = Policy.from_dict(self.policy)
-        schema = pa.schema([("cluster", pa.string(), False), ("bucket", pa.int32(), False), ("blob", pa.binary(), False)])
+        # nullable, as the Python source's declared schema (``cluster string, bucket int, blob binary``)
+        schema = pa.schema([("cluster", pa.string()), ("bucket", pa.int32()), ("blob", pa.binary())])
         for batch in batches:
             if batch.num_rows == 0:
                 continue

@@ -201,21 +201,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     )
 
 
-def accounting(progress: Any) -> dict[str, int]:
-    """The batch's accounting counters (applied, ignored_<why>, deadlettered_<class>) from its progress."""
-    metrics = getattr(progress, "observedMetrics", None)
-    if metrics is None and hasattr(progress, "get"):
-        metrics = progress.get("observedMetrics")
-    row = (metrics or {}).get("accounting")
-    if row is None:
-        return {}
-    data = row.asDict() if hasattr(row, "asDict") else dict(row)
-    return {k: int(v or 0) for k, v in data.items()}
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from safepoint.connectors.topics import ensure_topics, topic_specs
-    from safepoint.streaming.job import build_query
+    from safepoint.streaming.job import batch_accounting, build_query, messages_in
     from safepoint.streaming.session import build_session
 
     settings = _settings(args)
@@ -243,12 +231,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress = query.lastProgress
             if progress and progress.get("batchId") != last:
                 last = progress.get("batchId")
-                counts = " ".join(f"{k}={v}" for k, v in accounting(progress).items() if v and k != "consumed")
-                print(
-                    f"batch {last}: {progress.get('numInputRows')} events, "
-                    f"{progress.get('processedRowsPerSecond', 0):.0f}/s {counts}".rstrip(),
-                    flush=True,
-                )
+                counts = " ".join(f"{k}={v}" for k, v in batch_accounting(progress).items() if v and k != "consumed")
+                took = ((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
+                n = messages_in(progress)
+                print(f"batch {last}: {n} events, {n / took if took else 0:.0f}/s {counts}".rstrip(), flush=True)
         if not query.isActive and query.exception() is not None:
             print(f"safepoint run: the query failed: {query.exception()}", file=sys.stderr)
             return 1

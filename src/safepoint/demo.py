@@ -152,7 +152,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     from safepoint.broker import EmbeddedBroker
     from safepoint.connectors.topics import ensure_topics, topic_specs
     from safepoint.simulate import SimConfig, run_simulator
-    from safepoint.streaming.job import build_query
+    from safepoint.streaming.job import build_query, messages_in
     from safepoint.streaming.session import build_session, check_java
 
     check_java()
@@ -166,8 +166,6 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         bootstrap=broker.bootstrap,
         checkpoint=checkpoint,
         **_demo_policy(settings),
-        # local[2]: two tasks per stateful stage start their Python workers faster than four
-        shuffle_partitions=2 if settings.shuffle_partitions == Settings().shuffle_partitions else settings.shuffle_partitions,
     )
     print(f"broker ready at {broker.bootstrap}; retention {settings.retention} us, lease {settings.node_lease_ms} ms", flush=True)
     spark = query = view = None
@@ -195,7 +193,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
                 print(f"the job stopped: {query.exception()}", file=sys.stderr)
                 return 1
             prog = query.lastProgress
-            job = f"batch {prog['batchId']}, {prog['numInputRows']} events" if prog else "starting"
+            job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
             screen = view.render(time.monotonic() - start, job)
             last_print = show(screen, tty, last_print)
         print(f"demo finished: {view.count} directives; final:", flush=True)

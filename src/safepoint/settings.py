@@ -57,8 +57,9 @@ class Settings:
     """Where a new query (no checkpoint yet) starts: earliest or latest."""
     source_format: str = "python"
     """python: the built-in Python Data Source (no jars); kafka: Spark's own connector (needs its jar)."""
-    shuffle_partitions: int = 4
-    """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over."""
+    shuffle_partitions: int = 2
+    """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over (fixed per checkpoint
+    by Spark). Measured on local[2]: 2 beats 4 by 10-15% (every task loads and commits its state store)."""
     fast_path: bool = True
     """Pack each micro-batch per (cluster, node bucket) before the shuffle (streaming/packed.py);
     false moves every message as its own row (the plain path). Same outputs; fixed per checkpoint."""

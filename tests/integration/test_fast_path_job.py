@@ -18,7 +18,7 @@ from confluent_kafka.admin import NewTopic
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.settings import load_settings
 from safepoint.simulate import SimConfig, generate_log, key_of
-from safepoint.streaming.job import build_query
+from safepoint.streaming.job import build_query, messages_in
 
 from kafka_util import produce, read_topic, unique
 
@@ -46,7 +46,8 @@ def log(seed: int = 11) -> list[tuple[str, Any]]:
     return out
 
 
-def run(spark: Any, bootstrap: str, events_topic: str, tag: str, fast: bool, tmp_path: Any) -> dict[str, Any]:
+def run(spark: Any, bootstrap: str, events_topic: str, tag: str, fast: bool, tmp_path: Any,
+        pack_in_source: bool = True) -> dict[str, Any]:
     settings = load_settings(flags={
         "bootstrap": bootstrap, "events_topic": events_topic, "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "accounting_topic": f"{tag}.acct",
@@ -54,7 +55,7 @@ def run(spark: Any, bootstrap: str, events_topic: str, tag: str, fast: bool, tmp
         "reader_age_critical_ms": 3_000, "max_offsets_per_trigger": 500, "fast_path": fast, "node_buckets": 3},
         environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3))
-    q = build_query(spark, settings, str(tmp_path / f"ckpt-{tag}"))
+    q = build_query(spark, settings, str(tmp_path / f"ckpt-{tag}"), pack_in_source=pack_in_source)
     try:
         q.processAllAvailable()
         progress = list(q.recentProgress)
@@ -73,7 +74,7 @@ def run(spark: Any, bootstrap: str, events_topic: str, tag: str, fast: bool, tmp
         "deadletter": by_offset(read_topic(bootstrap, settings.deadletter_topic)),
         "accounting": by_offset(read_topic(bootstrap, settings.accounting_topic)),
         "counters": dict(counters),
-        "batches": [p["numInputRows"] for p in progress],
+        "batches": [messages_in(p) for p in progress],
     }
 
 
@@ -85,8 +86,11 @@ def test_fast_path_and_plain_path_jobs_write_the_same_outputs(broker: Any, spark
     produce(broker.bootstrap, events_topic, msgs)
     fast = run(spark, broker.bootstrap, events_topic, f"{tag}-fast", True, tmp_path)
     plain = run(spark, broker.bootstrap, events_topic, f"{tag}-plain", False, tmp_path)
+    # the plan Spark's own kafka format gets: the router as a separate mapInArrow
+    mapped = run(spark, broker.bootstrap, events_topic, f"{tag}-mapped", True, tmp_path, pack_in_source=False)
     assert fast["batches"] == plain["batches"] and len([b for b in fast["batches"] if b]) > 3
     assert len(fast["directives"]) >= 5 and fast["deadletter"] and fast["alerts"]
     assert fast["counters"]["consumed"] == len(msgs) == len(fast["accounting"])
     for topic in ("directives", "alerts", "deadletter", "accounting", "counters"):
         assert fast[topic] == plain[topic], topic
+        assert mapped[topic] == plain[topic], topic

@@ -46,7 +46,7 @@ from safepoint.core import Engine, Position, node_stage
 from safepoint.core.codec import encode
 from safepoint.settings import Settings, load_settings
 from safepoint.simulate import SimConfig, generate_log, key_of
-from safepoint.streaming.job import build_query
+from safepoint.streaming.job import build_query, messages_in
 from safepoint.streaming.processors import encode_stage_one, merge_log_order
 
 from kafka_util import read_topic, unique
@@ -781,7 +781,7 @@ class RunningQuery:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            self.consumed = sum(p["numInputRows"] for p in self.query.recentProgress)
+            self.consumed = sum(messages_in(p) for p in self.query.recentProgress)
         finally:
             self.query.stop()
 

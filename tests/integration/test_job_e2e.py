@@ -16,7 +16,7 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings
-from safepoint.streaming.job import build_query
+from safepoint.streaming.job import build_query, messages_in
 
 from kafka_util import produce, read_topic, unique
 
@@ -59,7 +59,7 @@ def run_to_end(spark: Any, settings: Any, checkpoint: str) -> int:
     q = build_query(spark, settings, checkpoint)
     try:
         q.processAllAvailable()
-        return sum(p["numInputRows"] for p in q.recentProgress)
+        return sum(messages_in(p) for p in q.recentProgress)
     finally:
         q.stop()
 

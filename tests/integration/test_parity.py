@@ -14,7 +14,7 @@ from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings
 from safepoint.simulate import SimConfig, generate_log, key_of
-from safepoint.streaming.job import build_query
+from safepoint.streaming.job import build_query, messages_in
 from safepoint.streaming.processors import merge_log_order
 
 from kafka_util import produce, read_topic, unique
@@ -104,7 +104,7 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
         q = build_query(spark, settings, ckpt)
         try:
             q.processAllAvailable()
-            consumed += sum(p["numInputRows"] for p in q.recentProgress)
+            consumed += sum(messages_in(p) for p in q.recentProgress)
         finally:
             q.stop()
         # Replay this phase in the job's order for one batch: per partition by offset, merged by wall_ms.
