@@ -72,7 +72,11 @@ def _client_conf(options: Mapping[str, str]) -> dict[str, Any]:
 def _consumer(options: Mapping[str, str]) -> Any:
     from confluent_kafka import Consumer
 
-    conf = _client_conf(options)
+    # Refetch only when fewer than this many messages are queued (librdkafka's default is 100,000):
+    # a read task stops at its planned end offset, so prefetching far beyond it is waste, and a
+    # broker that answers a fetch at the log end at once (the embedded one) would make the client
+    # spin a core while the task converts its rows. Overridable as kafka.queued.min.messages.
+    conf = {"queued.min.messages": 10_000, **_client_conf(options)}
     conf.update(
         {
             "group.id": "safepoint-source-unused",  # assign() only: no group membership

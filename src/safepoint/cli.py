@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "starting-offsets", "earliest or latest, for a new checkpoint")
     _flag(p, "source-format", "python (no jars) or kafka (Spark's connector)")
     _flag(p, "shuffle-partitions", "tasks the stateful stages spread over", int)
+    _flag(p, "fast-path", "pack each batch per (cluster, node bucket) before the shuffle; false: one row per message", _bool)
+    _flag(p, "node-buckets", "fast path: state groups of the node stage (fixed per checkpoint)", int)
     _flag(p, "spark-master", "Spark master URL")
     _flag(p, "events-partitions", "partitions of the events topic if the job creates it", int)
     _flag(p, "accounting-topic", "also write every input offset's outcome to this topic ('' = off)")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from safepoint.cli import main
 from safepoint.connectors.kafka_source import plan_offsets
 from safepoint.errors import ConfigError
-from safepoint.settings import Secret, load_settings
+from safepoint.settings import Secret, Settings, load_settings
 
 
 def test_plan_offsets_without_limit_reads_everything() -> None:
@@ -47,8 +47,18 @@ def test_settings_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     assert s.librdkafka()["sasl.password"] == "hunter2"
 
 
+def test_fast_path_settings_from_file_env_and_flags(tmp_path: Path) -> None:
+    assert (Settings().fast_path, Settings().node_buckets) == (True, 8)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("fast_path = false\nnode_buckets = 3\n")
+    assert (load_settings(cfg, environ={}).fast_path, load_settings(cfg, environ={}).node_buckets) == (False, 3)
+    s = load_settings(cfg, {"node_buckets": "5"}, environ={"SAFEPOINT_FAST_PATH": "true"})
+    assert (s.fast_path, s.node_buckets) == (True, 5)
+
+
 @pytest.mark.parametrize(("text", "needle"), [("bogus = 1", "unknown setting 'bogus'"), ("retention = -1", ">= 0"),
-                                               ("retention = 'x'", "must be an integer")])
+                                               ("retention = 'x'", "must be an integer"),
+                                               ("node_buckets = 0", "node_buckets must be at least 1")])
 def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
