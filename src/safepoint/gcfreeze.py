@@ -4,10 +4,10 @@ PySpark's worker daemon runs ``gc.collect()`` after every task. A worker that ha
 pyspark, pyarrow and safepoint tracks some 80,000 objects that live as long as the process, and a
 full collection walks them all, every task: on 2 cores the benchmark's py-spy profile put 28% of
 the workers' samples there. ``freeze_once`` moves what is alive when a worker process first runs
-safepoint code into the permanent generation (``gc.freeze``, as pre-fork servers do), once per
-process, so later collections walk only what the tasks themselves create. What the first task
-had alive at that moment and later drops is not collected if it sits in a reference cycle: a
-bounded, one-time cost per worker process.
+safepoint code into the permanent generation (``gc.freeze``, as pre-fork servers do), at its
+first two tasks, so later collections walk only what the tasks themselves create. What those
+tasks had alive at that moment and later drop is not collected if it sits in a reference cycle:
+a bounded, one-time cost per worker process.
 """
 
 from __future__ import annotations
@@ -18,15 +18,18 @@ from contextlib import contextmanager
 
 __all__ = ["freeze_once", "paused"]
 
-_frozen = False
+_FREEZES = 2
+_done = 0
 
 
 def freeze_once() -> None:
-    """Collect, then freeze the surviving heap; only the first call in a process does anything."""
-    global _frozen  # noqa: PLW0603 - one flag per worker process
-    if _frozen:
+    """Collect, then freeze the surviving heap: at the first two tasks of a process only (the
+    second catches the modules the first task imported lazily), so what a frozen task drops
+    and leaks stays bounded."""
+    global _done  # noqa: PLW0603 - one counter per worker process
+    if _done >= _FREEZES:
         return
-    _frozen = True
+    _done += 1
     gc.collect()
     gc.freeze()
 
