@@ -1924,9 +1924,9 @@ def main(argv: list[str] | None = None) -> int:
         if res.get("plain"):
             res["notes"].append(
                 f"The plain consumer emitted {res['plain']['outputs'].get('directives', 0)} directive(s) for {wl.probe_closes} probe "
-                "closes: it applies messages in the order the consumer hands them over (whole fetches, partition by partition), "
-                "so early on nodes of other partitions look unreported and the round aborts; the job merges partitions by "
-                "wall_ms inside a batch and emits one per close. Fewer directives make the plain path cheaper, not dearer.")
+                "closes (the job: one per close): it merges each round's partitions by the messages' timestamps, the job by "
+                "the events' wall_ms, so the two can differ by a directive where timestamps tie; a consumer that applied whole "
+                "fetches partition by partition would see nodes of the other partitions go stale and abort most rounds.")
 
         if "spark" in phases or "latency" in phases:
             why = source_ignores_max_offsets()

@@ -189,13 +189,11 @@ def _plain_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
     return _stateful(stage_one, ["cluster"], ClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
 
 
-def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any], routed: bool = False) -> Any:
-    """Packed rows: parse and pack per Kafka partition (in the Python source's read tasks when
-    ``routed``, else a mapInArrow), group by (cluster, bucket), group by cluster."""
+def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+    """Packed rows from raw Kafka rows: a mapInArrow router (the Python source packs in its own
+    read tasks instead, see build_query), then the two stages of ``_fast_stages``."""
     from pyspark.sql import functions as F
 
-    if routed:
-        return _fast_stages(raw, settings, policy)
     routed_df = raw.select(
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("long").alias("offset"),
@@ -206,6 +204,7 @@ def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any], routed: boo
 
 
 def _fast_stages(routed: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+    """Group by (cluster, bucket) -> BucketProcessor -> accounting -> group by cluster -> PackedClusterProcessor."""
     stage_one = _stateful(routed, ["cluster", "bucket"], BucketProcessor(policy, settings.node_buckets), PACKED_ONE_SCHEMA)
     stage_one = stage_one.observe(ACCOUNTING, *packed_metrics())
     return _stateful(stage_one, ["cluster"], PackedClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
@@ -228,8 +227,7 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
         raise ValueError(msg)
     policy = settings.policy().to_dict()
     if settings.fast_path and settings.source_format == "python" and pack_in_source:
-        routed = read_events(spark, settings, {"policy": policy, "buckets": settings.node_buckets})
-        outputs = _fast_path(routed, settings, policy, routed=True)
+        outputs = _fast_stages(read_events(spark, settings, {"policy": policy, "buckets": settings.node_buckets}), settings, policy)
     else:
         raw = read_events(spark, settings)
         outputs = (_fast_path if settings.fast_path else _plain_path)(raw, settings, policy)
