@@ -154,8 +154,14 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.timeout_s = float(self.options.get("readtimeoutseconds", "120"))
         self.pack = self.options.get(PACK_OPTION, "").lower() == "true"
         if self.pack:
-            json.loads(self.options["safepoint.policy"])
-            int(self.options["safepoint.buckets"])
+            try:
+                json.loads(self.options["safepoint.policy"])
+                if int(self.options["safepoint.buckets"]) < 1:
+                    raise ValueError
+            except (KeyError, ValueError) as exc:
+                msg = (f"{PACK_OPTION}=true needs options safepoint.policy (the policy as JSON) and "
+                       f"safepoint.buckets (an integer >= 1): {exc!r}")
+                raise ValueError(msg) from exc
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

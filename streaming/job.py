@@ -1,7 +1,8 @@
 """The streaming job: events in, per-node state, per-cluster round, directives and alerts out.
 
 Fast path (default, streaming/packed.py):
-source (safepoint_kafka or kafka) -> Router (mapInArrow: parse, pack per cluster and node bucket)
+safepoint_kafka source with the Router in its read tasks (or Spark's kafka source -> Router as a
+mapInArrow): parse, validate, pack per cluster and node bucket
 -> group by (cluster, bucket) -> BucketProcessor (transformWithState, RocksDB) -> group by cluster
 -> PackedClusterProcessor (transformWithState, RocksDB) -> sink (topic, key, value)
 
@@ -147,7 +148,9 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
     for k, v in kafka_options(settings, builtin).items():
         reader = reader.option(k, v)
     if pack is not None:
-        assert not builtin
+        if builtin:
+            msg = "only the Python source (source_format = \"python\") packs in its read tasks"
+            raise ConfigError(msg)
         reader = (reader.option(PACK_OPTION, "true").option("safepoint.policy", json.dumps(pack["policy"]))
                   .option("safepoint.buckets", str(pack["buckets"])))
     reader = (

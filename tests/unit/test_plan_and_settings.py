@@ -86,3 +86,14 @@ def test_replay_command_writes_directives_and_dead_letters(tmp_path: Path, capsy
 def test_replay_command_missing_input_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", "--input", "/nonexistent/e.jsonl"]) == 2
     assert "input file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [{}, {"safepoint.policy": "{}"}, {"safepoint.policy": "{", "safepoint.buckets": "4"},
+                                   {"safepoint.policy": "{}", "safepoint.buckets": "0"}])
+def test_packing_source_needs_its_options(extra: dict[str, str]) -> None:
+    from safepoint.connectors.kafka_source import KafkaStreamReader
+
+    opts = {"bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "safepoint.pack": "true", **extra}
+    with pytest.raises(ValueError, match="safepoint.pack=true needs options safepoint.policy"):
+        KafkaStreamReader(opts)
+    assert KafkaStreamReader({**opts, "safepoint.policy": "{}", "safepoint.buckets": "4"}).pack
