@@ -6,9 +6,10 @@ every node is a state key with its own round trips. Profiles showed that this pe
 per-key machinery, not the rules, is where the time goes. The fast path keeps every rule and
 every order and changes only the packaging:
 
-1. ``Router`` (``mapInArrow``, before the shuffle, one task per Kafka partition) parses and
-   validates each message once, in Python, and packs the messages of each (cluster, bucket)
-   of one Arrow batch into one row. A node's bucket is ``crc32(node) % node_buckets``; cluster
+1. ``Router`` (before the shuffle, one task per Kafka partition: inside the Python source's read
+   tasks, or a ``mapInArrow`` after Spark's kafka source) parses and validates each message
+   once, in Python, and packs the messages of each (cluster, bucket) of one Arrow batch into
+   one row. A node's bucket is ``crc32(node) % node_buckets``; cluster
    events go to the bucket of node ``""``, where their cluster's version gates live. Messages
    that fail validation are turned into their dead letters here and go to cluster ``""``.
 2. ``BucketProcessor`` (``transformWithState`` keyed by cluster and bucket) restores the
@@ -219,7 +220,8 @@ _STATE_SCHEMA = StructType([StructField("json", StringType(), False)])
 
 
 class Router:
-    """The ``mapInArrow`` function: raw Kafka rows in, one packed row per (cluster, bucket) out."""
+    """Raw Kafka rows (Arrow batches) in, one packed row per (cluster, bucket) and batch out: the
+    Python source runs it in its read tasks, and after Spark's kafka source it is a mapInArrow."""
 
     def __init__(self, policy: dict[str, Any], topic: str, buckets: int) -> None:
         self.policy = policy
