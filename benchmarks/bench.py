@@ -1361,7 +1361,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
             "engine.py:parse_stage", "events.py:parse", "engine.py:apply_stage", "node.py:apply",
             "node.py:from_json", "node.py:to_json", "engine.py:cluster_stage", "cluster.py:from_json", "cluster.py:to_json",
-            "cluster.py:_directive", "codec.py:encode", "packed.py:merge_items", "packed.py:route",
+            "cluster.py:_directive", "codec.py:encode", "processors.py:merge_log_order", "packed.py:route",
             "packed.py:stage_one_bucket", "packed.py:stage_two", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),
     }

@@ -61,6 +61,11 @@ _CONSUMERS: dict[str, Any] = {}
 _PRODUCERS: dict[str, Any] = {}
 
 
+def _packing(options: Mapping[str, str]) -> bool:
+    """Whether the source runs the fast path's router (``safepoint.pack = true``)."""
+    return options.get(PACK_OPTION, "").lower() == "true"
+
+
 def _client_conf(options: Mapping[str, str]) -> dict[str, Any]:
     conf: dict[str, Any] = {"bootstrap.servers": options["bootstrap.servers"]}
     for k, v in options.items():
@@ -152,7 +157,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         limit = self.options.get("maxoffsetspertrigger")
         self.max_rows = int(limit) if limit else None
         self.timeout_s = float(self.options.get("readtimeoutseconds", "120"))
-        self.pack = self.options.get(PACK_OPTION, "").lower() == "true"
+        self.pack = _packing(self.options)
         if self.pack:
             try:
                 json.loads(self.options["safepoint.policy"])
@@ -391,7 +396,7 @@ class KafkaDataSource(DataSource):
         return "safepoint_kafka"
 
     def schema(self) -> str:
-        if self.options.get(PACK_OPTION, "").lower() == "true":
+        if _packing(self.options):
             return PACKED_SCHEMA
         return SOURCE_SCHEMA
 

@@ -27,13 +27,12 @@ JSON.
 
 from __future__ import annotations
 
-import heapq
 import json
 import pickle
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from pyspark.sql import Row
@@ -48,7 +47,7 @@ from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
 from safepoint.errors import ConfigError
 from safepoint.gcfreeze import freeze_once, paused
-from safepoint.streaming.processors import ClusterProcessor, run_cluster, stored_value
+from safepoint.streaming.processors import ClusterProcessor, merge_log_order, run_cluster, stored_value
 
 __all__ = [
     "IGNORE_REASONS",
@@ -60,7 +59,6 @@ __all__ = [
     "route",
     "stage_one_bucket",
     "stage_two",
-    "merge_items",
     "counts_of",
     "ROUTED_SCHEMA",
     "PACKED_ONE_SCHEMA",
@@ -184,21 +182,13 @@ def stage_one_bucket(
     return new_state, out, counts_of(labels)
 
 
-def merge_items(items: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
-    """Stage-one items of one cluster in log order: the rule of ``processors.merge_log_order``."""
-    items.sort(key=lambda it: (it[0], it[1]))
-    runs = [list(g) for _, g in groupby(items, key=lambda it: it[0])]
-    if len(runs) == 1:
-        return iter(runs[0])
-    return heapq.merge(*runs, key=lambda it: it[2])
-
-
 def stage_two(
     cluster: str, stored: str | None, items: list[tuple[Any, ...]], policy: Policy, accounting: bool
 ) -> tuple[str | None, list[tuple[str | None, str, dict[str, Any]]]]:
     """One cluster's batch of stage-one items: (new state or None to leave it, outputs)."""
     state = ClusterState.from_json(json.loads(stored)) if stored is not None else None
-    entries = ((p, o, label, _decode(cluster, tag, data)) for p, o, _w, label, tag, data in merge_items(items))
+    ordered = merge_log_order(items, itemgetter(0, 1), itemgetter(0), itemgetter(2))
+    entries = ((p, o, label, _decode(cluster, tag, data)) for p, o, _w, label, tag, data in ordered)
     state, touched, outputs = run_cluster(cluster, state, entries, policy, accounting)
     new_state = json.dumps(state.to_json(), separators=(",", ":")) if state is not None and touched else None
     return new_state, outputs

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from pyspark.sql import Row
@@ -111,18 +112,24 @@ def stored_value(state: Any) -> str | None:
     return str(value[0])
 
 
-def merge_log_order(rows: list[Any]) -> Iterator[Any]:
-    """One batch's rows of a cluster in log order.
+def merge_log_order(
+    rows: list[Any],
+    position: Callable[[Any], Any] = itemgetter("partition", "offset"),
+    partition: Callable[[Any], Any] = itemgetter("partition"),
+    wall: Callable[[Any], Any] = itemgetter("wall_ms"),
+) -> Iterator[Any]:
+    """One batch's rows of a cluster in log order (both paths: rows by field name, the fast
+    path's stage-one tuples by index through the getters).
 
     Each Kafka partition's rows keep their offset order; partitions are interleaved by the
     events' ``wall_ms`` (ties: lower partition first), which is deterministic for a batch and
     is the file order for a single-partition log.
     """
-    rows = sorted(rows, key=lambda r: (r["partition"], r["offset"]))
-    runs = [list(g) for _, g in groupby(rows, key=lambda r: r["partition"])]
+    rows = sorted(rows, key=position)
+    runs = [list(g) for _, g in groupby(rows, key=partition)]
     if len(runs) == 1:
         return iter(runs[0])
-    return heapq.merge(*runs, key=lambda r: r["wall_ms"])
+    return heapq.merge(*runs, key=wall)
 
 
 class NodeProcessor(StatefulProcessor):

@@ -142,9 +142,14 @@ class ClusterState:
             self._unknown[node] = rec[N_UNKNOWN] or "unknown"
         self._walls.add((rec[N_LAST], node))
         if self.topology is not None:
-            missing = sorted(set(self.topology.get(node) or ()) - set(rec[N_GROUPS]))
+            missing = self._missing_of(node, rec)
             if missing:
                 self._missing_groups[node] = missing
+
+    def _missing_of(self, node: str, rec: list[Any]) -> list[str]:
+        """The groups the topology requires of ``node`` that its record does not report."""
+        assert self.topology is not None
+        return sorted(set(self.topology.get(node) or ()) - set(rec[N_GROUPS]))
 
     def _reindex(self, node: str, rec: list[Any], old_min: int | None, old_last: int, groups_changed: bool) -> None:
         """Re-index a member whose record changed, touching only what changed: the indexes end
@@ -163,7 +168,7 @@ class ClusterState:
             self._walls.discard((old_last, node))
             self._walls.add((rec[N_LAST], node))
         if groups_changed and self.topology is not None:
-            missing = sorted(set(self.topology.get(node) or ()) - set(rec[N_GROUPS]))
+            missing = self._missing_of(node, rec)
             if missing:
                 self._missing_groups[node] = missing
             else:
