@@ -24,7 +24,7 @@ NODE_EVENT_TYPES = (
 )
 CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance")
 EVENT_TYPES = NODE_EVENT_TYPES + CLUSTER_EVENT_TYPES
-OUTPUT_NAMES = ("compaction", "expire", "alert", "deadletter")
+OUTPUT_NAMES = ("compaction", "expire", "snapshot_request", "alert", "deadletter")
 
 
 @cache

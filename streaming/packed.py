@@ -45,6 +45,7 @@ from safepoint.core.events import DEADLETTER_CODES, is_node_event
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
+from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
 from safepoint.gcfreeze import freeze_once, paused
 from safepoint.streaming.processors import ClusterProcessor, merge_log_order, run_cluster, stored_value
@@ -183,13 +184,14 @@ def stage_one_bucket(
 
 
 def stage_two(
-    cluster: str, stored: str | None, items: list[tuple[Any, ...]], policy: Policy, accounting: bool
+    cluster: str, stored: str | None, items: list[tuple[Any, ...]], policy: Policy, accounting: bool,
+    start: StartPlan | None = None,
 ) -> tuple[str | None, list[tuple[str | None, str, dict[str, Any]]]]:
     """One cluster's batch of stage-one items: (new state or None to leave it, outputs)."""
     state = ClusterState.from_json(json.loads(stored)) if stored is not None else None
     ordered = merge_log_order(items, itemgetter(0, 1), itemgetter(0), itemgetter(2))
     entries = ((p, o, label, _decode(cluster, tag, data)) for p, o, _w, label, tag, data in ordered)
-    state, touched, outputs = run_cluster(cluster, state, entries, policy, accounting)
+    state, touched, outputs = run_cluster(cluster, state, entries, policy, accounting, start)
     new_state = json.dumps(state.to_json(), separators=(",", ":")) if state is not None and touched else None
     return new_state, outputs
 
@@ -283,7 +285,7 @@ class PackedClusterProcessor(ClusterProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
         with paused():
             new_state, outputs = stage_two(key[0], stored_value(self.state), unpack(rows), self.policy,
-                                           bool(self.accounting_topic))
+                                           bool(self.accounting_topic), self.start)
         yield from self.emit(outputs)
         if new_state is not None:
             self.state.update((new_state,))

@@ -25,6 +25,7 @@ from safepoint.core.engine import Position, StageOne, cluster_stage, node_stage
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES, Output
 from safepoint.core.policy import Policy
+from safepoint.core.recovery import StartPlan
 from safepoint.gcfreeze import freeze_once
 
 __all__ = ["NodeProcessor", "ClusterProcessor", "STAGE_ONE_SCHEMA", "OUTPUT_SCHEMA", "run_cluster", "stored_value"]
@@ -78,6 +79,7 @@ def run_cluster(
     entries: Iterable[tuple[int, int, str, StageOne]],
     policy: Policy,
     accounting: bool,
+    start: StartPlan | None = None,
 ) -> tuple[ClusterState | None, bool, list[tuple[str | None, str, dict[str, Any]]]]:
     """The cluster stage over (partition, offset, label, stage-one result) in log order.
 
@@ -94,7 +96,7 @@ def run_cluster(
             out.append(item.output)  # a dead letter touches no state
         else:
             if state is None:
-                state = ClusterState(cluster)
+                state = start.new_cluster(cluster) if start is not None else ClusterState(cluster)
             cluster_stage(state, item, policy, out)
             touched = True
         for o in out:
@@ -179,14 +181,18 @@ class NodeProcessor(StatefulProcessor):
 class ClusterProcessor(StatefulProcessor):
     """Stage two: the cluster's round, safe point, directives and alerts (grouping key: cluster)."""
 
-    def __init__(self, policy: dict[str, Any], topics: dict[str, str], accounting_topic: str = "") -> None:
+    def __init__(self, policy: dict[str, Any], topics: dict[str, str], accounting_topic: str = "",
+                 start: dict[str, Any] | None = None) -> None:
         self.policy_dict = policy
         self.topics = topics
         self.accounting_topic = accounting_topic
+        self.start_dict = start
+        """``StartPlan.to_json()``: how clusters without state start (a start on empty state)."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_once()
         self.policy = Policy.from_dict(self.policy_dict)
+        self.start = StartPlan.from_json(self.start_dict)
         self.state = handle.getValueState("cluster", _STATE_SCHEMA)
         self.channel_topic = {
             DIRECTIVES: self.topics["directives"],
@@ -202,7 +208,7 @@ class ClusterProcessor(StatefulProcessor):
             (row["partition"], row["offset"], row["outcome"], decode_stage_one(cluster, row["payload"]))
             for row in merge_log_order(list(rows))
         )
-        state, touched, outputs = run_cluster(cluster, state, entries, self.policy, bool(self.accounting_topic))
+        state, touched, outputs = run_cluster(cluster, state, entries, self.policy, bool(self.accounting_topic), self.start)
         yield from self.emit(outputs)
         if state is not None and touched:
             self.state.update((json.dumps(state.to_json()),))

@@ -211,6 +211,7 @@ class CheckResult:
     directives: int = 0
     directive_duplicates: int = 0
     expire_directives: int = 0
+    snapshot_requests: int = 0
     alerts_raised: Counter[str] = field(default_factory=Counter)
     alerts_cleared: Counter[str] = field(default_factory=Counter)
     clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -274,6 +275,7 @@ class CheckResult:
             "directives": self.directives,
             "directive_duplicates": self.directive_duplicates,
             "expire_directives": self.expire_directives,
+            "snapshot_requests": self.snapshot_requests,
             "alerts_raised": dict(self.alerts_raised),
             "alerts_cleared": dict(self.alerts_cleared),
             "clusters": self.clusters,
@@ -353,6 +355,9 @@ class _Checker:
         for d in directives:
             if d.get("type") == "expire":
                 self.r.expire_directives += 1
+                continue
+            if d.get("type") == "snapshot_request":
+                self.r.snapshot_requests += 1
                 continue
             if d.get("type") != "compaction":
                 self.r.violation(f"unknown directive type {d.get('type')!r}", order=True)

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 
 from safepoint.core import ALERTS, DEADLETTER, DIRECTIVES, ClusterState, Engine, NodeState, Output, Policy, Position
+from safepoint.core.recovery import StartPlan
 from safepoint.schemas import load
 
 EVENTS_TOPIC = "safepoint.events"
@@ -39,7 +40,8 @@ def schema_for(out: Output) -> str:
     if out.channel == ALERTS:
         return "alert"
     assert out.channel == DIRECTIVES, out.channel
-    return "expire" if out.value.get("type") == "expire" else "compaction"
+    kind = out.value.get("type")
+    return kind if kind in ("expire", "snapshot_request") else "compaction"
 
 
 def check_output(out: Output) -> None:
@@ -114,8 +116,8 @@ def topology(version: int, wall_ms: int, nodes: dict[str, list[str]], cluster: s
 class Run:
     """An ``Engine`` fed one message at a time, recording and schema-checking every output."""
 
-    def __init__(self, policy: Policy | None = None, **policy_fields: Any) -> None:
-        self.engine = Engine(policy or Policy(**policy_fields))
+    def __init__(self, policy: Policy | None = None, start: StartPlan | None = None, **policy_fields: Any) -> None:
+        self.engine = Engine(policy or Policy(**policy_fields), start=start)
         self.offset = 0
         self.outputs: list[Output] = []
 

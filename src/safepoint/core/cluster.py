@@ -19,7 +19,8 @@ from safepoint.core.policy import Policy
 __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
 
 IGNORED_STALE_VERSION = "stale_version"
-ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group")
+ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
+SNAPSHOT_REQUEST = "snapshot_request"
 
 # A node summary in state: [incarnation, seq, local_min, unknown, blocker, groups, last_wall, first_wall]
 N_INC, N_SEQ, N_MIN, N_UNKNOWN, N_BLOCKER, N_GROUPS, N_LAST, N_FIRST = range(8)
@@ -47,12 +48,14 @@ class ClusterState:
         "topology_wall",
         "eseq",
         "last_advance_wall",
+        "recovery",
         "_members",
         "_mins",
         "_walls",
         "_unknown",
         "_missing_groups",
         "_never",
+        "_awaiting",
     )
 
     def __init__(self, name: str) -> None:
@@ -74,6 +77,10 @@ class ClusterState:
         self.topology_wall: int | None = None
         self.eseq = 0
         self.last_advance_wall: int | None = None
+        self.recovery: dict[str, Any] | None = None
+        """Set after a start on empty state (``core/recovery.py``): ``expected`` nodes (the last
+        directive's basis), ``complete`` nodes (sent a snapshot since), ``requested`` node -> the
+        cluster time of its last snapshot request."""
         self._rebuild()
 
     # -- persistence ------------------------------------------------------------------
@@ -97,6 +104,11 @@ class ClusterState:
             "topology_wall": self.topology_wall,
             "eseq": self.eseq,
             "last_advance_wall": self.last_advance_wall,
+            "recovery": None if self.recovery is None else {
+                "expected": sorted(self.recovery["expected"]),
+                "complete": sorted(self.recovery["complete"]),
+                "requested": self.recovery["requested"],
+            },
         }
 
     @classmethod
@@ -119,6 +131,10 @@ class ClusterState:
         state.topology_wall = data["topology_wall"]
         state.eseq = data.get("eseq", 0)
         state.last_advance_wall = data.get("last_advance_wall")
+        rec = data.get("recovery")
+        if rec is not None:
+            state.recovery = {"expected": set(rec["expected"]), "complete": set(rec["complete"]),
+                              "requested": dict(rec["requested"])}
         state._rebuild()
         return state
 
@@ -130,6 +146,10 @@ class ClusterState:
         self._unknown: dict[str, str] = {}
         self._missing_groups: dict[str, list[str]] = {}
         self._never: set[str] = {n for n in self._members if n not in self.nodes}
+        self._awaiting: set[str] = set()
+        if self.recovery is not None:
+            needed = self._members | (self.recovery["expected"] if self.topology is None else set())
+            self._awaiting = needed - self.recovery["complete"]
         for node in self._members:
             rec = self.nodes.get(node)
             if rec is not None:
@@ -225,7 +245,49 @@ class ClusterState:
             self._check_horizon(u.node, out)
         for signal in u.signals:
             self._signal(u.node, signal, out)
+        if self.recovery is not None:
+            self._recover(u, policy, out)
         self.evaluate(policy, out)
+
+    # -- recovery after a start on empty state (core/recovery.py) -------------------------
+    def start_recovery(self, safe_ts: int | None, catalog_floor: int | None, seq: int, node_seq: int,
+                       expected: tuple[str, ...] | list[str]) -> None:
+        """Continue from a seed and require a snapshot of every node before it counts again."""
+        self.safe_ts = safe_ts
+        self.catalog_floor = catalog_floor
+        self.dseq = seq
+        self.eseq = node_seq
+        self.recovery = {"expected": set(expected), "complete": set(), "requested": {}}
+        self._rebuild()
+
+    def _recover(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
+        """A snapshot completes a node's picture; any other event of an incomplete node that the
+        round needs asks it for one (again after a lease without an answer)."""
+        rec = self.recovery
+        assert rec is not None
+        if u.snapshot:
+            if u.node not in rec["complete"]:
+                rec["complete"].add(u.node)
+                rec["requested"].pop(u.node, None)
+                self._awaiting.discard(u.node)
+                self.dirty = True
+            return
+        if u.node in rec["complete"]:
+            return
+        if u.node in self._members:
+            self._awaiting.add(u.node)
+        if u.node not in self._awaiting:
+            return  # not in the topology: it does not count, so it is not asked (yet)
+        now = self.cluster_time
+        assert now is not None
+        last = rec["requested"].get(u.node)
+        if last is not None and now - last < policy.node_lease_ms:
+            return
+        rec["requested"][u.node] = now
+        self.eseq += 1
+        out.append(Output(DIRECTIVES, f"{self.name}/{u.node}", {
+            "v": 1, "type": SNAPSHOT_REQUEST, "cluster": self.name, "node": u.node, "seq": self.eseq,
+            "reason": "recovery", "cluster_wall_ms": now}))
 
     def _signal(self, node: str, signal: list[Any], out: list[Output]) -> None:
         """Stamp a node-stage pressure output with the cluster's identity and time."""
@@ -278,7 +340,7 @@ class ClusterState:
         found: dict[str, tuple[str, str, int | None, int | None, str]] = {}
         now = self.cluster_time
         assert now is not None
-        if (not self._never and not self._unknown and not self._missing_groups
+        if (not self._never and not self._unknown and not self._missing_groups and not self._awaiting
                 and (not self._walls or self._walls[0][0] >= now - policy.node_lease_ms)):
             return found  # the common case, nothing wrong: what the loops below would find
         for node in self._never:
@@ -316,6 +378,17 @@ class ClusterState:
                 len(groups),
                 None,
                 f"node {node} does not report required group(s) {', '.join(groups)}",
+            )
+        for node in self._awaiting:
+            asked = self.recovery is not None and node in self.recovery["requested"]
+            found[f"awaiting_snapshot/{node}"] = (
+                "awaiting_snapshot",
+                node,
+                None,
+                None,
+                f"node {node} has not sent a snapshot since the job started on empty state, so the readers and "
+                "transactions it opened before are unknown"
+                + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
             )
         return found
 

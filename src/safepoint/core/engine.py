@@ -16,6 +16,7 @@ from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policy
+from safepoint.core.recovery import StartPlan
 
 __all__ = ["Engine", "StageOne", "node_stage", "parse_stage", "apply_stage", "cluster_stage", "Position"]
 
@@ -125,8 +126,10 @@ def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list
 class Engine:
     """Both stages over a log in order, with the accounting of every message."""
 
-    def __init__(self, policy: Policy | None = None, record: bool = False) -> None:
+    def __init__(self, policy: Policy | None = None, record: bool = False, start: StartPlan | None = None) -> None:
         self.policy = policy or Policy()
+        self.start = start or StartPlan()
+        """How clusters met for the first time start (seeded and recovering after a lost checkpoint)."""
         self.nodes: dict[tuple[str, str], NodeState] = {}
         self.gates: dict[str, dict[str, int]] = {}
         self.clusters: dict[str, ClusterState] = {}
@@ -148,7 +151,7 @@ class Engine:
             return out
         state = self.clusters.get(item.cluster)
         if state is None:
-            state = self.clusters[item.cluster] = ClusterState(item.cluster)
+            state = self.clusters[item.cluster] = self.start.new_cluster(item.cluster)
         outcome = cluster_stage(state, item, self.policy, out)
         self.counts[outcome] += 1
         return out

@@ -43,6 +43,8 @@ class NodeUpdate:
     changed: bool  # local_min, unknown or groups changed
     signals: list[list[Any]] = field(default_factory=list)
     """Pressure outputs decided on the node's clock: ["alert", body] or ["expire", body]."""
+    snapshot: bool = False
+    """The event was a snapshot: the node's complete set of readers and transactions."""
 
     def to_json(self) -> list[Any]:
         return [
@@ -58,6 +60,7 @@ class NodeUpdate:
             self.closed,
             self.changed,
             self.signals,
+            self.snapshot,
         ]
 
     @classmethod
@@ -229,6 +232,7 @@ class NodeState:
             msg = f"not a node event: {kind}"
             raise ValueError(msg)
         update = self._update(wall, opened, closed, groups_changed, policy)
+        update.snapshot = kind == "snapshot"
         self._pressure(kind == "heartbeat" and "pinned_bytes" in event, closed, policy, update.signals)
         return update
 

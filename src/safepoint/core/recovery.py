@@ -1,0 +1,116 @@
+"""A start on empty state: the floor that must not go back, and the picture each node must give again.
+
+The job's state lives in its checkpoint. When a job starts without one (a wiped volume, a
+redeployment, a recreated topic), two things would go wrong if it simply started over:
+
+* its directives would restart at ``seq`` 1 below what every node has already applied, and its
+  ``safe_ts`` could start below the one already sent (nodes may have compacted up to it);
+* it would not know the readers and transactions opened before the events it reads (with
+  ``starting_offsets = "latest"``, or once the events topic's retention dropped them), so the
+  safe point could pass a live hold.
+
+``Seed`` carries what the last directives of a cluster say (read from the compacted directives
+topic when the job starts): the cluster's safe point, catalog floor and ``seq`` continue from
+there. ``StartPlan`` decides which clusters start *recovering*: a recovering cluster aborts its
+round (reason ``awaiting_snapshot``) for every node that has not sent a ``snapshot`` since the
+start, and asks each such node for one with a ``snapshot_request`` directive; a ``Reporter``
+answers by itself. A snapshot is the node's complete set of open readers and transactions, so
+once every node of the round has sent one, the job knows every live hold again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from safepoint.core.cluster import ClusterState
+
+__all__ = ["Seed", "StartPlan", "seeds_from_directives"]
+
+
+@dataclass(frozen=True, slots=True)
+class Seed:
+    """What the newest directives of one cluster say: the floor a new start must keep."""
+
+    safe_ts: int | None = None
+    catalog_floor: int | None = None
+    seq: int = 0
+    """``seq`` of the newest compaction directive (the next one is ``seq + 1``)."""
+    node_seq: int = 0
+    """Highest ``seq`` of the per-node directives (``expire``, ``snapshot_request``)."""
+    nodes: tuple[str, ...] = ()
+    """The nodes the newest compaction directive was computed over (its ``basis``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"safe_ts": self.safe_ts, "catalog_floor": self.catalog_floor, "seq": self.seq,
+                "node_seq": self.node_seq, "nodes": list(self.nodes)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Seed:
+        return cls(data.get("safe_ts"), data.get("catalog_floor"), int(data.get("seq") or 0),
+                   int(data.get("node_seq") or 0), tuple(data.get("nodes") or ()))
+
+
+def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed]:
+    """The seed of each cluster from directive values read off the directives topic (any order,
+    repeats allowed): the compaction directive with the highest ``seq``, and the highest ``seq``
+    of the per-node directives. Values that are not directives are skipped."""
+    newest: dict[str, Mapping[str, Any]] = {}
+    node_seq: dict[str, int] = {}
+    for value in values:
+        cluster, kind, seq = value.get("cluster"), value.get("type"), value.get("seq")
+        if not isinstance(cluster, str) or not isinstance(seq, int) or isinstance(seq, bool):
+            continue
+        if kind == "compaction":
+            best = newest.get(cluster)
+            if best is None or seq > best["seq"]:
+                newest[cluster] = value
+        elif kind in ("expire", "snapshot_request"):
+            node_seq[cluster] = max(node_seq.get(cluster, 0), seq)
+    seeds: dict[str, Seed] = {}
+    for cluster in sorted(set(newest) | set(node_seq)):
+        d = newest.get(cluster)
+        if d is None:
+            seeds[cluster] = Seed(node_seq=node_seq[cluster])
+            continue
+        basis = d.get("basis")
+        seeds[cluster] = Seed(
+            safe_ts=d.get("safe_ts"),
+            catalog_floor=d.get("catalog_floor"),
+            seq=d["seq"],
+            node_seq=node_seq.get(cluster, 0),
+            nodes=tuple(sorted(basis)) if isinstance(basis, Mapping) else (),
+        )
+    return seeds
+
+
+@dataclass(frozen=True, slots=True)
+class StartPlan:
+    """How the clusters a job meets for the first time start.
+
+    ``seeds``: clusters the directives topic already knows; each starts from its seed and
+    recovers (its earlier holds may be unknown). ``recover_all``: every other cluster recovers
+    too (the job does not read the events before its start: ``starting_offsets = "latest"``).
+    Without either, a cluster starts fresh, as a new deployment reading its whole log does.
+    """
+
+    seeds: Mapping[str, Seed] = field(default_factory=dict)
+    recover_all: bool = False
+
+    def new_cluster(self, name: str) -> ClusterState:
+        state = ClusterState(name)
+        seed = self.seeds.get(name)
+        if seed is not None or self.recover_all:
+            seed = seed or Seed()
+            state.start_recovery(seed.safe_ts, seed.catalog_floor, seed.seq, seed.node_seq, seed.nodes)
+        return state
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seeds": {c: s.to_json() for c, s in self.seeds.items()}, "recover_all": self.recover_all}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> StartPlan:
+        if not data:
+            return cls()
+        return cls({c: Seed.from_json(s) for c, s in (data.get("seeds") or {}).items()}, bool(data.get("recover_all")))
