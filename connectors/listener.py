@@ -20,6 +20,12 @@ below it are refused on the node. Forced-expiry directives (``"type": "expire"``
 ``reporter=``: it marks the named reader or transaction expired, see there) and then to
 ``on_expire``.
 
+After the job starts on empty state (a lost checkpoint), it asks each node for a snapshot with a
+``"type": "snapshot_request"`` directive (key ``<cluster>/<node>``; it shares the per-node ``seq``
+with expiry directives). With ``reporter=`` the listener answers by itself: the reporter publishes
+its complete set of open readers and transactions (:meth:`Reporter.snapshot`). A request met in
+the backlog at start is answered once, after the backlog.
+
 On start the listener first catches up with the topic: of the backlog it delivers only the
 directive with the highest ``seq`` (the older ones are superseded). Expiry directives of the
 backlog are each delivered (each names a different reader or transaction), except, with
@@ -63,6 +69,7 @@ __all__ = [
 log = logging.getLogger("safepoint.listener")
 
 DEFAULT_DIRECTIVES_TOPIC = "safepoint.directives"
+SNAPSHOT_REQUEST = "snapshot_request"
 RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000
 """The consumer's ``receive.message.max.bytes``: the embedded broker ignores fetch size limits and
 may answer one fetch with the whole backlog (a directive's ``basis`` names every node)."""
@@ -166,6 +173,9 @@ class ListenerStats:
     have open (they died with an earlier process); only with ``reporter=``."""
     handler_failures: int
     """Exceptions raised by on_directive, on_expire or the reporter's expire (logged)."""
+    snapshot_requests: int = 0
+    """Snapshot requests for this node (after a start of the job on empty state) answered with the
+    reporter's snapshot; requests met in the backlog at start are answered once, after it."""
 
 
 @cache
@@ -236,6 +246,8 @@ class DirectiveListener:
         self._backlog_best: Directive | None = None
         self._last_seq = 0
         self._last_expire_seq = 0
+        """The newest per-node directive seq seen (expire and snapshot_request share it)."""
+        self._backlog_snapshot_request = False
         self._safe_ts: int | None = None
         self._catalog_floor: int | None = None
         self._last: Directive | None = None
@@ -371,7 +383,7 @@ class DirectiveListener:
             self._counts["other_clusters"] += 1
             return None
         kind = obj.get("type")
-        if kind not in ("compaction", "expire"):
+        if kind not in ("compaction", "expire", SNAPSHOT_REQUEST):
             return self._invalid(msg, f"unknown directive type {kind!r}")
         try:
             _validator(kind)(obj)
@@ -379,6 +391,9 @@ class DirectiveListener:
             return self._invalid(msg, f"invalid {kind}: {exc.message}")
         if kind == "expire":
             self._expire(ExpireDirective.from_json(obj))
+            return None
+        if kind == SNAPSHOT_REQUEST:
+            self._snapshot_request(obj)
             return None
         directive = Directive.from_json(obj)
         if directive.seq <= self._last_seq:
@@ -403,6 +418,9 @@ class DirectiveListener:
         if not self._partitions <= self._eof:
             return None
         self._caught_up = True
+        if self._backlog_snapshot_request:
+            self._backlog_snapshot_request = False
+            self._answer_snapshot_request()
         best, self._backlog_best = self._backlog_best, None
         return self._accept(best) if best is not None else None
 
@@ -461,6 +479,34 @@ class DirectiveListener:
             self._counts["handler_failures"] += 1
             log.exception("directive listener: on_expire failed for expiry seq %d", expire.seq)
 
+    def _snapshot_request(self, obj: dict[str, Any]) -> None:
+        """The job asks this node for its complete set of holds (it started on empty state).
+        Per-node directives share one ``seq`` per cluster (expire and snapshot_request)."""
+        if obj["seq"] <= self._last_expire_seq:
+            self._counts["repeats"] += 1
+            return
+        self._last_expire_seq = obj["seq"]
+        target = self._reporter.node if self._reporter is not None else self.node
+        if target is None or obj["node"] != target:
+            return
+        if not self._caught_up:
+            self._backlog_snapshot_request = True  # answered once the backlog is read
+            return
+        self._answer_snapshot_request()
+
+    def _answer_snapshot_request(self) -> None:
+        if self._reporter is None:
+            log.info("directive listener: the job asks node %s for a snapshot; publish one (no reporter= given)", self.node)
+            return
+        try:
+            self._reporter.snapshot()
+        except Exception:
+            self._counts["handler_failures"] += 1
+            log.exception("directive listener: the reporter failed to publish the snapshot the job asked for")
+            return
+        self._counts["snapshot_requests"] += 1
+        log.info("directive listener: the job asked node %s for a snapshot; published", self._reporter.node)
+
     def _invalid(self, msg: Message, reason: str) -> Directive | None:
         self._counts["invalid"] += 1
         log.warning("directive listener: skipped %s [%s] offset %s: %s", self.topic, msg.partition(), msg.offset(), reason)
@@ -474,10 +520,11 @@ class DirectiveListener:
         """Run in a background thread, calling ``on_directive`` for each advancing directive.
 
         A directive whose handler raises is logged and retried every ``retry_backoff_s`` until it
-        succeeds or a newer directive supersedes it.
+        succeeds or a newer directive supersedes it. With ``reporter=`` and no ``on_directive``
+        the thread only keeps the reporter informed (safe point, expiries, snapshot requests).
         """
-        if self._on_directive is None:
-            msg = "start() needs on_directive=...; without a handler, iterate with poll() instead"
+        if self._on_directive is None and self._reporter is None:
+            msg = "start() needs on_directive=... or reporter=...; without either, iterate with poll() instead"
             raise SafepointError(msg)
         if self._thread is not None:
             return self
@@ -489,8 +536,7 @@ class DirectiveListener:
         return self
 
     def _run(self) -> None:
-        handler = self._on_directive
-        assert handler is not None
+        handler = self._on_directive or (lambda _directive: None)
         pending: Directive | None = None
         try:
             while not self._stop.is_set():

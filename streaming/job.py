@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from safepoint.core.events import DEADLETTER_CODES, DEFAULT_CLUSTER
+from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
 from safepoint.schemas import NODE_EVENT_TYPES, load
 from safepoint.settings import Settings
@@ -172,7 +173,7 @@ def _stateful(df: Any, keys: list[str], processor: Any, schema: Any) -> Any:
     )
 
 
-def _plain_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+def _plain_path(raw: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
     """One row per message: JVM envelope, group by (cluster, node), group by cluster."""
     from pyspark.sql import functions as F
 
@@ -189,10 +190,11 @@ def _plain_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
     )
     stage_one = _stateful(keyed, ["cluster", "node"], NodeProcessor(policy, settings.events_topic), STAGE_ONE_SCHEMA)
     stage_one = stage_one.observe(ACCOUNTING, *accounting_metrics())
-    return _stateful(stage_one, ["cluster"], ClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
+    return _stateful(stage_one, ["cluster"], ClusterProcessor(policy, settings.topics(), settings.accounting_topic, start),
+                     OUTPUT_SCHEMA)
 
 
-def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
     """Packed rows from raw Kafka rows: a mapInArrow router (the Python source packs in its own
     read tasks instead, see build_query), then the two stages of ``_fast_stages``."""
     from pyspark.sql import functions as F
@@ -203,14 +205,46 @@ def _fast_path(raw: Any, settings: Settings, policy: dict[str, Any]) -> Any:
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
     ).mapInArrow(Router(policy, settings.events_topic, settings.node_buckets), ROUTED_SCHEMA)
-    return _fast_stages(routed_df, settings, policy)
+    return _fast_stages(routed_df, settings, policy, start)
 
 
-def _fast_stages(routed: Any, settings: Settings, policy: dict[str, Any]) -> Any:
+def _fast_stages(routed: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
     """Group by (cluster, bucket) -> BucketProcessor -> accounting -> group by cluster -> PackedClusterProcessor."""
     stage_one = _stateful(routed, ["cluster", "bucket"], BucketProcessor(policy, settings.node_buckets), PACKED_ONE_SCHEMA)
     stage_one = stage_one.observe(ACCOUNTING, *packed_metrics())
-    return _stateful(stage_one, ["cluster"], PackedClusterProcessor(policy, settings.topics(), settings.accounting_topic), OUTPUT_SCHEMA)
+    return _stateful(stage_one, ["cluster"], PackedClusterProcessor(policy, settings.topics(), settings.accounting_topic, start),
+                     OUTPUT_SCHEMA)
+
+
+def has_committed_batch(spark: Any, checkpoint: str) -> bool:
+    """True when the checkpoint holds a committed micro-batch (its ``commits/`` has an entry).
+    Read through Hadoop's FileSystem, so HDFS, S3 and local paths alike."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(checkpoint.rstrip("/") + "/commits")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return False
+    return any(not st.getPath().getName().startswith(".") for st in fs.listStatus(path))
+
+
+def start_plan(spark: Any, settings: Settings, checkpoint: str) -> StartPlan | None:
+    """None when the checkpoint has committed state; else how the clusters start (a start on
+    empty state: seeded from the directives topic, recovering; see core/recovery.py)."""
+    if has_committed_batch(spark, checkpoint):
+        return None
+    from safepoint.connectors.seeds import read_seeds
+
+    seeds = read_seeds(settings.librdkafka(), settings.directives_topic)
+    plan = StartPlan(seeds, recover_all=settings.starting_offsets != "earliest")
+    if plan.seeds or plan.recover_all:
+        log.warning(
+            "starting on empty state (checkpoint %s has no committed batch): %s; every node of %s must send a "
+            "snapshot (asked with a snapshot_request directive) before the round counts it again",
+            checkpoint,
+            f"{len(seeds)} cluster(s) seeded from {settings.directives_topic}" if seeds else "no directive to seed from",
+            "every cluster" if plan.recover_all else "the seeded clusters",
+        )
+    return plan
 
 
 def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, pack_in_source: bool = True) -> Any:
@@ -229,11 +263,14 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
         msg = "the job needs a checkpoint directory (--checkpoint)"
         raise ValueError(msg)
     policy = settings.policy().to_dict()
+    plan = start_plan(spark, settings, checkpoint)
+    start = plan.to_json() if plan is not None else None
     if settings.fast_path and settings.source_format == "python" and pack_in_source:
-        outputs = _fast_stages(read_events(spark, settings, {"policy": policy, "buckets": settings.node_buckets}), settings, policy)
+        outputs = _fast_stages(read_events(spark, settings, {"policy": policy, "buckets": settings.node_buckets}), settings, policy,
+                               start)
     else:
         raw = read_events(spark, settings)
-        outputs = (_fast_path if settings.fast_path else _plain_path)(raw, settings, policy)
+        outputs = (_fast_path if settings.fast_path else _plain_path)(raw, settings, policy, start)
     builtin = settings.source_format == "kafka"
     writer = outputs.writeStream.format("kafka" if builtin else "safepoint_kafka").queryName(QUERY_NAME)
     for k, v in kafka_options(settings, builtin).items():

@@ -64,6 +64,7 @@ def broker() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # tests stay on loopback
     from safepoint.streaming.session import build_session
 
     session = build_session(master="local[2]", shuffle_partitions=2, app="safepoint-tests")
