@@ -48,12 +48,21 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import fastjsonschema
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from safepoint.connectors.clients import (
+    CLIENT_ERRORS,
+    CONFLUENT,
+    PARTITION_EOF,
+    assign_from_beginning,
+    check_client,
+    make_consumer,
+)
 from safepoint.errors import BrokerError, ClientClosed, SafepointError
 from safepoint.schemas import load
 
 if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+
     from safepoint.connectors.reporter import Reporter
     from safepoint.settings import Settings
 
@@ -199,14 +208,18 @@ class DirectiveListener:
         node: str | None = None,
         kafka_conf: Mapping[str, Any] | None = None,
         retry_backoff_s: float = 1.0,
+        client: str | None = None,
     ) -> None:
-        """``cluster`` defaults to the reporter's, else ``"default"``. ``node`` (default: the
+        """``cluster`` (and ``client``, the Kafka library: ``"confluent"`` or ``"kafka-python"``)
+        default to the reporter's, else ``"default"`` (and ``"confluent"``). ``node`` (default: the
         reporter's node) limits ``on_expire`` to this node's readers and transactions; with
         neither, every expiry of the cluster is delivered. ``on_directive`` is called by the
         background thread (:meth:`start`); :meth:`poll` returns directives instead. ``on_expire``
         is called in whichever thread reads the topic. With ``reporter=`` the node's expiries go to
         :meth:`Reporter.expire` first (in the same thread), then to ``on_expire``.
         """
+        if client is None:
+            client = reporter.client if reporter is not None else CONFLUENT
         if cluster is None:
             cluster = reporter.cluster if reporter is not None else "default"
         if node is None and reporter is not None:
@@ -234,11 +247,7 @@ class DirectiveListener:
         }
         conf.update(kafka_conf or {})
         conf["error_cb"] = self._on_error
-        try:
-            self._consumer = Consumer(conf)
-        except KafkaException as exc:
-            msg = f"cannot create the directive listener's Kafka consumer for {bootstrap}: {exc}"
-            raise BrokerError(msg) from exc
+        self._consumer = make_consumer(check_client(client), conf)
 
         self._partitions: set[int] = set()
         self._eof: set[int] = set()
@@ -265,6 +274,7 @@ class DirectiveListener:
         """A listener for the deployment ``settings`` describe (bootstrap, directives topic, extra Kafka keys)."""
         conf = settings.librdkafka()
         conf.update(kwargs.pop("kafka_conf", None) or {})
+        kwargs.setdefault("client", settings.client)
         return cls(
             conf.pop("bootstrap.servers"),
             cluster,
@@ -333,7 +343,7 @@ class DirectiveListener:
             remaining = deadline - time.monotonic()
             try:
                 msg = self._consumer.poll(max(0.0, remaining))
-            except KafkaException as exc:
+            except CLIENT_ERRORS as exc:
                 msg_text = f"cannot read {self.topic} at {self.bootstrap}: {exc}"
                 raise BrokerError(msg_text) from exc
             if msg is None:
@@ -349,7 +359,7 @@ class DirectiveListener:
         try:
             md = self._consumer.list_topics(self.topic, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
             meta = md.topics.get(self.topic)
-        except KafkaException as exc:
+        except CLIENT_ERRORS as exc:
             log.warning("directive listener: cannot read metadata of %s at %s: %s", self.topic, self.bootstrap, exc)
             meta = None
         if meta is None or meta.error is not None or not meta.partitions:
@@ -359,13 +369,13 @@ class DirectiveListener:
             time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
             return False
         self._partitions = set(meta.partitions)
-        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(self._partitions)])
+        assign_from_beginning(self._consumer, self.topic, self._partitions)
         return True
 
     def _handle(self, msg: Message) -> Directive | None:
         err = msg.error()
         if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
+            if err.code() == PARTITION_EOF:
                 return self._on_eof(msg.partition())
             log.warning("directive listener: error reading %s: %s", self.topic, err)
             return None
@@ -586,7 +596,7 @@ class DirectiveListener:
             if self._consumer_closed:
                 return
             self._consumer_closed = True
-        with contextlib.suppress(KafkaException, RuntimeError):
+        with contextlib.suppress(*CLIENT_ERRORS, RuntimeError):
             self._consumer.close()
 
     def __enter__(self) -> Self:

@@ -56,11 +56,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
 from urllib.parse import quote
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-
+from safepoint.connectors.clients import CLIENT_ERRORS, CONFLUENT, check_client, is_fatal, make_producer
 from safepoint.errors import BrokerError, ClientClosed, ReaderExpired, ReaderRefused, SafepointError
 
 if TYPE_CHECKING:
+    from confluent_kafka import KafkaError, Message
+
     from safepoint.connectors.listener import ExpireDirective
     from safepoint.settings import Settings
 
@@ -82,7 +83,6 @@ DEFAULT_EVENTS_TOPIC = "safepoint.events"
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _MAX_INCARNATION = 2**53 - 1  # the schema's bound: exact in every JSON reader
-_FATAL_CODES = frozenset({KafkaError._FATAL, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER})
 _FIGURE_KEYS = ("groups", "pinned_bytes", "debt_bytes", "active_readers", "active_txs")
 
 Outcome = Literal["commit", "abort"]
@@ -525,6 +525,7 @@ class Reporter:
         state_dir: str | os.PathLike[str] | None = None,
         produce_timeout_s: float = 30.0,
         on_expire: ExpireCallback | None = None,
+        client: str = CONFLUENT,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -536,7 +537,9 @@ class Reporter:
         ``heartbeat_interval_s`` of ``None`` or ``0`` starts no thread: call :meth:`heartbeat`.
         ``wall_clock`` returns milliseconds since the epoch (injectable for tests).
         ``on_expire(handle, directive)`` is called when a reader or transaction without its own
-        ``on_expire`` is expired (see :meth:`expire`).
+        ``on_expire`` is expired (see :meth:`expire`). ``client`` is the Kafka library:
+        ``"confluent"`` (confluent-kafka, the default) or ``"kafka-python"`` (pure Python, for
+        nodes where librdkafka's wheel cannot be installed; ``kafka_conf`` keys are translated).
         """
         self.node = _check_id("node", node)
         self.cluster = _check_id("cluster", cluster)
@@ -552,6 +555,7 @@ class Reporter:
         self._figures = figures
         self._wall_clock = wall_clock
         self._produce_timeout_s = produce_timeout_s
+        self._client = check_client(client)
         self._key = node.encode("utf-8")
         self._conf: dict[str, Any] = {
             "bootstrap.servers": bootstrap,
@@ -604,6 +608,7 @@ class Reporter:
         """A reporter for the deployment ``settings`` describe (bootstrap, events topic, extra Kafka keys)."""
         conf = settings.librdkafka()
         conf.update(kwargs.pop("kafka_conf", None) or {})
+        kwargs.setdefault("client", settings.client)
         return cls(
             conf.pop("bootstrap.servers"),
             node,
@@ -780,6 +785,11 @@ class Reporter:
             return list(self._txs.values())
 
     @property
+    def client(self) -> str:
+        """The Kafka library this reporter uses: ``"confluent"`` or ``"kafka-python"``."""
+        return self._client
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -854,10 +864,10 @@ class Reporter:
                 timeout_s,
                 self.bootstrap,
             )
-            with contextlib.suppress(KafkaException, RuntimeError):
+            with contextlib.suppress(*CLIENT_ERRORS, RuntimeError):
                 producer.purge()
                 producer.poll(0)
-        with contextlib.suppress(KafkaException, RuntimeError):
+        with contextlib.suppress(*CLIENT_ERRORS, RuntimeError):
             producer.close()
 
     def __enter__(self) -> Self:
@@ -1033,12 +1043,12 @@ class Reporter:
                     raise BrokerError(msg) from None
                 try:
                     self._producer.poll(0.05)
-                except KafkaException as exc:
+                except CLIENT_ERRORS as exc:
                     self._note_kafka_exception(exc)
                     if self._fatal and not recreated:
                         self._recreate_producer()
                         recreated = True
-            except KafkaException as exc:
+            except CLIENT_ERRORS as exc:
                 if _is_fatal(exc.args[0] if exc.args else None) and not recreated:
                     self._fatal = True
                     self._recreate_producer()
@@ -1048,7 +1058,7 @@ class Reporter:
                 raise BrokerError(msg) from exc
         try:
             self._producer.poll(0)
-        except KafkaException as exc:
+        except CLIENT_ERRORS as exc:
             self._note_kafka_exception(exc)
 
     def _drain(self, timeout_s: float, repair: bool) -> int:
@@ -1074,7 +1084,7 @@ class Reporter:
                 return queued
             try:
                 producer.poll(min(0.1, left))
-            except KafkaException as exc:
+            except CLIENT_ERRORS as exc:
                 self._note_kafka_exception(exc)
 
     def _repair(self) -> None:
@@ -1085,21 +1095,17 @@ class Reporter:
             self._repairs += 1
             self._publish_snapshot()
 
-    def _new_producer(self) -> Producer:
-        try:
-            return Producer(dict(self._conf))
-        except KafkaException as exc:
-            msg = f"cannot create the reporter's Kafka producer for {self.bootstrap}: {exc}"
-            raise BrokerError(msg) from exc
+    def _new_producer(self) -> Any:
+        return make_producer(self._client, self._conf)
 
     def _recreate_producer(self) -> None:
         """Replace a producer that hit a fatal error; call with the lock held."""
         old = self._producer
         log.warning("reporter %s: the producer hit a fatal error; recreating it and publishing a snapshot", self.node)
-        with contextlib.suppress(KafkaException, RuntimeError):
+        with contextlib.suppress(*CLIENT_ERRORS, RuntimeError):
             old.purge()
         for _ in range(10):  # serve the purged messages' delivery reports: they count as failures
-            with contextlib.suppress(KafkaException, RuntimeError):
+            with contextlib.suppress(*CLIENT_ERRORS, RuntimeError):
                 if not old.poll(0):
                     break
         self._producer = self._new_producer()
@@ -1107,7 +1113,7 @@ class Reporter:
         self._needs_snapshot = True
         self._restarts += 1
 
-    def _note_kafka_exception(self, exc: KafkaException) -> None:
+    def _note_kafka_exception(self, exc: BaseException) -> None:
         err = exc.args[0] if exc.args else None
         if _is_fatal(err):
             self._fatal = True
@@ -1168,5 +1174,4 @@ class Reporter:
             self._stop.wait(interval_s)
 
 
-def _is_fatal(err: object) -> bool:
-    return isinstance(err, KafkaError) and (err.fatal() or err.code() in _FATAL_CODES)
+_is_fatal = is_fatal

@@ -87,6 +87,9 @@ class Settings:
     expire_grace_ms: int = _P.expire_grace_ms
     max_expiries_per_window: int = _P.max_expiries_per_window
     expire_window_ms: int = _P.expire_window_ms
+    client: str = "confluent"
+    """The node client's Kafka library (Reporter, DirectiveListener): confluent (librdkafka) or
+    kafka-python (pure Python, for nodes without librdkafka's wheel). The job always uses confluent-kafka."""
     kafka: dict[str, Any] = field(default_factory=dict)
     """Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed to every client."""
 

@@ -1,0 +1,365 @@
+"""The node client's two Kafka libraries: confluent-kafka (librdkafka, the default) or kafka-python.
+
+``Reporter`` and ``DirectiveListener`` speak the part of confluent-kafka's API they need; with
+``client="kafka-python"`` they get adapters over kafka-python (pure Python: no native wheel) that
+speak the same part. Nothing here imports confluent-kafka unless it is chosen, so a node can run
+the client with kafka-python alone.
+
+Both libraries place a node's events on the same partition: kafka-python is given librdkafka's
+default partitioner (CRC-32 of the key modulo the partition count), so a node keeps one partition
+whichever library it uses.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from types import SimpleNamespace
+from typing import Any
+
+from safepoint.errors import BrokerError, ConfigError
+
+__all__ = [
+    "CLIENTS",
+    "CLIENT_ERRORS",
+    "CONFLUENT",
+    "KAFKA_PYTHON",
+    "PARTITION_EOF",
+    "ClientError",
+    "assign_from_beginning",
+    "check_client",
+    "crc32_partition",
+    "is_fatal",
+    "make_consumer",
+    "make_producer",
+]
+
+CONFLUENT = "confluent"
+KAFKA_PYTHON = "kafka-python"
+CLIENTS = (CONFLUENT, KAFKA_PYTHON)
+PARTITION_EOF = -191
+"""librdkafka's ``RD_KAFKA_RESP_ERR__PARTITION_EOF``: the error code of an end-of-partition event."""
+
+
+class ClientError(Exception):
+    """A kafka-python failure, in the place where confluent-kafka raises ``KafkaException``."""
+
+
+def _confluent_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from confluent_kafka import KafkaException
+    except ImportError:  # a node with kafka-python only
+        return (ClientError,)
+    return (KafkaException, ClientError)
+
+
+CLIENT_ERRORS: tuple[type[BaseException], ...] = _confluent_errors()
+"""What either library raises for a broker or client failure (``except CLIENT_ERRORS``)."""
+
+
+def check_client(name: str) -> str:
+    if name not in CLIENTS:
+        msg = f"unknown Kafka client {name!r}: use one of {', '.join(CLIENTS)}"
+        raise ConfigError(msg)
+    return name
+
+
+def is_fatal(err: object) -> bool:
+    """A librdkafka error after which the producer must be recreated (kafka-python: never)."""
+    code, fatal = getattr(err, "code", None), getattr(err, "fatal", None)
+    if not callable(code) or not callable(fatal) or isinstance(err, _Error):
+        return False
+    from confluent_kafka import KafkaError
+
+    return bool(fatal()) or code() in (KafkaError._FATAL, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
+
+
+# -- configuration: librdkafka's dotted keys -> kafka-python's arguments ------------------------
+
+_COMMON = {
+    "bootstrap.servers": "bootstrap_servers",
+    "client.id": "client_id",
+    "security.protocol": "security_protocol",
+    "sasl.mechanism": "sasl_mechanism",
+    "sasl.mechanisms": "sasl_mechanism",
+    "sasl.username": "sasl_plain_username",
+    "sasl.password": "sasl_plain_password",
+    "ssl.ca.location": "ssl_cafile",
+    "ssl.certificate.location": "ssl_certfile",
+    "ssl.key.location": "ssl_keyfile",
+    "ssl.key.password": "ssl_password",
+    "request.timeout.ms": "request_timeout_ms",
+}
+_PRODUCER = {**_COMMON, "acks": "acks", "linger.ms": "linger_ms", "enable.idempotence": "enable_idempotence",
+             "compression.type": "compression_type", "retries": "retries"}
+_CONSUMER = {**_COMMON, "auto.offset.reset": "auto_offset_reset", "receive.message.max.bytes": "fetch_max_bytes"}
+_DROPPED = ("logger", "error_cb", "group.id", "enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof")
+"""librdkafka keys with no kafka-python meaning here (the adapters never join a group or commit)."""
+
+
+def _translate(conf: Mapping[str, Any], table: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in conf.items():
+        if key in _DROPPED:
+            continue
+        arg = table.get(key)
+        if arg is None:
+            msg = (f"Kafka setting {key!r} has no kafka-python equivalent in safepoint's adapter "
+                   f"(supported: {', '.join(sorted(table))}); remove it or use client = \"confluent\"")
+            raise ConfigError(msg)
+        if isinstance(value, str) and value.isdigit() and arg.endswith(("_ms", "retries")):
+            value = int(value)
+        out[arg] = value
+    return out
+
+
+def crc32_partition(key: bytes | None, partitions: Iterable[int]) -> int:
+    """librdkafka's default ``consistent_random`` partitioner: CRC-32 of the key (random without one)."""
+    ordered = sorted(partitions)
+    if key is None:
+        import random
+
+        return random.choice(ordered)  # noqa: S311 - load spreading, not security
+    return ordered[zlib.crc32(key) % len(ordered)]
+
+
+def _crc32_partitioner() -> Any:
+    """``crc32_partition`` as a kafka-python ``Partitioner``."""
+    from kafka.partitioner import Partitioner
+
+    class Crc32Partitioner(Partitioner):  # type: ignore[misc]
+        def partition(self, topic: str, key: Any, serialized_key: bytes | None, value: Any,
+                      serialized_value: bytes | None, cluster: Any) -> int:
+            partitions = cluster.partitions_for_topic(topic)
+            if not partitions:
+                msg = f"topic {topic} is not in the cluster metadata"
+                raise ValueError(msg)
+            return crc32_partition(serialized_key, partitions)
+
+    return Crc32Partitioner()
+
+
+# -- kafka-python adapters ------------------------------------------------------------------------
+
+
+class _Error:
+    """A kafka-python failure in the shape of confluent-kafka's ``KafkaError``."""
+
+    __slots__ = ("_code", "_text")
+
+    def __init__(self, code: int, text: str) -> None:
+        self._code, self._text = code, text
+
+    def code(self) -> int:
+        return self._code
+
+    def fatal(self) -> bool:
+        return False
+
+    def __str__(self) -> str:
+        return self._text
+
+
+class _Record:
+    """A consumed record (or an end-of-partition event) in the shape of confluent-kafka's ``Message``."""
+
+    __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_error")
+
+    def __init__(self, topic: str, partition: int, offset: int, key: bytes | None = None, value: bytes | None = None,
+                 error: _Error | None = None) -> None:
+        self._topic, self._partition, self._offset = topic, partition, offset
+        self._key, self._value, self._error = key, value, error
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+    def error(self) -> _Error | None:
+        return self._error
+
+
+PRODUCER, CONSUMER = "producer", "consumer"
+
+
+def _wrap(what: str, conf: Mapping[str, Any], exc: Exception) -> BrokerError:
+    msg = f"cannot create the kafka-python {what} for {conf.get('bootstrap.servers')}: {exc}"
+    return BrokerError(msg)
+
+
+class PyProducer:
+    """confluent-kafka's ``Producer`` calls the reporter makes, over ``kafka.KafkaProducer``:
+    ``produce`` queues, delivery reports are served by ``poll`` in the caller's thread."""
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        from kafka import KafkaProducer
+
+        kwargs = _translate(conf, _PRODUCER)
+        kwargs.setdefault("max_block_ms", 1_000)  # a full queue or missing metadata: BufferError, retried
+        try:
+            self._producer = KafkaProducer(partitioner=_crc32_partitioner(), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - kafka-python raises its own errors and ValueError
+            raise _wrap(PRODUCER, conf, exc) from exc
+        self._reports: collections.deque[tuple[Callable[..., Any] | None, _Error | None, _Record]] = collections.deque()
+        self._ready = threading.Condition()
+        self._pending = 0
+
+    def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
+                on_delivery: Callable[..., Any] | None = None) -> None:
+        from kafka.errors import KafkaError, KafkaTimeoutError
+
+        try:
+            future = self._producer.send(topic, value=value, key=key)
+        except KafkaTimeoutError as exc:
+            raise BufferError(str(exc)) from exc
+        except KafkaError as exc:
+            raise ClientError(str(exc)) from exc
+        with self._ready:
+            self._pending += 1
+
+        def done(result: Any) -> None:
+            report: tuple[Callable[..., Any] | None, _Error | None, _Record]
+            if isinstance(result, BaseException):
+                report = (on_delivery, _Error(-1, f"{type(result).__name__}: {result}"), _Record(topic, -1, -1, key, value))
+            else:
+                report = (on_delivery, None, _Record(topic, result.partition, result.offset, key, value))
+            with self._ready:
+                self._reports.append(report)
+                self._ready.notify_all()
+
+        future.add_both(done)
+
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve the delivery reports that are in (waiting up to ``timeout`` s for the first)."""
+        with self._ready:
+            if not self._reports and timeout > 0:
+                self._ready.wait(timeout)
+            reports = list(self._reports)
+            self._reports.clear()
+            self._pending -= len(reports)
+        for callback, err, record in reports:
+            if callback is not None:
+                callback(err, record)
+        return len(reports)
+
+    def flush(self, timeout: float | None = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
+        while len(self) and time.monotonic() < deadline:
+            self.poll(min(0.1, max(0.0, deadline - time.monotonic())))
+        return len(self)
+
+    def purge(self) -> None:
+        """kafka-python cannot drop queued records; they are delivered or fail on their own."""
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._producer.close(timeout=timeout)
+        self.poll(0)
+
+    def __len__(self) -> int:
+        with self._ready:
+            return self._pending
+
+
+class PyConsumer:
+    """confluent-kafka's ``Consumer`` calls the listener makes, over ``kafka.KafkaConsumer``
+    (no group, no commits). End-of-partition events are emitted once per assigned partition, when
+    its position reaches the end it had when it was assigned: the backlog is read."""
+
+    def __init__(self, conf: Mapping[str, Any]) -> None:
+        from kafka import KafkaConsumer
+
+        kwargs = _translate(conf, _CONSUMER)
+        try:
+            self._consumer = KafkaConsumer(group_id=None, enable_auto_commit=False, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - kafka-python raises its own errors and ValueError
+            raise _wrap(CONSUMER, conf, exc) from exc
+        self._buffer: collections.deque[_Record] = collections.deque()
+        self._backlog_ends: dict[Any, int] = {}
+
+    def list_topics(self, topic: str, timeout: float = 5.0) -> SimpleNamespace:
+        from kafka.errors import KafkaError
+
+        try:
+            parts = self._consumer.partitions_for_topic(topic)
+        except KafkaError as exc:
+            raise ClientError(str(exc)) from exc
+        topics = {topic: SimpleNamespace(error=None, partitions={p: None for p in sorted(parts)})} if parts else {}
+        return SimpleNamespace(topics=topics)
+
+    def assign_from_beginning(self, topic: str, partitions: Iterable[int]) -> None:
+        from kafka import TopicPartition
+
+        tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+        self._consumer.assign(tps)
+        self._consumer.seek_to_beginning(*tps)
+        self._backlog_ends = dict(self._consumer.end_offsets(tps))
+
+    def poll(self, timeout: float = 1.0) -> _Record | None:
+        from kafka.errors import KafkaError
+
+        if not self._buffer:
+            try:
+                batches = self._consumer.poll(timeout_ms=int(max(0.0, timeout) * 1000), max_records=500)
+            except KafkaError as exc:
+                raise ClientError(str(exc)) from exc
+            for tp, records in batches.items():
+                self._buffer.extend(_Record(tp.topic, tp.partition, r.offset, r.key, r.value) for r in records)
+            for tp in [tp for tp, end in self._backlog_ends.items() if self._consumer.position(tp) >= end]:
+                del self._backlog_ends[tp]
+                self._buffer.append(_Record(tp.topic, tp.partition, -1, error=_Error(PARTITION_EOF, "end of partition")))
+        return self._buffer.popleft() if self._buffer else None
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+# -- the factories ------------------------------------------------------------------------------
+
+
+def make_producer(client: str, conf: Mapping[str, Any]) -> Any:
+    """A producer of the chosen library (confluent-kafka's ``Producer`` or ``PyProducer``)."""
+    if check_client(client) == KAFKA_PYTHON:
+        return PyProducer(conf)
+    from confluent_kafka import KafkaException, Producer
+
+    try:
+        return Producer(dict(conf))
+    except KafkaException as exc:
+        msg = f"cannot create the Kafka producer for {conf.get('bootstrap.servers')}: {exc}"
+        raise BrokerError(msg) from exc
+
+
+def make_consumer(client: str, conf: Mapping[str, Any]) -> Any:
+    """A consumer of the chosen library (confluent-kafka's ``Consumer`` or ``PyConsumer``)."""
+    if check_client(client) == KAFKA_PYTHON:
+        return PyConsumer(conf)
+    from confluent_kafka import Consumer, KafkaException
+
+    try:
+        return Consumer(dict(conf))
+    except KafkaException as exc:
+        msg = f"cannot create the Kafka consumer for {conf.get('bootstrap.servers')}: {exc}"
+        raise BrokerError(msg) from exc
+
+
+def assign_from_beginning(consumer: Any, topic: str, partitions: Iterable[int]) -> None:
+    """Assign every given partition of ``topic`` from its first offset, either library."""
+    if isinstance(consumer, PyConsumer):
+        consumer.assign_from_beginning(topic, partitions)
+        return
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
