@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from safepoint.core.ids import join_id
+
 __all__ = ["CheckResult", "check_logs", "check_kafka", "read_topic", "validate_event"]
 
 INT64_MIN = -(1 << 63)
@@ -512,7 +514,7 @@ class _Checker:
             if hold.ts >= safe:
                 continue
             if prev is not None and hold.ts < prev:
-                if f"{cluster}/horizon_violation/{name}/{kind}/{hid}" in self.late_alert_ids or (cluster, name, hold.ts) in self.late_alert_ts:
+                if join_id(cluster, "horizon_violation", name, kind, hid) in self.late_alert_ids or (cluster, name, hold.ts) in self.late_alert_ts:
                     r.excused_late_holds += 1
                 else:
                     r.violation(f"{where}: {kind} {hid} at {hold.ts} arrived below safe_ts {prev} with no horizon_violation alert")

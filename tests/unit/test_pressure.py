@@ -711,7 +711,7 @@ def test_expiry_picks_lowest_ts_first_skips_young_and_prepared() -> None:
     assert all(e.get("tx_id") != "t_e" for e in run.expires()), "never the prepared transaction"
     # the expire directives: shape, key, per-cluster seq
     exp_outs = [o for o in outs if o.channel == DIRECTIVES]
-    assert [o.key for o in exp_outs] == ["default/n1/t_d", "default/n1/r_b", "default/n1/r_tie", "default/n1/r_a"]
+    assert [o.key for o in exp_outs] == ["default/n1/tx/t_d", "default/n1/reader/r_b", "default/n1/reader/r_tie", "default/n1/reader/r_a"]
     for o in exp_outs:
         validator("expire").validate(o.value)
     assert exp_outs[0].value == {
@@ -746,16 +746,16 @@ def test_graceful_then_hard_after_the_grace_period() -> None:
     # the audit alerts: raised per directive (warning graceful, critical hard), cleared on close
     fe = run.alerts("forced_expiry")
     assert [(a["id"], a["state"], a["severity"]) for a in fe] == [
-        ("default/forced_expiry/n1/r1", "raised", "warning"),
-        ("default/forced_expiry/n1/r2", "raised", "warning"),
-        ("default/forced_expiry/n1/r2", "cleared", "warning"),
-        ("default/forced_expiry/n1/r1", "raised", "critical"),
+        ("default/forced_expiry/n1/reader/r1", "raised", "warning"),
+        ("default/forced_expiry/n1/reader/r2", "raised", "warning"),
+        ("default/forced_expiry/n1/reader/r2", "cleared", "warning"),
+        ("default/forced_expiry/n1/reader/r1", "raised", "critical"),
     ]
     assert "graceful" in fe[0]["detail"] and "etl" in fe[0]["detail"] and "hard" in fe[3]["detail"]
     assert fe[0]["value"] == 9_000 and fe[0]["node"] == "n1"
     run.feed(n1.close("r1", EXPIRE_AT + 600_001))
     last = run.alerts("forced_expiry")[-1]
-    assert (last["id"], last["state"], last["severity"]) == ("default/forced_expiry/n1/r1", "cleared", "critical")
+    assert (last["id"], last["state"], last["severity"]) == ("default/forced_expiry/n1/reader/r1", "cleared", "critical")
 
 
 def test_restart_closes_expired_holds_and_clears_their_audit_alerts() -> None:
@@ -766,8 +766,8 @@ def test_restart_closes_expired_holds_and_clears_their_audit_alerts() -> None:
     n1.restart()
     run.feed(n1.hb(EXPIRE_AT + 1, 10_000, pinned_bytes=25 * GIB))
     assert sorted(a["id"] for a in run.alerts("forced_expiry", "cleared")) == [
-        "default/forced_expiry/n1/r1",
-        "default/forced_expiry/n1/t1",
+        "default/forced_expiry/n1/reader/r1",
+        "default/forced_expiry/n1/tx/t1",
     ]
     critical(run, n1, EXPIRE_AT + 10_000, EXPIRE_AT + 600_000)
     assert len(run.expires()) == 2, "nothing left to expire, nothing upgraded to hard"
@@ -883,9 +883,9 @@ def test_expire_seq_is_per_cluster_and_key_names_cluster_node_and_hold() -> None
         run.feed(*[n.hb(t, 10_000, pinned_bytes=25 * GIB) for n in (a1, a2, b1)])
     outs = [o for o in run.outputs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
     assert [(o.key, o.value["cluster"], o.value["seq"]) for o in outs] == [
-        ("ca/n1/r1", "ca", 1),
-        ("ca/n2/t1", "ca", 2),
-        ("cb/n1/r1", "cb", 1),
+        ("ca/n1/reader/r1", "ca", 1),
+        ("ca/n2/tx/t1", "ca", 2),
+        ("cb/n1/reader/r1", "cb", 1),
     ]
 
 
@@ -1086,6 +1086,7 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
             closed.append(ev["reader_id"])
         elif typ == "tx_end":
             closed.append(ev["tx_id"])
+        kinds = {h: live[h][0] for h in closed if h in live}
         for h in closed:
             live.pop(h, None)
         now = ev["wall_ms"]
@@ -1096,7 +1097,7 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
             for a in (o.value for o in outs)
             if a["type"] == "alert" and a["kind"] == "forced_expiry" and a["state"] == "cleared"
         )
-        assert cleared == sorted(f"default/forced_expiry/n1/{h}" for h in closed if h in expired)
+        assert cleared == sorted(f"default/forced_expiry/n1/{kinds[h]}/{h}" for h in closed if h in expired)
         for h in closed:
             expired.pop(h, None)
         # what the engine did
@@ -1118,11 +1119,11 @@ def test_forced_expiry_obeys_its_rules(actions: list[tuple[str, int, int, int]])
             if o.value["type"] == "alert" and o.value["kind"] == "forced_expiry" and o.value["state"] == "raised"
         ]
         exps = [o for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
-        assert [a["id"] for a in raised] == [f"default/forced_expiry/n1/{o.key.split('/')[-1]}" for o in exps]
+        assert [a["id"] for a in raised] == [f"default/forced_expiry/n1/{'/'.join(o.key.split('/')[-2:])}" for o in exps]
         for o, a in zip(exps, raised, strict=True):
             e = o.value
             hid = e.get("reader_id") or e["tx_id"]
-            assert o.key == f"default/n1/{hid}"
+            assert o.key == f"default/n1/{'reader' if 'reader_id' in e else 'tx'}/{hid}"
             assert hid in live, "only a live hold"
             kind, _ts, _opened, prepared = live[hid]
             assert ("reader_id" in e) == (kind == "reader")

@@ -12,6 +12,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from safepoint.core.ids import escape, join_id, split_id
 from safepoint.core.node import NodeUpdate
 from safepoint.core.outputs import DIRECTIVES, Output, alert
 from safepoint.core.policy import Policy
@@ -22,8 +23,10 @@ IGNORED_STALE_VERSION = "stale_version"
 ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
 SNAPSHOT_REQUEST = "snapshot_request"
 
-# A node summary in state: [incarnation, seq, local_min, unknown, blocker, groups, last_wall, first_wall]
-N_INC, N_SEQ, N_MIN, N_UNKNOWN, N_BLOCKER, N_GROUPS, N_LAST, N_FIRST = range(8)
+# A node summary in state: [incarnation, seq, local_min, unknown, blocker, groups, last_wall, first_wall, holds]
+# holds: the node's open readers and transactions, join_id(kind, id) -> ts (to alert them all when it joins)
+N_INC, N_SEQ, N_MIN, N_UNKNOWN, N_BLOCKER, N_GROUPS, N_LAST, N_FIRST, N_HOLDS = range(9)
+FLOOR_KINDS = ("retention", "group")
 
 
 class ClusterState:
@@ -56,6 +59,7 @@ class ClusterState:
         "_missing_groups",
         "_never",
         "_awaiting",
+        "_floor_alerts",
     )
 
     def __init__(self, name: str) -> None:
@@ -115,6 +119,9 @@ class ClusterState:
     def from_json(cls, data: dict[str, Any]) -> ClusterState:
         state = cls(data["name"])
         state.nodes = data["nodes"]
+        for rec in state.nodes.values():
+            if len(rec) <= N_HOLDS:
+                rec.append({})  # written before holds were kept: those open then are not known here
         state.topology = data["topology"]
         state.versions = data["versions"]
         state.catalogs = {v: a for v, a in data["catalogs"]}
@@ -131,10 +138,10 @@ class ClusterState:
         state.topology_wall = data["topology_wall"]
         state.eseq = data.get("eseq", 0)
         state.last_advance_wall = data.get("last_advance_wall")
-        rec = data.get("recovery")
-        if rec is not None:
-            state.recovery = {"expected": set(rec["expected"]), "complete": set(rec["complete"]),
-                              "requested": dict(rec["requested"])}
+        recovery = data.get("recovery")
+        if recovery is not None:
+            state.recovery = {"expected": set(recovery["expected"]), "complete": set(recovery["complete"]),
+                              "requested": dict(recovery["requested"])}
         state._rebuild()
         return state
 
@@ -147,6 +154,11 @@ class ClusterState:
         self._missing_groups: dict[str, list[str]] = {}
         self._never: set[str] = {n for n in self._members if n not in self.nodes}
         self._awaiting: set[str] = set()
+        self._floor_alerts: dict[str, str] = {}  # node -> its raised retention/group violation
+        for aid in self.raised:
+            parts = split_id(aid)
+            if parts[0] == "horizon_violation" and len(parts) == 4 and parts[2] in FLOOR_KINDS:
+                self._floor_alerts[parts[1]] = aid
         if self.recovery is not None:
             needed = self._members | (self.recovery["expected"] if self.topology is None else set())
             self._awaiting = needed - self.recovery["complete"]
@@ -211,7 +223,7 @@ class ClusterState:
         fresh = rec is None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
-            rec = [u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms]
+            rec = [u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {}]
             self.nodes[u.node] = rec
             if self.topology is None:
                 self._members.add(u.node)
@@ -235,14 +247,17 @@ class ClusterState:
                 self._reindex(u.node, rec, old_min, old_last, u.groups is not None)
         if member and fresh:
             self._index(u.node, rec)
+        holds = rec[N_HOLDS]
         for kind, hid in u.closed:
-            self._clear_violation(f"horizon_violation/{u.node}/{kind}/{hid}", out)
-        if self.safe_ts is not None:
-            for kind, hid, ts in u.opened:
-                if ts < self.safe_ts:
-                    self._raise_violation(u.node, kind, hid, ts, out)
+            holds.pop(join_id(kind, hid), None)
+            self._clear_violation(join_id("horizon_violation", u.node, kind, hid), out)
+        for kind, hid, ts in u.opened:
+            holds[join_id(kind, hid)] = ts
+            if self.safe_ts is not None and ts < self.safe_ts:
+                self._raise_violation(u.node, kind, hid, ts, out)
         if member:
             self._check_horizon(u.node, out)
+            self._check_floor(u.node, u.floor, out)
         for signal in u.signals:
             self._signal(u.node, signal, out)
         if self.recovery is not None:
@@ -285,7 +300,7 @@ class ClusterState:
             return
         rec["requested"][u.node] = now
         self.eseq += 1
-        out.append(Output(DIRECTIVES, f"{self.name}/{u.node}", {
+        out.append(Output(DIRECTIVES, join_id(self.name, u.node), {
             "v": 1, "type": SNAPSHOT_REQUEST, "cluster": self.name, "node": u.node, "seq": self.eseq,
             "reason": "recovery", "cluster_wall_ms": now}))
 
@@ -296,11 +311,11 @@ class ClusterState:
         kind, body = signal
         if kind == "expire":
             self.eseq += 1
-            hid = body.get("reader_id") or body.get("tx_id")
+            kind_, hid = ("reader", body["reader_id"]) if "reader_id" in body else ("tx", body["tx_id"])
             value = {**body, "cluster": self.name, "seq": self.eseq, "cluster_wall_ms": now}
             value = {k: value[k] for k in ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq",
                                            "cluster_wall_ms") if k in value}
-            out.append(Output(DIRECTIVES, f"{self.name}/{node}/{hid}", value))
+            out.append(Output(DIRECTIVES, join_id(self.name, node, kind_, hid), value))
         else:
             out.append(self._alert({k: v for k, v in body.items() if k != "state"}, body["state"], now))
 
@@ -317,7 +332,7 @@ class ClusterState:
             self.topology_wall = self.cluster_time
             self._rebuild()
             for node in sorted(self._members - before):
-                self._check_horizon(node, out)
+                self._check_join(node, out)
         elif kind == "catalog":
             self.catalogs[event["catalog_version"]] = event["activated_at"]
         elif kind == "index_build":
@@ -344,7 +359,7 @@ class ClusterState:
                 and (not self._walls or self._walls[0][0] >= now - policy.node_lease_ms)):
             return found  # the common case, nothing wrong: what the loops below would find
         for node in self._never:
-            found[f"missing_node/{node}"] = (
+            found[join_id("missing_node", node)] = (
                 "missing_node",
                 node,
                 None,
@@ -356,7 +371,7 @@ class ClusterState:
             if last >= limit:
                 break
             age = now - last
-            found[f"missing_node/{node}"] = (
+            found[join_id("missing_node", node)] = (
                 "missing_node",
                 node,
                 age,
@@ -364,7 +379,7 @@ class ClusterState:
                 f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
             )
         for node, why in self._unknown.items():
-            found[f"unknown_node_min/{node}"] = (
+            found[join_id("unknown_node_min", node)] = (
                 "unknown_node_min",
                 node,
                 None,
@@ -372,7 +387,7 @@ class ClusterState:
                 f"minimum of node {node} is unknown: {why}",
             )
         for node, groups in self._missing_groups.items():
-            found[f"missing_group/{node}"] = (
+            found[join_id("missing_group", node)] = (
                 "missing_group",
                 node,
                 len(groups),
@@ -381,7 +396,7 @@ class ClusterState:
             )
         for node in self._awaiting:
             asked = self.recovery is not None and node in self.recovery["requested"]
-            found[f"awaiting_snapshot/{node}"] = (
+            found[join_id("awaiting_snapshot", node)] = (
                 "awaiting_snapshot",
                 node,
                 None,
@@ -485,7 +500,7 @@ class ClusterState:
         since = self.topology_wall
         if since is None or now is None or now >= since + policy.node_lease_ms:
             return set()
-        return {f"missing_node/{n}" for n in self._never}
+        return {join_id("missing_node", n) for n in self._never}
 
     def _sync_abort_alerts(
         self,
@@ -537,7 +552,7 @@ class ClusterState:
         out.append(self._alert(body, "raised", now))
 
     def _raise_violation(self, node: str, kind: str, hid: str, ts: int, out: list[Output]) -> None:
-        aid = f"horizon_violation/{node}/{kind}/{hid}"
+        aid = join_id("horizon_violation", node, kind, hid)
         now = self.cluster_time
         assert now is not None and self.safe_ts is not None
         body = {
@@ -548,8 +563,10 @@ class ClusterState:
             "value": ts,
             "threshold": self.safe_ts,
             "since": now,
-            "detail": f"{kind} {hid} on node {node} needs ts {ts}, below safe_ts {self.safe_ts} already "
-            "sent: versions it reads may be compacted",
+            "detail": (f"the retention bound (mvcc_now - retention) of node {node} is {ts}" if kind == "retention"
+                       else f"group {hid} on node {node} publishes min tx time {ts}" if kind == "group"
+                       else f"{kind} {hid} on node {node} needs ts {ts}")
+            + f", below safe_ts {self.safe_ts} already sent: versions it reads may be compacted",
         }
         self.raised[aid] = body
         out.append(self._alert(body, "raised", now))
@@ -568,8 +585,38 @@ class ClusterState:
         if blocker is None or blocker[0] not in ("reader", "tx", "prepared_tx"):
             return
         kind = "reader" if blocker[0] == "reader" else "tx"
-        if f"horizon_violation/{node}/{kind}/{blocker[1]}" not in self.raised:
+        if join_id("horizon_violation", node, kind, blocker[1]) not in self.raised:
             self._raise_violation(node, kind, blocker[1], blocker[2], out)
+
+    def _check_join(self, node: str, out: list[Output]) -> None:
+        """A node that joins the round: every open reader or transaction of it below safe_ts, and
+        its own floor (retention bound or group time) if that is its lowest hold, is alerted now."""
+        rec = self.nodes.get(node)
+        if self.safe_ts is None or rec is None:
+            return
+        for key, ts in sorted(rec[N_HOLDS].items(), key=lambda kv: (kv[1], kv[0])):
+            if ts < self.safe_ts:
+                kind, hid = split_id(key)
+                if join_id("horizon_violation", node, kind, hid) not in self.raised:
+                    self._raise_violation(node, kind, hid, ts, out)
+        blocker = rec[N_BLOCKER]
+        if blocker is not None and blocker[0] in FLOOR_KINDS:
+            self._check_floor(node, blocker[:3], out)
+
+    def _check_floor(self, node: str, floor: list[Any] | None, out: list[Output]) -> None:
+        """A member's retention bound or group published time below safe_ts is a hold below the safe
+        point (a clock or a group that went back): alerted, and cleared once it is back at or above."""
+        aid = None
+        if floor is not None and self.safe_ts is not None and floor[2] < self.safe_ts:
+            aid = join_id("horizon_violation", node, floor[0], floor[1] or "-")
+        prev = self._floor_alerts.get(node)
+        if prev is not None and prev != aid:
+            del self._floor_alerts[node]
+            self._clear_violation(prev, out)
+        if aid is not None and aid not in self.raised:
+            assert floor is not None
+            self._raise_violation(node, floor[0], floor[1] or "-", floor[2], out)
+            self._floor_alerts[node] = aid
 
     def _clear_violation(self, aid: str, out: list[Output]) -> None:
         body = self.raised.pop(aid, None)
@@ -591,5 +638,5 @@ class ClusterState:
             since_wall_ms=body["since"],
             cluster_wall_ms=now,
             detail=body["detail"],
-            alert_id=f"{self.name}/{body['id']}",
+            alert_id=f"{escape(self.name)}/{body['id']}",
         )

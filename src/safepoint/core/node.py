@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from safepoint.core.bands import LEVEL_NAMES, band_step, new_band
+from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION"]
@@ -45,6 +46,8 @@ class NodeUpdate:
     """Pressure outputs decided on the node's clock: ["alert", body] or ["expire", body]."""
     snapshot: bool = False
     """The event was a snapshot: the node's complete set of readers and transactions."""
+    floor: list[Any] | None = None
+    """The lowest of the node's retention bound and group published times: [kind, id, ts]."""
 
     def to_json(self) -> list[Any]:
         return [
@@ -61,6 +64,7 @@ class NodeUpdate:
             self.changed,
             self.signals,
             self.snapshot,
+            self.floor,
         ]
 
     @classmethod
@@ -115,7 +119,7 @@ class NodeState:
         self.pinned_band: list[Any] = new_band()
         self.age_band: list[Any] = new_band()
         self.in_doubt: list[str] = []  # prepared tx ids alerted as in doubt
-        self.expiries: dict[str, list[Any]] = {}  # hold id -> [kind, mode, at_wall]
+        self.expiries: dict[str, list[Any]] = {}  # join_id(kind, id) -> [kind, mode, at_wall, id]
         self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
 
     # -- persistence ------------------------------------------------------------------
@@ -129,7 +133,7 @@ class NodeState:
             ("d", self.debt_bytes), ("x", list(self._summary) if self._summary is not None else None),
             ("pb", None if _quiet(self.pinned_band) else self.pinned_band),
             ("ab", None if _quiet(self.age_band) else self.age_band),
-            ("id", self.in_doubt), ("ex", self.expiries), ("ew", self.expire_walls),
+            ("id", self.in_doubt), ("xp", self.expiries), ("ew", self.expire_walls),
         )
         for key, value in optional:
             if value is not None and value != [] and value != {}:
@@ -153,7 +157,8 @@ class NodeState:
         state.pinned_band = data.get("pb") or new_band()
         state.age_band = data.get("ab") or new_band()
         state.in_doubt = data.get("id") or []
-        state.expiries = data.get("ex") or {}
+        # "ex" (before readers and transactions sharing an id were told apart) was keyed by the id alone
+        state.expiries = data.get("xp") or {join_id(v[0], hid): [*v[:3], hid] for hid, v in (data.get("ex") or {}).items()}
         state.expire_walls = data.get("ew") or []
         for tx in state.txs.values():
             tx.extend([None] * (T_PREP_WALL + 1 - len(tx)))
@@ -223,7 +228,14 @@ class NodeState:
             if "debt_bytes" in event:
                 self.debt_bytes = event["debt_bytes"]
             if "groups" in event:
-                new_groups = {g["group"]: [bool(g.get("leader", False)), g.get("published_min_tx_time")] for g in event["groups"]}
+                new_groups: dict[str, list[Any]] = {}
+                for g in event["groups"]:
+                    entry = [bool(g.get("leader", False)), g.get("published_min_tx_time")]
+                    twin = new_groups.get(g["group"])
+                    if twin is not None:  # listed twice: leader if either says so, the lower (or unknown) time
+                        low = None if twin[1] is None or entry[1] is None else min(twin[1], entry[1])
+                        entry = [twin[0] or entry[0], low]
+                    new_groups[g["group"]] = entry
                 groups_changed = set(new_groups) != set(self.groups)
                 self.groups = new_groups
         elif kind == "snapshot":
@@ -256,17 +268,25 @@ class NodeState:
     ) -> None:
         readers: dict[str, list[Any]] = {}
         for r in event["readers"]:
+            twin = readers.get(r["reader_id"])
+            if twin is not None and twin[R_TS] <= r["read_ts"]:
+                continue  # listed twice: the lower entry holds (the safer reading)
             old = self.readers.get(r["reader_id"])
             opened_wall = r.get("opened_wall_ms", old[R_WALL] if old else wall)
             readers[r["reader_id"]] = [r["read_ts"], opened_wall, r.get("label"), incarnation]
         txs: dict[str, list[Any]] = {}
         for t in event["txs"]:
+            twin = txs.get(t["tx_id"])
+            if twin is not None and twin[R_TS] <= t["begin_ts"]:
+                continue  # listed twice: the lower entry holds (the safer reading)
             old = self.txs.get(t["tx_id"])
             opened_wall = t.get("opened_wall_ms", old[R_WALL] if old else wall)
             prepared = bool(t.get("prepared", old[T_PREPARED] if old else False))
             coord = t.get("coordinator", old[T_COORD] if old else None)
             parts = t.get("participants", old[T_PARTS] if old else None)
-            prep_wall = (old[T_PREP_WALL] if old and len(old) > T_PREP_WALL else None) or (wall if prepared else None)
+            prep_wall = old[T_PREP_WALL] if old and len(old) > T_PREP_WALL else None  # wall_ms 0 is a time, not "unset"
+            if prep_wall is None and prepared:
+                prep_wall = wall
             txs[t["tx_id"]] = [t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall]
         for kind, old_map, new_map in (("reader", self.readers, readers), ("tx", self.txs, txs)):
             for hid, hold in old_map.items():
@@ -278,19 +298,28 @@ class NodeState:
         self.readers = readers
         self.txs = txs
 
-    def local_min(self, policy: Policy) -> tuple[int | None, str | None, list[Any] | None]:
-        """(local_min, why unknown, blocker). The blocker is [kind, id, ts, opened_wall_ms, label]."""
+    def floor_hold(self, policy: Policy) -> list[Any] | str:
+        """The lowest of the node's own bounds, the retention bound and its groups' published times,
+        as [kind, id, ts, None, None]; or why it is unknown."""
         if self.mvcc_now is None:
-            return None, "no heartbeat yet", None
+            return "no heartbeat yet"
         # clamped: a timestamp is a signed 64-bit integer on the wire, and nothing is older than the smallest one
         best: list[Any] = ["retention", None, max(self.mvcc_now - policy.retention, INT64_MIN), None, None]
         for gid, (leader, published) in self.groups.items():
             if published is None:
                 if leader:
-                    return None, f"group {gid} it leads has no published min tx time", None
+                    return f"group {gid} it leads has no published min tx time"
                 continue
             if published < best[2]:
                 best = ["group", gid, published, None, None]
+        return best
+
+    def local_min(self, policy: Policy) -> tuple[int | None, str | None, list[Any] | None]:
+        """(local_min, why unknown, blocker). The blocker is [kind, id, ts, opened_wall_ms, label]."""
+        floor = self.floor_hold(policy)
+        if isinstance(floor, str):
+            return None, floor, None
+        best = floor
         for rid, h in self.readers.items():
             if h[R_TS] <= best[2] and (h[R_TS] < best[2] or best[0] in ("retention", "group")):
                 best = ["reader", rid, h[R_TS], h[R_WALL], h[R_LABEL]]
@@ -308,6 +337,7 @@ class NodeState:
         policy: Policy,
     ) -> NodeUpdate:
         lmin, unknown, blocker = self.local_min(policy)
+        floor = self.floor_hold(policy) if blocker is not None and blocker[0] in ("reader", "tx", "prepared_tx") else blocker
         summary = (lmin, unknown)
         changed = groups_changed or summary != self._summary
         self._summary = summary
@@ -323,6 +353,7 @@ class NodeState:
             opened=opened,
             closed=closed,
             changed=changed,
+            floor=None if floor is None or isinstance(floor, str) else floor[:3],
         )
 
     def group_list(self) -> list[str]:
@@ -348,11 +379,11 @@ class NodeState:
         for kind, hid in closed:  # what closed is no longer in doubt, expiring, or aged
             if kind == "tx" and hid in self.in_doubt:
                 self.in_doubt.remove(hid)
-                signals.append(self._alert("in_doubt_tx", f"in_doubt_tx/{self.node}/{hid}", "cleared", "warning",
+                signals.append(self._alert("in_doubt_tx", join_id("in_doubt_tx", self.node, hid), "cleared", "warning",
                                            None, policy.in_doubt_timeout_ms, now, f"transaction {hid} was decided"))
-            exp = self.expiries.pop(hid, None)
+            exp = self.expiries.pop(join_id(kind, hid), None)
             if exp is not None:
-                signals.append(self._alert("forced_expiry", f"forced_expiry/{self.node}/{hid}", "cleared",
+                signals.append(self._alert("forced_expiry", join_id("forced_expiry", self.node, kind, hid), "cleared",
                                            "critical" if exp[1] == "hard" else "warning", None, None, now,
                                            f"{exp[0]} {hid} expired {exp[1]} is closed"))
         if pinned_sample and self.pinned_bytes is not None:
@@ -366,7 +397,7 @@ class NodeState:
                 if waited >= policy.in_doubt_timeout_ms:
                     self.in_doubt.append(tid)
                     signals.append(self._alert(
-                        "in_doubt_tx", f"in_doubt_tx/{self.node}/{tid}", "raised", "warning", waited,
+                        "in_doubt_tx", join_id("in_doubt_tx", self.node, tid), "raised", "warning", waited,
                         policy.in_doubt_timeout_ms, h[T_PREP_WALL],
                         f"prepared transaction {tid} undecided for {waited} ms (coordinator {h[T_COORD]}, "
                         f"participants {', '.join(h[T_PARTS] or [])}); it pins ts {h[R_TS]} until decided"))
@@ -385,10 +416,10 @@ class NodeState:
         if oldest is not None:
             what += f"; oldest {oldest[0]} {oldest[1]}" + (f" ({oldest[3]})" if oldest[3] else "")
         if new == 0:
-            signals.append(self._alert(kind, f"{kind}/{self.node}", "cleared", LEVEL_NAMES[old], value,
+            signals.append(self._alert(kind, join_id(kind, self.node), "cleared", LEVEL_NAMES[old], value,
                                        spec.exit(old), since, f"{what}: back below the {LEVEL_NAMES[old]} exit threshold"))
         else:
-            signals.append(self._alert(kind, f"{kind}/{self.node}", "raised", LEVEL_NAMES[new], value,
+            signals.append(self._alert(kind, join_id(kind, self.node), "raised", LEVEL_NAMES[new], value,
                                        spec.enter(new) if new > old else spec.exit(old), since,
                                        f"{what}: {LEVEL_NAMES[new]} band"))
 
@@ -404,12 +435,13 @@ class NodeState:
         budget = policy.max_expiries_per_window - len(self.expire_walls)
         def upgrade_order(kv: tuple[str, list[Any]]) -> tuple[Any, ...]:
             """First expired first; among one moment's expiries, the hold that pins the most."""
-            hid, (kind, _mode, at) = kv
+            kind, _mode, at, hid = kv[1]
             h = (self.readers if kind == "reader" else self.txs)[hid]
             return at, h[R_TS], h[R_WALL], kind, hid
 
         critical = self.pinned_band[0] == 2
-        for hid, exp in sorted(self.expiries.items(), key=upgrade_order):
+        for _key, exp in sorted(self.expiries.items(), key=upgrade_order):
+            hid = exp[3]
             if budget <= 0:
                 return
             if not critical:
@@ -427,12 +459,12 @@ class NodeState:
             (h[R_TS], h[R_WALL], kind, hid)
             for kind, holds in (("reader", self.readers), ("tx", self.txs))
             for hid, h in holds.items()
-            if hid not in self.expiries
+            if join_id(kind, hid) not in self.expiries
             and now - h[R_WALL] >= policy.max_reader_lifetime_ms
             and not (kind == "tx" and h[T_PREPARED])
         ]
         for _ts, _wall, kind, hid in sorted(candidates)[:budget]:
-            self.expiries[hid] = [kind, "graceful", now]
+            self.expiries[join_id(kind, hid)] = [kind, "graceful", now, hid]
             self._emit_expire(kind, hid, "graceful", now, signals)
 
     def _emit_expire(self, kind: str, hid: str, mode: str, now: int, signals: list[list[Any]]) -> None:
@@ -444,7 +476,7 @@ class NodeState:
         body: dict[str, Any] = {"v": 1, "type": "expire", "node": self.node,
                                 ("reader_id" if kind == "reader" else "tx_id"): hid, "reason": reason, "mode": mode}
         signals.append(["expire", body])
-        signals.append(self._alert("forced_expiry", f"forced_expiry/{self.node}/{hid}", "raised",
+        signals.append(self._alert("forced_expiry", join_id("forced_expiry", self.node, kind, hid), "raised",
                                    "critical" if mode == "hard" else "warning", h[R_TS], None, now,
                                    f"{mode} expiry of {kind} {hid}" + (f" ({h[R_LABEL]})" if h[R_LABEL] else "")
                                    + f": {reason}"))
