@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from confluent_kafka import KafkaException
@@ -9,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from safepoint.errors import BrokerError
 
-__all__ = ["ensure_topics", "topic_specs"]
+__all__ = ["LIBRDKAFKA_LOGGER", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet", "topic_specs"]
 
 
 def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic]:
@@ -23,14 +24,39 @@ def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic
          if topics.get("accounting") else [])
 
 
-def ensure_topics(conf: dict[str, Any], specs: list[NewTopic], timeout_s: float = 30.0) -> list[str]:
+REACH_TIMEOUT_S = 10.0
+"""How long a command tries to reach the broker before it gives up with one line."""
+LIBRDKAFKA_LOGGER = "safepoint.librdkafka"
+"""The Python logger that takes librdkafka's own log lines from the command-line clients (the CLI
+shows them with ``-v`` only: an unreachable broker otherwise prints one FAIL line per retry)."""
+
+
+def quiet(conf: dict[str, Any]) -> dict[str, Any]:
+    """``conf`` with librdkafka's log lines sent to ``LIBRDKAFKA_LOGGER`` instead of stderr."""
+    return conf if "logger" in conf else {**conf, "logger": logging.getLogger(LIBRDKAFKA_LOGGER)}
+
+
+def _unreachable(conf: dict[str, Any], timeout_s: float, exc: Exception) -> BrokerError:
+    msg = (f"cannot reach the Kafka broker at {conf.get('bootstrap.servers')} (tried for {timeout_s:.0f} s: {exc}); "
+           "check --bootstrap and that the broker runs")
+    return BrokerError(msg)
+
+
+def check_reachable(conf: dict[str, Any], timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise ``BrokerError`` (one line) unless the broker answers a metadata request in time."""
+    try:
+        AdminClient(quiet(conf)).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise _unreachable(conf, timeout_s, exc) from exc
+
+
+def ensure_topics(conf: dict[str, Any], specs: list[NewTopic], timeout_s: float = REACH_TIMEOUT_S) -> list[str]:
     """Create the topics that do not exist yet. Returns the names created."""
-    admin = AdminClient(conf)
+    admin = AdminClient(quiet(conf))
     try:
         existing = set(admin.list_topics(timeout=timeout_s).topics)
     except KafkaException as exc:
-        msg = f"cannot list topics at {conf.get('bootstrap.servers')}: {exc}; is the broker running?"
-        raise BrokerError(msg) from exc
+        raise _unreachable(conf, timeout_s, exc) from exc
     missing = [s for s in specs if s.topic not in existing]
     created: list[str] = []
     if not missing:

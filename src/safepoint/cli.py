@@ -304,6 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if not args.verbose:  # librdkafka retries an unreachable broker with a FAIL line each time: -v shows them
+        logging.getLogger("safepoint.librdkafka").setLevel(logging.CRITICAL)
     try:
         return COMMANDS[args.command](args)
     except SafepointError as exc:

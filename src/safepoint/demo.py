@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import shutil
 import sys
@@ -28,6 +29,7 @@ class LiveView:
         self.consumer = Consumer(
             settings.librdkafka(
                 **{
+                    "logger": logging.getLogger("safepoint.librdkafka"),
                     "group.id": f"safepoint-demo-view-{time.time_ns()}",
                     "auto.offset.reset": "earliest",
                     "enable.auto.commit": False,
@@ -124,6 +126,9 @@ def show(screen: str, tty: bool, last_print: float) -> float:
 
 def follow(settings: Settings, duration_s: float | None) -> int:
     """``safepoint view``: follow a running job's outputs until Ctrl-C or the duration ends."""
+    from safepoint.connectors.topics import check_reachable
+
+    check_reachable(settings.librdkafka())
     view = LiveView(settings)
     start = time.monotonic()
     tty = sys.stdout.isatty()

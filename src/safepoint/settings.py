@@ -120,23 +120,39 @@ class Settings:
 _FIELDS = {f.name: f for f in fields(Settings)}
 
 
-def _coerce(name: str, raw: Any) -> Any:
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def _coerce(name: str, raw: Any, source: str = "") -> Any:
+    """``raw`` as the type of setting ``name``, as strictly for the TOML file and the environment as
+    for flags: a wrong type or an unknown word is an error naming the key and where it came from."""
     default = getattr(Settings(), name)
+    where = f"{name} ({source})" if source else name
     if name == "kafka":
         if not isinstance(raw, dict):
-            msg = 'setting kafka must be a table of librdkafka keys, e.g. [kafka] "security.protocol" = "SASL_SSL"'
+            msg = f'setting {where} must be a table of librdkafka keys, e.g. [kafka] "security.protocol" = "SASL_SSL"'
             raise ConfigError(msg)
         return {k: Secret(v) if any(h in k for h in _SECRET_HINTS) and isinstance(v, str) else v for k, v in raw.items()}
     if isinstance(default, bool):
-        return str(raw).lower() in ("1", "true", "yes", "on") if not isinstance(raw, bool) else raw
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in TRUE_WORDS + FALSE_WORDS:
+            return raw.strip().lower() in TRUE_WORDS
+        msg = f"setting {where} must be true or false ({'/'.join(TRUE_WORDS)} or {'/'.join(FALSE_WORDS)}), got {raw!r}"
+        raise ConfigError(msg)
     if isinstance(default, int):
-        try:
-            return int(raw)
-        except (TypeError, ValueError) as exc:
-            msg = f"setting {name} must be an integer, got {raw!r}"
-            raise ConfigError(msg) from exc
+        value: int | None = None
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            value = raw
+        elif isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+            value = int(raw.strip())
+        if value is None:
+            msg = f"setting {where} must be an integer, got {raw!r}"
+            raise ConfigError(msg)
+        return value
     if not isinstance(raw, str):
-        msg = f"setting {name} must be a string, got {raw!r}"
+        msg = f"setting {where} must be a string, got {raw!r}"
         raise ConfigError(msg)
     return raw
 
@@ -166,16 +182,16 @@ def load_settings(
                     continue  # tables other modules read
                 msg = f"unknown setting {k!r} in {path}; known: {', '.join(sorted(_FIELDS))}"
                 raise ConfigError(msg)
-            values[k] = _coerce(k, v)
+            values[k] = _coerce(k, v, f"in {path}")
     for name in _FIELDS:
         if name == "kafka":
             continue
         raw = env.get(env_name(name))
         if raw is not None and raw != "":
-            values[name] = _coerce(name, raw)
+            values[name] = _coerce(name, raw, f"environment variable {env_name(name)}")
     for name, raw in (flags or {}).items():
         if raw is not None and name in _FIELDS:
-            values[name] = _coerce(name, raw)
+            values[name] = _coerce(name, raw, f"flag --{name.replace('_', '-')}")
     try:
         settings = Settings(**values)
         settings.policy()
@@ -186,6 +202,9 @@ def load_settings(
         raise ConfigError(msg)
     if settings.node_buckets < 1:
         msg = f"node_buckets must be at least 1, got {settings.node_buckets}"
+        raise ConfigError(msg)
+    if settings.client not in ("confluent", "kafka-python"):
+        msg = f"client must be 'confluent' or 'kafka-python', got {settings.client!r}"
         raise ConfigError(msg)
     if settings.starting_offsets not in ("earliest", "latest"):
         msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"

@@ -12,6 +12,7 @@ import json
 import queue
 import random
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -265,13 +266,16 @@ def run_simulator(
     seed: int,
     kafka_conf: dict[str, Any] | None = None,
     clusters: int = 1,
-    quiet: bool = False,
+    quiet_output: bool = False,
     expiries: queue.Queue[tuple[str, str, str]] | None = None,
 ) -> int:
     """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM."""
     from confluent_kafka import Producer
 
-    conf = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, **(kafka_conf or {})}
+    from safepoint.connectors.topics import check_reachable, quiet
+
+    conf = quiet({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, **(kafka_conf or {})})
+    check_reachable(conf)
     producer = Producer(conf)
     failures = 0
 
@@ -325,12 +329,16 @@ def run_simulator(
                         key, value, _ = bad_message(bad_rng, ev)
                         producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
                         sent += 1
-            if not quiet and time.monotonic() - last_report >= 5:
+            if not quiet_output and time.monotonic() - last_report >= 5:
                 last_report = time.monotonic()
                 print(f"simulate: {sent} events sent ({sent / (last_report - start):.0f}/s), {failures} failed", flush=True)
             time.sleep(0.05)
     finally:
-        producer.flush(30)
-    if not quiet:
-        print(f"simulate: done, {sent} events sent, {failures} delivery failures", flush=True)
-    return 0 if failures == 0 else 1
+        undelivered = producer.flush(30)  # still queued: never delivered, and no report said so
+    failed = failures + undelivered
+    if failed:
+        print(f"simulate: {failed} of {sent} events were not delivered to {topic} at {bootstrap} "
+              f"({failures} failed, {undelivered} still queued after 30 s)", file=sys.stderr, flush=True)
+    elif not quiet_output:
+        print(f"simulate: done, {sent} events sent, all delivered", flush=True)
+    return 0 if failed == 0 else 1

@@ -198,7 +198,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         sim_rc: list[int] = []
         sim = threading.Thread(
             target=lambda: sim_rc.append(
-                run_simulator(broker.bootstrap, settings.events_topic, sim_cfg, cfg.duration_s, cfg.seed, quiet=True)
+                run_simulator(broker.bootstrap, settings.events_topic, sim_cfg, cfg.duration_s, cfg.seed, quiet_output=True)
             ),
             name="soak-simulator",
             daemon=True,

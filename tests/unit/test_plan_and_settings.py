@@ -97,3 +97,41 @@ def test_packing_source_needs_its_options(extra: dict[str, str]) -> None:
     with pytest.raises(ValueError, match="safepoint.pack=true needs options safepoint.policy"):
         KafkaStreamReader(opts)
     assert KafkaStreamReader({**opts, "safepoint.policy": "{}", "safepoint.buckets": "4"}).pack
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('expire_enabled = "maybe"', r"expire_enabled \(in .*c.toml\) must be true or false"),
+    ("expire_enabled = 1", r"expire_enabled \(in .*c.toml\) must be true or false"),
+    ("retention = 1.9", r"retention \(in .*c.toml\) must be an integer, got 1.9"),
+    ("node_lease_ms = true", r"node_lease_ms \(in .*c.toml\) must be an integer, got True"),
+    ("bootstrap = 9092", r"bootstrap \(in .*c.toml\) must be a string"),
+    ('kafka = "x"', r"kafka \(in .*c.toml\) must be a table"),
+])
+def test_toml_values_are_type_checked_as_strictly_as_flags(tmp_path: Path, text: str, needle: str) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(cfg, environ={})
+
+
+@pytest.mark.parametrize(("name", "raw", "needle"), [
+    ("EXPIRE_ENABLED", "ture", r"expire_enabled \(environment variable SAFEPOINT_EXPIRE_ENABLED\) must be true or false"),
+    ("RETENTION", "1.9", r"retention \(environment variable SAFEPOINT_RETENTION\) must be an integer, got '1.9'"),
+    ("NODE_LEASE_MS", "30s", r"must be an integer, got '30s'"),
+])
+def test_environment_values_are_type_checked(name: str, raw: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        load_settings(environ={f"SAFEPOINT_{name}": raw})
+
+
+def test_good_words_still_read() -> None:
+    s = load_settings(environ={"SAFEPOINT_EXPIRE_ENABLED": "No", "SAFEPOINT_RETENTION": " 25 ", "SAFEPOINT_CLIENT": "kafka-python"})
+    assert (s.expire_enabled, s.retention, s.client) == (False, 25, "kafka-python")
+
+
+def test_a_bad_setting_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('expire_enabled = "maybe"\n')
+    assert main(["replay", "--input", str(cfg), "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expire_enabled" in err[0] and "must be true or false" in err[0]
