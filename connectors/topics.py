@@ -10,7 +10,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from safepoint.errors import BrokerError
 
-__all__ = ["LIBRDKAFKA_LOGGER", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet", "topic_specs"]
+__all__ = ["LIBRDKAFKA_LOGGER", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet", "topic_ends", "topic_specs"]
 
 
 def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic]:
@@ -48,6 +48,23 @@ def check_reachable(conf: dict[str, Any], timeout_s: float = REACH_TIMEOUT_S) ->
         AdminClient(quiet(conf)).list_topics(timeout=timeout_s)
     except KafkaException as exc:
         raise _unreachable(conf, timeout_s, exc) from exc
+
+
+def topic_ends(conf: dict[str, Any], topic: str, timeout_s: float = REACH_TIMEOUT_S) -> dict[int, int]:
+    """The end offset (high watermark) of every partition of ``topic``; {} when it does not exist."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(quiet({**conf, "group.id": "safepoint-topic-ends", "enable.auto.commit": False}))
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return {}
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
+                for p in sorted(meta.partitions)}
+    except KafkaException as exc:
+        raise _unreachable(conf, timeout_s, exc) from exc
+    finally:
+        consumer.close()
 
 
 def ensure_topics(conf: dict[str, Any], specs: list[NewTopic], timeout_s: float = REACH_TIMEOUT_S) -> list[str]:

@@ -21,6 +21,7 @@ from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
 from safepoint.schemas import NODE_EVENT_TYPES, load
 from safepoint.settings import Settings
+from safepoint.streaming.checkpoint import check_checkpoint, has_committed_batch
 from safepoint.streaming.packed import (
     IGNORE_REASONS,
     METRICS,
@@ -216,17 +217,6 @@ def _fast_stages(routed: Any, settings: Settings, policy: dict[str, Any], start:
                      OUTPUT_SCHEMA)
 
 
-def has_committed_batch(spark: Any, checkpoint: str) -> bool:
-    """True when the checkpoint holds a committed micro-batch (its ``commits/`` has an entry).
-    Read through Hadoop's FileSystem, so HDFS, S3 and local paths alike."""
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(checkpoint.rstrip("/") + "/commits")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(path):
-        return False
-    return any(not st.getPath().getName().startswith(".") for st in fs.listStatus(path))
-
-
 def start_plan(spark: Any, settings: Settings, checkpoint: str) -> StartPlan | None:
     """None when the checkpoint has committed state; else how the clusters start (a start on
     empty state: seeded from the directives topic, recovering; see core/recovery.py)."""
@@ -263,6 +253,7 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
         msg = "the job needs a checkpoint directory (--checkpoint)"
         raise ValueError(msg)
     policy = settings.policy().to_dict()
+    check_checkpoint(spark, settings, checkpoint)
     plan = start_plan(spark, settings, checkpoint)
     start = plan.to_json() if plan is not None else None
     if settings.fast_path and settings.source_format == "python" and pack_in_source:

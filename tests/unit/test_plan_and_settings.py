@@ -135,3 +135,16 @@ def test_a_bad_setting_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.Cap
     assert main(["replay", "--input", str(cfg), "--config", str(cfg)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expire_enabled" in err[0] and "must be true or false" in err[0]
+
+
+def test_checkpoint_offsets_are_read_in_either_source_format_and_checked() -> None:
+    from safepoint.streaming.checkpoint import check_offsets, offsets_of
+
+    assert offsets_of('{"1": 40, "0": 12}', "t") == {0: 12, 1: 40}
+    assert offsets_of('{"t": {"0": 7}}', "t") == {0: 7}
+    assert offsets_of("-", "t") is None
+    check_offsets(3, {0: 12, 1: 40}, {0: 12, 1: 41}, "t", "/ck")
+    with pytest.raises(ConfigError, match="partition 1 up to offset 40 \\(batch 3\\), but that partition ends at offset 2"):
+        check_offsets(3, {0: 12, 1: 40}, {0: 12, 1: 2}, "t", "/ck")
+    with pytest.raises(ConfigError, match="partition 1 up to offset 40 .* does not exist"):
+        check_offsets(3, {0: 12, 1: 40}, {0: 12}, "t", "/ck")

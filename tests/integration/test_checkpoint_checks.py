@@ -1,0 +1,80 @@
+"""Start-time checks of a checkpoint, before any batch: other node_buckets, and a checkpoint that
+has read past the end of a recreated events topic (today: a silent stall)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+from safepoint.connectors.topics import ensure_topics, topic_ends, topic_specs
+from safepoint.errors import ConfigError
+from safepoint.settings import Settings, load_settings
+from safepoint.streaming.checkpoint import LAYOUT_FILE
+from safepoint.streaming.job import build_query
+
+from kafka_util import produce, unique
+
+pytestmark = pytest.mark.integration
+
+
+def settings_for(bootstrap: str) -> Settings:
+    tag = unique("ckcheck")
+    settings = load_settings(flags={
+        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 1_000}, environ={})
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    return settings
+
+
+def heartbeats(n: int, node: str = "n1") -> list[tuple[str, dict[str, Any]]]:
+    return [(node, {"v": 1, "type": "heartbeat", "node": node, "incarnation": 0, "seq": i, "wall_ms": 1_000 * i,
+                    "mvcc_now": 100 * i}) for i in range(n)]
+
+
+def run_once(spark: Any, settings: Settings, ckpt: Path) -> None:
+    q = build_query(spark, settings, str(ckpt))
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+
+
+def test_other_node_buckets_are_refused_before_any_batch(broker: Any, spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(broker.bootstrap)
+    produce(broker.bootstrap, settings.events_topic, heartbeats(5))
+    ckpt = tmp_path / "ckpt"
+    run_once(spark, settings, ckpt)
+    assert (ckpt / LAYOUT_FILE).exists()
+    active = len(spark.streams.active)
+    with pytest.raises(ConfigError) as err:
+        build_query(spark, settings.with_overrides(node_buckets=4), str(ckpt))
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith(f"node_buckets is 4 but checkpoint {ckpt} was written with 8: set node_buckets = 8 again")
+    assert len(spark.streams.active) == active, "no query was started"
+
+
+def test_a_checkpoint_past_the_end_of_a_recreated_topic_is_refused(broker: Any, spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(broker.bootstrap)
+    produce(broker.bootstrap, settings.events_topic, heartbeats(40))
+    ckpt = tmp_path / "ckpt"
+    run_once(spark, settings, ckpt)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    for fut in admin.delete_topics([settings.events_topic], operation_timeout=10).values():
+        fut.result(10)
+    deadline = time.monotonic() + 20
+    while settings.events_topic in admin.list_topics(timeout=10).topics:
+        assert time.monotonic() < deadline, "the topic was not deleted"
+        time.sleep(0.2)
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    produce(broker.bootstrap, settings.events_topic, heartbeats(3))
+    assert sum(topic_ends(settings.librdkafka(), settings.events_topic).values()) == 3
+    with pytest.raises(ConfigError) as err:
+        build_query(spark, settings, str(ckpt))
+    text = str(err.value)
+    assert "the topic was deleted and recreated, or truncated" in text and "new checkpoint directory" in text
+    assert f"has read {settings.events_topic} partition" in text
