@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -116,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
+    p = sub.add_parser("check-node", help="read what one node publishes and report every departure from the contract")
+    _kafka_flags(p)
+    _common_job_flags(p)
+    p.add_argument("--cluster", required=True, help="the node's cluster id")
+    p.add_argument("--node", required=True, help="the node id (its events' key)")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds to read (default 30)")
+    p.add_argument("--from-beginning", action="store_true",
+                   help="read the topic from its beginning (assumes it still holds the node's first event)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p = sub.add_parser("view", help="live view of the safe point, blockers, bands and alerts of a running job")
     _kafka_flags(p)
     p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
@@ -261,6 +271,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_check_node(args: argparse.Namespace) -> int:
+    from safepoint.checknode import NodeCheck, read_node
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("cluster", "node", "duration", "from_beginning", "json")}
+    settings = _settings(argparse.Namespace(**flags))
+    check = NodeCheck(args.cluster, args.node, settings.policy(), from_first_event=args.from_beginning)
+    for key, value, partition, offset in read_node(settings.librdkafka(), settings.events_topic, args.duration,
+                                                   args.from_beginning, args.node):
+        check.feed(key, value, partition, offset)
+    report = check.report()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for f in check.findings():
+            print(f.line())
+        if not check.events:
+            print(f"no event of node {args.node} (cluster {args.cluster}) on {settings.events_topic} in {args.duration:.0f} s")
+        else:
+            verdict = "conforms" if report["conforms"] else f"{len(report['findings'])} departure(s)"
+            print(f"node {args.node} (cluster {args.cluster}): {check.events} event(s) read, {verdict}")
+    return 0 if report["conforms"] else 1
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     from safepoint.demo import follow
 
@@ -296,7 +329,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rc: int = module.main(list(args.bench_args))
     return rc
 
-COMMANDS = {"view": cmd_view, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
+COMMANDS = {"view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,213 @@
+"""``safepoint check-node``: what one node publishes, checked against the contract.
+
+A team integrating a new database (a Java, Go, C++ or Rust node with its own Kafka client) runs it
+first: it reads the events topic for a while without disturbing the job, keeps what one node
+publishes, and names every way it departs from the contract, each departure once, with a count
+and one example offset. ``NodeCheck`` is the pure part (feed it messages, ask for findings); the
+Kafka reading is ``read_node``.
+
+What is checked (the operator guide, "Publishing from another language", says why):
+
+* ``invalid``: an event the job would dead-letter (the job's own parser decides, with its class);
+* ``key``: an event of the node keyed by something else than the node id (its order is then not kept);
+* ``seq_repeat`` / ``seq_back`` / ``seq_gap``: ``seq`` repeated, going back, or skipping within one
+  incarnation (a gap is an event lost on the way);
+* ``incarnation_back``: an incarnation lower than one already seen;
+* ``heartbeat_sparse``: heartbeats further apart than half of ``node_lease_ms`` in ``wall_ms``, or
+  none at all: the job would call the node stale and hold the safe point;
+* ``close_unknown``: a ``reader_close`` or ``tx_end`` for a hold never opened, once the checker
+  knows the node's complete set (after a snapshot of the incarnation, or from the node's first event);
+* ``unpublished_hold``: a snapshot listing a reader or transaction below the retention bound
+  (``mvcc_now - retention``) that was never published, once the complete set is known;
+* ``leader_never_publishes``: a group the node leads whose ``published_min_tx_time`` stayed null in
+  every heartbeat read: the job cannot know the node's minimum.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from safepoint.core.events import Rejected, is_node_event, parse
+from safepoint.core.policy import Policy
+
+__all__ = ["Finding", "NodeCheck", "read_node", "CHECKS"]
+
+CHECKS = ("invalid", "key", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "heartbeat_sparse", "close_unknown",
+          "unpublished_hold", "leader_never_publishes")
+
+
+@dataclass(slots=True)
+class Finding:
+    """One way the node departs from the contract: how often, and the first example."""
+
+    check: str
+    what: str
+    count: int = 1
+    example: str = ""
+
+    def line(self) -> str:
+        times = f" ({self.count} times)" if self.count > 1 else ""
+        return f"{self.check}: {self.what}{times}; first at {self.example}"
+
+
+@dataclass(slots=True)
+class _Node:
+    incarnation: int = -1
+    seq: int = -1
+    readers_known: bool = False
+    """The checker knows every open reader: after a snapshot, a restart (a new process has none), or
+    from the node's first event."""
+    txs_known: bool = False
+    """The same for transactions (a prepared one outlives a restart, so only a snapshot or the first event)."""
+    readers: dict[str, int] = field(default_factory=dict)
+    txs: dict[str, int] = field(default_factory=dict)
+    mvcc_now: int | None = None
+    last_heartbeat: int | None = None
+    heartbeats: int = 0
+    leading: dict[str, bool] = field(default_factory=dict)
+    """group the node leads -> whether it ever published a time."""
+
+
+class NodeCheck:
+    """Feed one node's messages in offset order; ``findings`` names every departure once."""
+
+    def __init__(self, cluster: str, node: str, policy: Policy, from_first_event: bool = False) -> None:
+        self.cluster, self.node, self.policy = cluster, node, policy
+        self.events = 0
+        self.state = _Node(readers_known=from_first_event, txs_known=from_first_event)
+        self._findings: dict[str, Finding] = {}
+
+    def _found(self, check: str, what: str, where: str) -> None:
+        f = self._findings.get(check)
+        if f is None:
+            self._findings[check] = Finding(check, what, 1, where)
+        else:
+            f.count += 1
+
+    def feed(self, key: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
+        """One message of the events topic (any node's: others are skipped)."""
+        where = f"partition {partition} offset {offset}"
+        event = parse(value, self.policy.max_message_bytes)
+        if isinstance(event, Rejected):
+            if key == self.node.encode():
+                self.events += 1
+                self._found("invalid", f"an event the job dead-letters ({event.code}: {event.error})", where)
+            return
+        if not is_node_event(event) or event["node"] != self.node or event["cluster"] != self.cluster:
+            return
+        self.events += 1
+        if key != self.node.encode():
+            self._found("key", f"events keyed {key!r}, not by the node id {self.node!r}: their order is not kept", where)
+        self._order(event, where)
+        self._holds(event, where)
+
+    def _order(self, event: dict[str, Any], where: str) -> None:
+        n = self.state
+        inc, seq = event["incarnation"], event["seq"]
+        if inc < n.incarnation:
+            self._found("incarnation_back", f"incarnation {inc} after {n.incarnation}: the job ignores such events", where)
+            return
+        if inc > n.incarnation:
+            if n.incarnation >= 0:  # a restart: its readers died with the process (prepared transactions did not)
+                n.readers.clear()
+                n.readers_known = True
+            n.incarnation, n.seq = inc, seq
+            return
+        if seq == n.seq:
+            self._found("seq_repeat", f"seq {seq} sent twice in incarnation {inc}: the job ignores the repeat", where)
+        elif seq < n.seq:
+            self._found("seq_back", f"seq {seq} after {n.seq} in incarnation {inc}: the job ignores it", where)
+        else:
+            if seq > n.seq + 1:
+                self._found("seq_gap", f"seq jumps from {n.seq} to {seq} in incarnation {inc}: events lost on the way?", where)
+            n.seq = seq
+
+    def _holds(self, event: dict[str, Any], where: str) -> None:
+        n, kind, wall = self.state, event["type"], event["wall_ms"]
+        if kind == "reader_open":
+            n.readers[event["reader_id"]] = event["read_ts"]
+        elif kind == "tx_begin":
+            n.txs[event["tx_id"]] = event["begin_ts"]
+        elif kind in ("reader_close", "tx_end"):
+            reader = kind == "reader_close"
+            holds, hid = (n.readers, event["reader_id"]) if reader else (n.txs, event["tx_id"])
+            if holds.pop(hid, None) is None and (n.readers_known if reader else n.txs_known):
+                self._found("close_unknown", f"{kind} for {hid}, which was never opened", where)
+        elif kind == "snapshot":
+            bound = None if n.mvcc_now is None else n.mvcc_now - self.policy.retention
+            for entries, holds, id_key, ts_key, known in ((event["readers"], n.readers, "reader_id", "read_ts", n.readers_known),
+                                                           (event["txs"], n.txs, "tx_id", "begin_ts", n.txs_known)):
+                for h in entries:
+                    if known and h[id_key] not in holds and bound is not None and h[ts_key] < bound:
+                        self._found("unpublished_hold", f"the snapshot lists {h[id_key]} at {h[ts_key]}, below the "
+                                    f"retention bound {bound}, but it was never published", where)
+            n.readers = {r["reader_id"]: r["read_ts"] for r in event["readers"]}
+            n.txs = {t["tx_id"]: t["begin_ts"] for t in event["txs"]}
+            n.readers_known = n.txs_known = True
+        elif kind == "heartbeat":
+            lease = self.policy.node_lease_ms
+            if n.last_heartbeat is not None and wall - n.last_heartbeat > lease / 2:
+                self._found("heartbeat_sparse", f"{wall - n.last_heartbeat} ms between heartbeats; the job calls a "
+                            f"node stale after node_lease_ms = {lease}: send one at least every {lease // 2} ms", where)
+            n.last_heartbeat = wall if n.last_heartbeat is None else max(n.last_heartbeat, wall)
+            n.heartbeats += 1
+            n.mvcc_now = event["mvcc_now"]
+            for g in event.get("groups") or ():
+                if g.get("leader"):
+                    n.leading[g["group"]] = n.leading.get(g["group"], False) or g.get("published_min_tx_time") is not None
+
+    def findings(self) -> list[Finding]:
+        """Every departure, in the order of ``CHECKS``."""
+        found = dict(self._findings)
+        if self.events and self.state.heartbeats == 0:
+            found["heartbeat_sparse"] = Finding("heartbeat_sparse", "no heartbeat at all: the job cannot know the node's "
+                                                "minimum and calls it stale", 1, "the whole window")
+        silent = sorted(g for g, published in self.state.leading.items() if not published)
+        if silent:
+            found["leader_never_publishes"] = Finding(
+                "leader_never_publishes", f"group(s) {', '.join(silent)} it leads never published a min tx time: the "
+                "node's minimum stays unknown and the round aborts", 1, "every heartbeat read")
+        return [found[c] for c in CHECKS if c in found]
+
+    def report(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "node": self.node, "events": self.events,
+                "conforms": bool(self.events) and not self.findings(), "findings": [asdict(f) for f in self.findings()]}
+
+
+def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginning: bool,
+              node: str) -> Iterator[tuple[bytes | None, bytes | None, int, int]]:
+    """The events topic's messages that may be the node's, for ``duration_s`` (from the current end,
+    or from the beginning), without a consumer group: the job's reading is not disturbed."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+
+    from safepoint.connectors.topics import check_reachable, quiet
+    from safepoint.errors import BrokerError
+
+    check_reachable(conf)
+    consumer = Consumer(quiet({**conf, "group.id": f"safepoint-check-node-{time.time_ns()}", "enable.auto.commit": False,
+                               "receive.message.max.bytes": 1_000_000_000}))
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if meta is None or meta.error is not None:
+            msg = f"topic {topic} does not exist at {conf.get('bootstrap.servers')}"
+            raise BrokerError(msg)
+        start = OFFSET_BEGINNING if from_beginning else OFFSET_END
+        consumer.assign([TopicPartition(topic, p, start) for p in sorted(meta.partitions)])
+        needle = json.dumps(node).encode()
+        deadline = time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            msg_ = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
+            if msg_ is None or msg_.error() is not None:
+                continue
+            key, value = msg_.key(), msg_.value()
+            if key == node.encode() or (value is not None and needle in value):
+                yield key, value, msg_.partition() or 0, msg_.offset() or 0
+    except KafkaException as exc:
+        msg = f"cannot read {topic} at {conf.get('bootstrap.servers')}: {exc}"
+        raise BrokerError(msg) from exc
+    finally:
+        consumer.close()
