@@ -34,6 +34,17 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 echo "setup: $("$PY" --version), java $(java_major)"
 
+# kcat (Debian's kcat, formerly kafkacat): the operator guide's shell examples and their test.
+if ! command -v kcat >/dev/null 2>&1 && ! command -v kafkacat >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing kcat with apt-get (the guide's shell examples)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null) \
+      || echo "setup: kcat could not be installed; its test will be skipped" >&2
+  else
+    echo "setup: kcat not found (apt-get install kcat); its test will be skipped" >&2
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
