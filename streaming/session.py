@@ -37,14 +37,14 @@ def check_java() -> str:
     return f"{major}"
 
 
-def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None) -> dict[str, str]:
+def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui: bool = False) -> dict[str, str]:
     conf = {
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        "spark.ui.enabled": "false",
+        "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
@@ -57,7 +57,8 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None) -> 
 
 
 def build_session(
-    master: str = "local[2]", shuffle_partitions: int = 4, app: str = "safepoint", extra: dict[str, str] | None = None
+    master: str = "local[2]", shuffle_partitions: int = 4, app: str = "safepoint", extra: dict[str, str] | None = None,
+    ui: bool = False,
 ) -> Any:
     """A SparkSession whose Python workers use this interpreter (they need pyarrow)."""
     check_java()
@@ -68,7 +69,7 @@ def build_session(
     builder = SparkSession.builder.appName(app)
     if master not in ("", "submit"):  # under spark-submit the master comes from the command line
         builder = builder.master(master)
-    for k, v in spark_conf(shuffle_partitions, extra).items():
+    for k, v in spark_conf(shuffle_partitions, extra, ui).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")

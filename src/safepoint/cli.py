@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "fast-path", "pack each batch per (cluster, node bucket) before the shuffle; false: one row per message", _bool)
     _flag(p, "node-buckets", "fast path: state groups of the node stage (fixed per checkpoint)", int)
     _flag(p, "spark-master", "Spark master URL")
+    _flag(p, "spark-ui", "serve Spark's web UI (its address is printed at start)", _bool)
     _flag(p, "events-partitions", "partitions of the events topic if the job creates it", int)
     _flag(p, "accounting-topic", "also write every input offset's outcome to this topic ('' = off)")
     _common_job_flags(p)
@@ -225,7 +226,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
     if created:
         print(f"created topics: {', '.join(created)}", flush=True)
-    spark = build_session(settings.spark_master, settings.shuffle_partitions)
+    spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui)
+    if settings.spark_ui:
+        print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)
     print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
     stopping = False

@@ -65,6 +65,8 @@ class Settings:
     false moves every message as its own row (the plain path). Same outputs; fixed per checkpoint."""
     node_buckets: int = 8
     """Fast path: state groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
+    spark_ui: bool = False
+    """Serve Spark's web UI (its address is printed at start); off by default and in tests."""
     spark_master: str = "local[2]"
     """Spark master URL; "submit" (or empty) takes the one spark-submit was given."""
     retention: int = 0

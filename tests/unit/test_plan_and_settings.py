@@ -148,3 +148,12 @@ def test_checkpoint_offsets_are_read_in_either_source_format_and_checked() -> No
         check_offsets(3, {0: 12, 1: 40}, {0: 12, 1: 2}, "t", "/ck")
     with pytest.raises(ConfigError, match="partition 1 up to offset 40 .* does not exist"):
         check_offsets(3, {0: 12, 1: 40}, {0: 12}, "t", "/ck")
+
+
+def test_the_spark_ui_is_a_setting_and_off_by_default() -> None:
+    from safepoint.streaming.session import spark_conf
+
+    assert load_settings(environ={}).spark_ui is False
+    assert load_settings(environ={"SAFEPOINT_SPARK_UI": "true"}).spark_ui is True
+    assert spark_conf(2)["spark.ui.enabled"] == "false"
+    assert spark_conf(2, ui=True)["spark.ui.enabled"] == "true"
