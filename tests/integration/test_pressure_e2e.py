@@ -72,7 +72,7 @@ def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any
 
     expires = [d for d in directives if d.get("type") == "expire"]
     assert [(e["node"], e["reader_id"], e["mode"], e["seq"]) for e in expires] == [("n1", "r-long", "graceful", 1)]
-    assert expires[0]["key"] == "c1/n1/r-long"
+    assert expires[0]["key"] == "c1/n1/reader/r-long"
     audit = [(a["state"], a["severity"]) for a in alerts if a["kind"] == "forced_expiry"]
     assert audit == [("raised", "warning"), ("cleared", "warning")]
 
