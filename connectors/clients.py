@@ -331,27 +331,23 @@ class PyConsumer:
 
 def make_producer(client: str, conf: Mapping[str, Any]) -> Any:
     """A producer of the chosen library (confluent-kafka's ``Producer`` or ``PyProducer``)."""
-    if check_client(client) == KAFKA_PYTHON:
-        return PyProducer(conf)
-    from confluent_kafka import KafkaException, Producer
-
-    try:
-        return Producer(dict(conf))
-    except KafkaException as exc:
-        msg = f"cannot create the Kafka producer for {conf.get('bootstrap.servers')}: {exc}"
-        raise BrokerError(msg) from exc
+    return _make(client, conf, PyProducer, "Producer")
 
 
 def make_consumer(client: str, conf: Mapping[str, Any]) -> Any:
     """A consumer of the chosen library (confluent-kafka's ``Consumer`` or ``PyConsumer``)."""
+    return _make(client, conf, PyConsumer, "Consumer")
+
+
+def _make(client: str, conf: Mapping[str, Any], adapter: type[Any], name: str) -> Any:
     if check_client(client) == KAFKA_PYTHON:
-        return PyConsumer(conf)
-    from confluent_kafka import Consumer, KafkaException
+        return adapter(conf)
+    import confluent_kafka
 
     try:
-        return Consumer(dict(conf))
-    except KafkaException as exc:
-        msg = f"cannot create the Kafka consumer for {conf.get('bootstrap.servers')}: {exc}"
+        return getattr(confluent_kafka, name)(dict(conf))
+    except confluent_kafka.KafkaException as exc:
+        msg = f"cannot create the Kafka {name.lower()} for {conf.get('bootstrap.servers')}: {exc}"
         raise BrokerError(msg) from exc
 
 

@@ -17,6 +17,7 @@ from safepoint.streaming.checkpoint import LAYOUT_FILE
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, unique
+from tests_support import run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -35,19 +36,11 @@ def heartbeats(n: int, node: str = "n1") -> list[tuple[str, dict[str, Any]]]:
                     "mvcc_now": 100 * i}) for i in range(n)]
 
 
-def run_once(spark: Any, settings: Settings, ckpt: Path) -> None:
-    q = build_query(spark, settings, str(ckpt))
-    try:
-        q.processAllAvailable()
-    finally:
-        q.stop()
-
-
 def test_other_node_buckets_are_refused_before_any_batch(broker: Any, spark: Any, tmp_path: Path) -> None:
     settings = settings_for(broker.bootstrap)
     produce(broker.bootstrap, settings.events_topic, heartbeats(5))
     ckpt = tmp_path / "ckpt"
-    run_once(spark, settings, ckpt)
+    run_to_end(spark, settings, str(ckpt))
     assert (ckpt / LAYOUT_FILE).exists()
     active = len(spark.streams.active)
     with pytest.raises(ConfigError) as err:
@@ -62,7 +55,7 @@ def test_a_checkpoint_past_the_end_of_a_recreated_topic_is_refused(broker: Any, 
     settings = settings_for(broker.bootstrap)
     produce(broker.bootstrap, settings.events_topic, heartbeats(40))
     ckpt = tmp_path / "ckpt"
-    run_once(spark, settings, ckpt)
+    run_to_end(spark, settings, str(ckpt))
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     for fut in admin.delete_topics([settings.events_topic], operation_timeout=10).values():
         fut.result(10)

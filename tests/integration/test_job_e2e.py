@@ -16,9 +16,9 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings
-from safepoint.streaming.job import build_query, messages_in
 
 from kafka_util import produce, read_topic, unique
+from tests_support import run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -53,15 +53,6 @@ def read_events(bootstrap: str, topic: str) -> list[tuple[int, int, bytes]]:
         return out
     finally:
         c.close()
-
-
-def run_to_end(spark: Any, settings: Any, checkpoint: str) -> int:
-    q = build_query(spark, settings, checkpoint)
-    try:
-        q.processAllAvailable()
-        return sum(messages_in(p) for p in q.recentProgress)
-    finally:
-        q.stop()
 
 
 def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any, tmp_path: Any) -> None:

@@ -27,10 +27,10 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.schemas import load
 from safepoint.settings import Settings, load_settings
 from safepoint.simulate import SimConfig, generate_log
-from safepoint.streaming.job import build_query, messages_in
 
 from kafka_util import produce, unique
 from test_parity import as_message, drained
+from tests_support import run_to_end
 
 pytestmark = pytest.mark.integration
 PARTITIONS = 3
@@ -63,15 +63,6 @@ def read_with_kafka_python(bootstrap: str, topic: str, timeout_s: float = 20.0) 
         return [m for p in sorted(got) for m in got[p]]
     finally:
         consumer.close()
-
-
-def run_job(spark: Any, settings: Settings, ckpt: str) -> int:
-    q = build_query(spark, settings, ckpt)
-    try:
-        q.processAllAvailable()
-        return sum(messages_in(p) for p in q.recentProgress)
-    finally:
-        q.stop()
 
 
 def outputs(bootstrap: str, settings: Settings) -> dict[str, list[dict[str, Any]]]:
@@ -116,8 +107,8 @@ def test_a_log_produced_with_kafka_python_is_applied_exactly_as_confluent_kafkas
     assert placed == read_with_kafka_python(broker.bootstrap, by_kafka_python.events_topic), (
         "the same messages on the same partitions in the same order")
 
-    assert run_job(spark, by_confluent, str(tmp_path / "c")) == len(log)
-    assert run_job(spark, by_kafka_python, str(tmp_path / "k")) == len(log)
+    assert run_to_end(spark, by_confluent, str(tmp_path / "c")) == len(log)
+    assert run_to_end(spark, by_kafka_python, str(tmp_path / "k")) == len(log)
     a, b = outputs(broker.bootstrap, by_confluent), outputs(broker.bootstrap, by_kafka_python)
     assert len(a["directives"]) > 5 and a["alerts"] and a["deadletter"]
     assert a == b

@@ -59,6 +59,20 @@ def cluster_env(tmp: Path) -> dict[str, str]:
     return env
 
 
+def kill_family(proc: subprocess.Popen[bytes]) -> int:
+    """SIGKILL a process group and every descendant (pyspark daemons leave the group); how many died."""
+    family = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(family, timeout=10)
+    proc.wait(10)
+    return len(family)
+
+
 class Standalone:
     """A Spark standalone master and workers, each in its own process group."""
 
@@ -97,29 +111,12 @@ class Standalone:
 
     def kill_worker(self, i: int) -> int:
         """SIGKILL worker ``i`` and everything it started (its executor JVM, their Python workers)."""
-        proc = self.workers[i]
-        family = psutil.Process(proc.pid).children(recursive=True)
-        os.killpg(proc.pid, signal.SIGKILL)
-        for p in family:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(family, timeout=10)
-        proc.wait(10)
-        return len(family)
+        return kill_family(self.workers[i])
 
     def stop(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
-                family = psutil.Process(proc.pid).children(recursive=True)
-                os.killpg(proc.pid, signal.SIGKILL)
-                for p in family:
-                    try:
-                        p.kill()
-                    except psutil.NoSuchProcess:
-                        pass
-                proc.wait(10)
+                kill_family(proc)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("*.log")))

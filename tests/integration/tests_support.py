@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -26,3 +27,15 @@ def events_by_partition(bootstrap: str, topic: str) -> list[tuple[int, int, byte
         return out
     finally:
         c.close()
+
+
+def run_to_end(spark: Any, settings: Any, checkpoint: str) -> int:
+    """Start the job's query, run it until it has read everything there is, stop it: messages read."""
+    from safepoint.streaming.job import build_query, messages_in
+
+    q = build_query(spark, settings, checkpoint)
+    try:
+        q.processAllAvailable()
+        return sum(messages_in(p) for p in q.recentProgress)
+    finally:
+        q.stop()
