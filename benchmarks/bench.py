@@ -1,4 +1,4 @@
-"""safepoint benchmark: one command, one generated workload, every figure the performance issue asks for.
+"""safepoint benchmark: one command, one generated workload, every figure of the performance targets (README, Benchmark).
 
     .venv/bin/safepoint bench                 # or: .venv/bin/python benchmarks/bench.py
 

@@ -1,4 +1,4 @@
-"""Pressure bands with hysteresis and debounce (NornicDB seed 003, section 9).
+"""Pressure bands with hysteresis and debounce (NornicDB's MVCC lifecycle design, its pressure bands).
 
 Three levels: 0 normal, 1 warning (NornicDB's "high"), 2 critical. Each level above normal has
 an enter threshold and a lower exit threshold. A level is entered when the value has stayed at

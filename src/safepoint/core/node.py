@@ -445,7 +445,7 @@ class NodeState:
             if budget <= 0:
                 return
             if not critical:
-                break  # hard kills only under sustained critical pressure (seed 003, section 9)
+                break  # hard kills only under sustained critical pressure (NornicDB's MVCC lifecycle design)
             if exp[0] == "tx" and self.txs[hid][T_PREPARED]:
                 continue  # prepared since its graceful expiry: its fate belongs to its coordinator now
             if exp[1] == "graceful" and now - exp[2] >= policy.expire_grace_ms:
