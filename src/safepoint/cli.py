@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from safepoint import __version__
@@ -177,13 +178,14 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from safepoint.replay import replay_file
+    from safepoint.replay import replay_file, summary_lines
 
     settings = _settings(args)
     out = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     dl = open(args.deadletter_output, "w", encoding="utf-8") if args.deadletter_output else None  # noqa: SIM115
     try:
-        engine = replay_file(args.input, out, settings.policy(), dl)
+        with replay_progress(args.input) as progress:
+            engine = replay_file(args.input, out, settings.policy(), dl, progress)
     except FileNotFoundError as exc:
         msg = f"input file not found: {exc.filename}"
         raise SafepointError(msg) from exc
@@ -192,10 +194,32 @@ def cmd_replay(args: argparse.Namespace) -> int:
             out.close()
         if dl is not None:
             dl.close()
-    counts = dict(sorted(engine.counts.items()))
-    safe = {name: c.safe_ts for name, c in sorted(engine.clusters.items()) if name}
-    print(f"replay: {sum(counts.values())} messages {counts}; final safe_ts {safe}", file=sys.stderr)
+    for line in summary_lines(engine):
+        print(line, file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def replay_progress(path: str, min_bytes: int = 5_000_000) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar with the rate on stderr, for a long input read at a terminal (else None)."""
+    size = os.path.getsize(path) if path != "-" and os.path.isfile(path) else 0
+    if size < min_bytes or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    started = time.monotonic()
+    with Progress(TextColumn("replay"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        task = bar.add_task("replay", total=size, rate="")
+
+        def update(done: int, messages: int) -> None:
+            rate = messages / max(time.monotonic() - started, 1e-3)
+            bar.update(task, completed=done, rate=f"{messages:,} messages, {rate:,.0f}/s")
+
+        yield update
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from safepoint.core.cluster import ClusterState
 from safepoint.core.codec import encode
 from safepoint.core.engine import Engine, Position
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
 
-__all__ = ["replay_lines", "replay_file"]
+__all__ = ["replay_lines", "replay_file", "why_no_safe_point", "summary_lines"]
 
 
 def replay_lines(lines: Iterable[bytes], policy: Policy, topic: str = "replay") -> Iterator[tuple[Output, Engine]]:
@@ -31,12 +32,18 @@ def replay_file(
     output: IO[str] | None,
     policy: Policy,
     deadletter: IO[str] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Engine:
-    """Write directives and alerts (one JSON object a line) to ``output``; dead letters apart."""
+    """Write directives and alerts (one JSON object a line) to ``output``; dead letters apart.
+    ``progress(bytes_read, messages)`` is called every few thousand lines."""
     engine = Engine(policy)
     src = sys.stdin.buffer if input_path == "-" else Path(input_path).open("rb")  # noqa: SIM115
+    read = 0
     try:
         for offset, raw in enumerate(src):
+            read += len(raw)
+            if progress is not None and offset % 4096 == 0:
+                progress(read, offset)
             value = raw.rstrip(b"\r\n")
             if not value.strip():
                 continue
@@ -47,4 +54,38 @@ def replay_file(
     finally:
         if src is not sys.stdin.buffer:
             src.close()
+    if progress is not None:
+        progress(read, sum(engine.counts.values()))
     return engine
+
+
+def why_no_safe_point(state: ClusterState, policy: Policy) -> str | None:
+    """Why a cluster has no safe point yet, in plain words (None when it has one)."""
+    if state.safe_ts is not None:
+        return None
+    now, first = state.cluster_time, state.first_wall
+    if now is None or first is None:
+        return "no node event yet (cluster time starts with the nodes' wall_ms)"
+    if state.topology is None and now < first + policy.node_lease_ms:
+        return (f"no topology yet and the discovery window has not ended: cluster time is {now - first} ms past the "
+                f"first event, node_lease_ms is {policy.node_lease_ms}")
+    found = [detail for *_, detail in sorted(state.problems(policy).values())]
+    if found:
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        return "the round is aborted: " + "; ".join(found[:3]) + more
+    return "no node minimum is known yet (no node of the round has sent a heartbeat)"
+
+
+def summary_lines(engine: Engine) -> list[str]:
+    """What a replay ends with: the counts, each cluster's safe point or why it has none, the dead letters."""
+    counts = dict(sorted(engine.counts.items()))
+    safe = {name: c.safe_ts for name, c in sorted(engine.clusters.items()) if name}
+    lines = [f"replay: {sum(counts.values())} messages {counts}; final safe_ts {safe}"]
+    for name, c in sorted(engine.clusters.items()):
+        why = why_no_safe_point(c, engine.policy) if name else None
+        if why:
+            lines.append(f"replay: cluster {name} has no safe point: {why}")
+    dead = {label.split(":", 1)[1]: n for label, n in sorted(engine.labels.items()) if label.startswith("deadlettered:")}
+    if dead:
+        lines.append(f"replay: {sum(dead.values())} dead letter(s): " + ", ".join(f"{k} {v}" for k, v in dead.items()))
+    return lines
