@@ -66,11 +66,32 @@ def build_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
+    conf = spark_conf(shuffle_partitions, extra, ui)
+    if master not in ("", "submit"):
+        _launch_jvm_apart(master, app, conf)
     builder = SparkSession.builder.appName(app)
     if master not in ("", "submit"):  # under spark-submit the master comes from the command line
         builder = builder.master(master)
-    for k, v in spark_conf(shuffle_partitions, extra, ui).items():
+    for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def _launch_jvm_apart(master: str, app: str, conf: dict[str, str]) -> None:
+    """Start Spark's JVM in a session of its own, as PySpark would but for that.
+
+    A SIGTERM (or Ctrl-C) to the command's process group then reaches only Python, which stops
+    the query and the session cleanly; otherwise the JVM dies with the group at once and the stop
+    ends in Py4J tracebacks. The JVM still exits when this process does: PySpark's gateway watches
+    its stdin pipe.
+    """
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
+        return
+    spark_conf_ = SparkConf(loadDefaults=False).setMaster(master).setAppName(app).setAll(list(conf.items()))
+    gateway = launch_gateway(spark_conf_, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    SparkContext._ensure_initialized(gateway=gateway, conf=spark_conf_)
