@@ -491,11 +491,10 @@ class DirectiveListener:
 
     def _snapshot_request(self, obj: dict[str, Any]) -> None:
         """The job asks this node for its complete set of holds (it started on empty state).
-        Per-node directives share one ``seq`` per cluster (expire and snapshot_request)."""
-        if obj["seq"] <= self._last_expire_seq:
-            self._counts["repeats"] += 1
-            return
-        self._last_expire_seq = obj["seq"]
+        Per-node directives share one ``seq`` per cluster (expire and snapshot_request), but a
+        request is answered even when its ``seq`` does not advance: a snapshot is always right to
+        send, and a job that lost its directives topic too restarts the ``seq`` at 1."""
+        self._last_expire_seq = max(self._last_expire_seq, obj["seq"])
         target = self._reporter.node if self._reporter is not None else self.node
         if target is None or obj["node"] != target:
             return

@@ -564,6 +564,40 @@ def test_listener_thread_calls_back_and_routes_expiries(kafka: EmbeddedBroker, d
         listener.poll(0)
 
 
+def snapshot_request(seq: int, node: str, cluster: str = "c1") -> tuple[str, dict[str, Any]]:
+    value = {"v": 1, "type": "snapshot_request", "cluster": cluster, "node": node, "seq": seq, "reason": "recovery",
+             "cluster_wall_ms": WALL0}
+    jsonschema.Draft7Validator(load("outputs", "snapshot_request")).validate(value)
+    return f"{cluster}/{node}", value
+
+
+def test_listener_answers_snapshot_requests_through_its_reporter(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str
+) -> None:
+    """Backlog requests for this node are answered once, after the backlog; live ones each time, even
+    when their seq does not advance (a job that lost its directives topic restarts it); other nodes'
+    requests are not answered."""
+    produce(kafka.bootstrap, directives_topic, [snapshot_request(4, "n1"), snapshot_request(5, "n1"),
+                                               snapshot_request(6, "n2")])
+    rep = make_reporter(kafka, events_topic)
+    reader = rep.reader(500, reader_id="r-open").open()
+    listener = DirectiveListener(kafka.bootstrap, reporter=rep, topic=directives_topic).start()
+    try:
+        wait_for(lambda: listener.stats().snapshot_requests == 1)
+        produce(kafka.bootstrap, directives_topic, [snapshot_request(7, "n2"), snapshot_request(1, "n1")])
+        wait_for(lambda: listener.stats().snapshot_requests == 2)
+        time.sleep(0.5)
+        assert listener.stats().snapshot_requests == 2
+        assert rep.flush(10) == 0
+        events = consume_events(kafka.bootstrap, events_topic, 3)
+        assert [e["type"] for e in events] == ["reader_open", "snapshot", "snapshot"]
+        assert [r["reader_id"] for r in events[1]["readers"]] == ["r-open"]
+    finally:
+        listener.close()
+        reader.close()
+        rep.close()
+
+
 def test_listener_waits_for_a_missing_topic_and_from_settings(kafka: EmbeddedBroker) -> None:
     topic = _name("late-directives")
     settings = Settings(bootstrap=kafka.bootstrap, directives_topic=topic, events_topic=_name("late-events"))
