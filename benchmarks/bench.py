@@ -13,7 +13,7 @@ reader closes free the cluster's blocker at a fixed rate, so directives come at 
       after batch 0 (numInputRows / triggerExecution), CPU per process class, RSS, state size;
    b. latency at fixed offered rates (default 1,000 and 10,000 events/s): the workload replayed in
       real time (paced by its own ``wall_ms``), event-to-directive latency p50/p95/p99 over time;
-4. profile: cProfile of the plain path and of the job's two processors run locally (no Spark), and
+4. profile: cProfile of the core alone and of the job's batch logic run locally (no Spark), and
    py-spy over the job's Python workers during one more local[2] run.
 
 Writes ``<out>/bench-<timestamp>.json``, ``.md`` (the table, ratios, targets met / not met, profile
@@ -572,7 +572,6 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         spark_master=spec["master"],
         shuffle_partitions=spec["shuffle_partitions"],
         starting_offsets="earliest",
-        fast_path=spec.get("fast_path", True),
     )
 
 
@@ -602,7 +601,7 @@ def _progress_row(p: dict[str, Any]) -> dict[str, Any]:
 
 def _to_dict(p: Any) -> dict[str, Any]:
     """A progress as a dict whose ``numInputRows`` counts messages (the accounting counter
-    ``consumed``: on the fast path Spark's own count is of packed rows, kept as ``sparkInputRows``)."""
+    ``consumed``: with the Python source Spark's own count is of packed rows, kept as ``sparkInputRows``)."""
     from safepoint.streaming.job import messages_in
 
     d = p if isinstance(p, dict) else json.loads(p.json) if hasattr(p, "json") else dict(p)
@@ -741,7 +740,6 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
         state_dir = os.path.join(settings.checkpoint, "state")
         result = {
             "master": settings.spark_master,
-            "path": "fast" if settings.fast_path else "plain",
             "session_s": session_s,
             "total_s": t_end - t0,
             "batches": [_progress_row(seen[b]) for b in sorted(seen)],
@@ -812,7 +810,6 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
         state_dir = os.path.join(settings.checkpoint, "state")
         result = {
             "master": settings.spark_master,
-            "path": "fast" if settings.fast_path else "plain",
             "session_s": session_s,
             "batches": [_progress_row(seen[b]) for b in sorted(seen)],
             "rss_peak": sampler.peak,
@@ -986,8 +983,7 @@ def source_ignores_max_offsets() -> str | None:
 
 
 def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: list[tuple[int, str, bytes]], master: str,
-                 tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None,
-                 fast: bool = True) -> dict[str, Any]:
+                 tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None) -> dict[str, Any]:
     topics = make_topics(bootstrap, tag, args.partitions)
     ckpt = work / f"ckpt-{tag}"
     total = len(events)
@@ -995,7 +991,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(ckpt), "master": master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
-        "timeout_s": args.timeout, "profile_rate": args.profile_rate, "fast_path": fast,
+        "timeout_s": args.timeout, "profile_rate": args.profile_rate,
     }
     feeder = Feeder(bootstrap, topics["events"], events, args.max_offsets, ckpt, args.first_batch)
     feeder.start()
@@ -1307,19 +1303,21 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
 
 
 def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
-    """Both paths' processors run locally on the same micro-batches, without Spark (streaming/local.py).
+    """The job's batch logic (core/batch.py: route, stage one per bucket, stage two per cluster, with
+    the state values and the pickled hand-offs between them) run in this process, without Spark.
 
-    The fast path is profiled with cProfile on a second pass. What is left between this and the
-    job's real rate is Spark's own cost (Arrow between JVM and Python, the shuffles, RocksDB, the
-    source and sink).
+    A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
+    own cost (Arrow between JVM and Python, the shuffles, RocksDB, the source and sink).
     """
-    from safepoint.core.policy import Policy
-    from safepoint.streaming.local import LocalJob
+    import pickle
 
-    policy = Policy().to_dict()
-    topics = {"events": "bench", "directives": "d", "alerts": "a", "deadletter": "x"}
+    from safepoint.core.batch import route, stage_one_bucket, stage_two
+    from safepoint.core.policy import Policy
+
+    policy = Policy()
+    buckets = 8
     offsets = [0] * partitions
-    msgs = []
+    msgs: list[tuple[int, int, bytes, bytes]] = []
     for key, value in values:
         p = zlib.crc32(key.encode()) % partitions
         msgs.append((p, offsets[p], key.encode(), value))
@@ -1327,21 +1325,43 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
     n = len(msgs)
     prof = cProfile.Profile()
 
-    def one_pass(fast: bool, profiled: bool) -> tuple[LocalJob, int]:
-        job = LocalJob(policy, topics, fast=fast)
+    def one_pass(profiled: bool) -> tuple[dict[str, float], int, int]:
+        seconds = {"route": 0.0, "stage1": 0.0, "stage2": 0.0}
+        state1: dict[Any, str] = {}
+        state2: dict[str, str] = {}
         outs = 0
         if profiled:
             prof.enable()
         for start in range(0, n, batch_rows):
-            outs += len(job.run_batch(msgs[start:start + batch_rows]))
+            batch = msgs[start:start + batch_rows]
+            t0 = time.perf_counter()
+            groups1: dict[tuple[str, int], list[Any]] = defaultdict(list)
+            for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
+                for gkey, items in route([m for m in batch if m[0] == part], "bench", policy, buckets).items():
+                    groups1[gkey].extend(pickle.loads(pickle.dumps(items, 5)))
+            t1 = time.perf_counter()
+            groups2: dict[str, list[Any]] = defaultdict(list)
+            for gkey, items in groups1.items():
+                new, staged, _counts = stage_one_bucket(state1.get(gkey), items, policy, buckets)
+                if new is not None:
+                    state1[gkey] = new
+                groups2[gkey[0]].extend(pickle.loads(pickle.dumps(staged, 5)))
+            t2 = time.perf_counter()
+            for cluster, items in groups2.items():
+                new, outputs = stage_two(cluster, state2.get(cluster), items, policy, False)
+                if new is not None:
+                    state2[cluster] = new
+                outs += len(outputs)
+            t3 = time.perf_counter()
+            seconds["route"] += t1 - t0
+            seconds["stage1"] += t2 - t1
+            seconds["stage2"] += t3 - t2
         if profiled:
             prof.disable()
-        return job, outs
+        return seconds, outs, sum(len(v) for v in state1.values()) + sum(len(v) for v in state2.values())
 
-    plain, _ = one_pass(False, False)
-    fast, n_out = one_pass(True, False)
-    one_pass(True, True)
-    fs = fast.seconds
+    fs, n_out, state_bytes = one_pass(False)
+    one_pass(True)
     total = sum(fs.values())
     return {
         "events": n,
@@ -1351,18 +1371,14 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         "cluster_stage_us_per_event": fs["stage2"] / n * 1e6,
         "total_us_per_event": total / n * 1e6,
         "events_per_s": n / total,
-        "plain_total_us_per_event": sum(plain.seconds.values()) / n * 1e6,
-        "plain_node_stage_us_per_event": plain.seconds["stage1"] / n * 1e6,
-        "plain_cluster_stage_us_per_event": plain.seconds["stage2"] / n * 1e6,
         "outputs": n_out,
-        "state_value_bytes": sum(fast.state_bytes()),
-        "plain_state_value_bytes": sum(plain.state_bytes()),
+        "state_value_bytes": state_bytes,
         "top_self": _top_stats(prof, total / n * 1e6),
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
             "engine.py:parse_stage", "events.py:parse", "engine.py:apply_stage", "node.py:apply",
             "node.py:from_json", "node.py:to_json", "engine.py:cluster_stage", "cluster.py:from_json", "cluster.py:to_json",
-            "cluster.py:_directive", "codec.py:encode", "processors.py:merge_log_order", "packed.py:route",
-            "packed.py:stage_one_bucket", "packed.py:stage_two", "json/__init__.py:dumps", "json/__init__.py:loads",
+            "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route",
+            "batch.py:stage_one_bucket", "batch.py:stage_two", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),
     }
 
@@ -1373,12 +1389,11 @@ _PYSPY_GROUPS = [
     ("safepoint core: node rules (core/node.py, bands)", lambda f: "safepoint/core/node.py" in f or "safepoint/core/bands.py" in f),
     ("safepoint core: cluster round (core/cluster.py)", lambda f: "safepoint/core/cluster.py" in f or "sortedcontainers" in f),
     ("safepoint core: engine glue, outputs, codec", lambda f: "safepoint/core/" in f),
-    ("processors: stage-one payload JSON encode/decode", lambda f: "encode_stage_one" in f or "decode_stage_one" in f),
-    ("fast path: router, (un)pickling packed rows, state JSON (streaming/packed.py)", lambda f: "streaming/packed.py" in f),
-    ("processors: handleInputRows (state JSON, Row fields, sort/merge)", lambda f: "streaming/processors.py" in f),
+    ("batch logic: routing, staging, state JSON, log-order merge (core/batch.py)", lambda f: "safepoint/core/batch.py" in f),
+    ("processors: (un)pickling packed rows, Row fields (streaming/processors.py)", lambda f: "streaming/processors.py" in f),
     ("source: Kafka read (kafka_source.py read)", lambda f: "kafka_source.py" in f and f.startswith(("read ", "KafkaStreamReader.read "))),
-    ("sink: Kafka write (kafka_source.py write)", lambda f: "kafka_source.py" in f and "write" in f),
-    ("source/sink: driver-side offsets, planning, commit (kafka_source.py)", lambda f: "kafka_source.py" in f),
+    ("sink: Kafka write (kafka_sink.py write)", lambda f: "kafka_sink.py" in f),
+    ("source: driver-side offsets, planning, commit (kafka_source.py)", lambda f: "kafka_source.py" in f),
     ("pyspark: Arrow -> Row, cell by cell (worker.py generate_data_batches)", lambda f: "generate_data_batches" in f),
     ("pyspark: Row -> Arrow of the outputs (worker.py convert_results)", lambda f: "convert_results" in f),
     ("pyspark: state API client (ValueState get/update: socket round trips to the JVM)",
@@ -1612,7 +1627,7 @@ def build_report(res: dict[str, Any]) -> str:
     for tp in res.get("spark_throughput", []):
         s = tp["sustained_events_per_s"]
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(tp["cpu_us_per_event"].items()))
-        L.append(f"| (3a) job {tp['master']}{', plain path' if tp.get('path') == 'plain' else ''}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
+        L.append(f"| (3a) job {tp['master']}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
                  f"{mb(tp['jvm_plus_workers_rss_end'])} (JVM {mb(tp['rss_end'].get('jvm'))} + {tp['rss_end'].get('workers_n')} "
                  f"workers {mb(tp['rss_end'].get('workers'))}; PSS {mb(tp['rss_end'].get('jvm_pss', 0) + tp['rss_end'].get('workers_pss', 0))}) | "
                  f"{tp['batches']} batches{' (feeder late ' + str(tp['feeder_late_chunks']) + 'x)' if tp.get('feeder_late_chunks') else ''}, "
@@ -1697,9 +1712,9 @@ def build_report(res: dict[str, Any]) -> str:
         pp = prof.get("processors_local")
         if pp:
             L.append(f"The job's processors run locally without Spark ({pp['events']:,} events in batches of {pp['batch_rows']:,}): "
-                     f"fast path: router {pp['route_us_per_event']:.1f} us/event, node stage {pp['node_stage_us_per_event']:.1f}, "
-                     f"cluster stage {pp['cluster_stage_us_per_event']:.1f}, {fmt_rate(pp['events_per_s'])} ev/s; plain path "
-                     f"{pp['plain_total_us_per_event']:.1f} us/event. Fast path cumulative us/event: "
+                     f"router {pp['route_us_per_event']:.1f} us/event, node stage {pp['node_stage_us_per_event']:.1f}, "
+                     f"cluster stage {pp['cluster_stage_us_per_event']:.1f}, {fmt_rate(pp['events_per_s'])} ev/s. "
+                     "Cumulative us/event: "
                      + ", ".join(f"`{k}` {v:.1f}" for k, v in sorted(pp["cumulative_us_per_event"].items(), key=lambda kv: -kv[1])))
             L.append("")
         pl = prof.get("plain_core")
@@ -1720,7 +1735,7 @@ def build_report(res: dict[str, Any]) -> str:
 def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     plain = (res.get("plain") or {}).get("events_per_s")
-    tps = {t["master"]: t for t in res.get("spark_throughput", []) if t.get("path", "fast") == "fast"}
+    tps = {t["master"]: t for t in res.get("spark_throughput", []) }
     best = max((t["sustained_events_per_s"] or 0 for t in tps.values()), default=0) or None
     best_master = max(tps.values(), key=lambda t: t["sustained_events_per_s"] or 0)["master"] if tps else None
     r = best / plain if best and plain else None
@@ -1761,7 +1776,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
 def findings(res: dict[str, Any]) -> list[str]:
     """Plain-language top findings from the numbers (the .md and the console)."""
     out: list[str] = []
-    tps = [t for t in res.get("spark_throughput", []) if t.get("path", "fast") == "fast"]
+    tps = [t for t in res.get("spark_throughput", []) ]
     t2 = next((t for t in tps if t["master"] == "local[2]"), tps[-1] if tps else None)
     prof = res.get("profile", {})
     pp = prof.get("processors_local")
@@ -1798,11 +1813,10 @@ def findings(res: dict[str, Any]) -> list[str]:
                        f"({r['backlog_at_end_of_pacing']:,} events of backlog when pacing ended).")
     if pp and pl:
         out.append(
-            f"Python work per event in the job's processors, measured without Spark: fast path "
+            f"Python work per event in the job's batch logic, measured without Spark: "
             f"{pp['total_us_per_event']:.1f} us (router {pp['route_us_per_event']:.1f}, node stage "
-            f"{pp['node_stage_us_per_event']:.1f}, cluster stage {pp['cluster_stage_us_per_event']:.1f}), plain path "
-            f"{pp['plain_total_us_per_event']:.1f} us, Engine.process alone {pl['us_per_event']:.1f} us. Stage state "
-            f"values at the end: fast {pp['state_value_bytes']:,} B, plain {pp['plain_state_value_bytes']:,} B."
+            f"{pp['node_stage_us_per_event']:.1f}, cluster stage {pp['cluster_stage_us_per_event']:.1f}), "
+            f"Engine.process alone {pl['us_per_event']:.1f} us. Stage state values at the end: {pp['state_value_bytes']:,} B."
         )
     jf = prof.get("jfr")
     if jf and jf.get("groups"):
@@ -1841,8 +1855,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--trigger-ms", type=int, default=500, help="processing-time trigger of the job (the job's default)")
     p.add_argument("--masters", default="local[1],local[2]", help="Spark masters of the throughput runs")
     p.add_argument("--latency-master", default="local[2]")
-    p.add_argument("--paths", default="fast,plain",
-                   help="fast: the masters' runs use the fast path (the default); plain: add a local[2] run of the plain path")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of event time sent before pacing (first batch, excluded)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="most seconds to wait for the job to catch up after pacing")
     p.add_argument("--timeout", type=float, default=600.0, help="most seconds for one Spark run")
@@ -1942,12 +1954,6 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"(3a) job {master}: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0 "
                     f"({tp['batches']} batches), RSS JVM+workers {mb(tp['jvm_plus_workers_rss_end'])}, state dir "
                     f"{mb(tp['state_dir_bytes'])}, {tp['directives']} directives")
-            if "plain" in [x.strip() for x in args.paths.split(",")]:
-                say("(3a) job local[2], plain path (fast_path = false), over the backlog ...")
-                tp = run_spark_tp(args, work, bootstrap, wl.events, "local[2]", "tp-plain", holds, {"broker": broker_pid},
-                                  fast=False)
-                res["spark_throughput"].append(tp)
-                say(f"(3a) job local[2] plain path: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s")
 
         if "latency" in phases:
             res["latency"] = []
@@ -1987,7 +1993,7 @@ def main(argv: list[str] | None = None) -> int:
             res["profile"] = prof
 
         # state per hold: the local[2] throughput run at the end of the backlog
-        tps = [t for t in res.get("spark_throughput", []) if t.get("path", "fast") == "fast"]
+        tps = [t for t in res.get("spark_throughput", []) ]
         t2 = next((t for t in tps if t["master"] == "local[2]"), tps[-1] if tps else None)
         if t2:
             ls = (res.get("plain") or {}).get("state") or {}

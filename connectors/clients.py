@@ -32,9 +32,8 @@ __all__ = [
     "assign_from_beginning",
     "check_client",
     "crc32_partition",
-    "is_fatal",
+    "make_client",
     "make_consumer",
-    "make_producer",
 ]
 
 CONFLUENT = "confluent"
@@ -65,16 +64,6 @@ def check_client(name: str) -> str:
         msg = f"unknown Kafka client {name!r}: use one of {', '.join(CLIENTS)}"
         raise ConfigError(msg)
     return name
-
-
-def is_fatal(err: object) -> bool:
-    """A librdkafka error after which the producer must be recreated (kafka-python: never)."""
-    code, fatal = getattr(err, "code", None), getattr(err, "fatal", None)
-    if not callable(code) or not callable(fatal) or isinstance(err, _Error):
-        return False
-    from confluent_kafka import KafkaError
-
-    return bool(fatal()) or code() in (KafkaError._FATAL, KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER)
 
 
 # -- configuration: librdkafka's dotted keys -> kafka-python's arguments ------------------------
@@ -329,25 +318,22 @@ class PyConsumer:
 # -- the factories ------------------------------------------------------------------------------
 
 
-def make_producer(client: str, conf: Mapping[str, Any]) -> Any:
-    """A producer of the chosen library (confluent-kafka's ``Producer`` or ``PyProducer``)."""
-    return _make(client, conf, PyProducer, "Producer")
-
-
 def make_consumer(client: str, conf: Mapping[str, Any]) -> Any:
-    """A consumer of the chosen library (confluent-kafka's ``Consumer`` or ``PyConsumer``)."""
-    return _make(client, conf, PyConsumer, "Consumer")
+    """A consumer of the chosen library (confluent-kafka's ``Consumer`` or ``PyConsumer``); producers
+    come from ``connectors/producer.py``."""
+    return make_client(client, conf, CONSUMER)
 
 
-def _make(client: str, conf: Mapping[str, Any], adapter: type[Any], name: str) -> Any:
+def make_client(client: str, conf: Mapping[str, Any], what: str) -> Any:
+    """A ``PRODUCER`` or ``CONSUMER`` of the chosen library, with one clear error when it cannot be made."""
     if check_client(client) == KAFKA_PYTHON:
-        return adapter(conf)
+        return (PyProducer if what == PRODUCER else PyConsumer)(conf)
     import confluent_kafka
 
     try:
-        return getattr(confluent_kafka, name)(dict(conf))
+        return getattr(confluent_kafka, what.capitalize())(dict(conf))
     except confluent_kafka.KafkaException as exc:
-        msg = f"cannot create the Kafka {name.lower()} for {conf.get('bootstrap.servers')}: {exc}"
+        msg = f"cannot create the Kafka {what} for {conf.get('bootstrap.servers')}: {exc}"
         raise BrokerError(msg) from exc
 
 

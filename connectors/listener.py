@@ -15,16 +15,8 @@ only a directive whose ``seq`` advances is delivered. Use it either way::
     listener = DirectiveListener("kafka:9092", "c1", on_directive=apply, reporter=reporter).start()
 
 With ``reporter=`` every new ``safe_ts`` is fed to :meth:`Reporter.observe_safe_ts`, so readers
-below it are refused on the node. Forced-expiry directives (``"type": "expire"``) have their own
-``seq`` per cluster; those for this node are handed to :meth:`Reporter.expire` (with
-``reporter=``: it marks the named reader or transaction expired, see there) and then to
-``on_expire``.
-
-After the job starts on empty state (a lost checkpoint), it asks each node for a snapshot with a
-``"type": "snapshot_request"`` directive (key ``<cluster>/<node>``; it shares the per-node ``seq``
-with expiry directives). With ``reporter=`` the listener answers by itself: the reporter publishes
-its complete set of open readers and transactions (:meth:`Reporter.snapshot`). A request met in
-the backlog at start is answered once, after the backlog.
+below it are refused on the node. Per-node directives (forced expiry, snapshot requests after the
+job lost its checkpoint) are answered as ``connectors/node_directives.py`` says.
 
 On start the listener first catches up with the topic: of the backlog it delivers only the
 directive with the highest ``seq`` (the older ones are superseded). Expiry directives of the
@@ -40,10 +32,8 @@ import json
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
-from functools import cache
+from dataclasses import fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
@@ -57,8 +47,18 @@ from safepoint.connectors.clients import (
     check_client,
     make_consumer,
 )
+from safepoint.connectors.delivery import consumer_conf, deliver_until_stopped
+from safepoint.connectors.directives import (
+    DEFAULT_DIRECTIVES_TOPIC,
+    SNAPSHOT_REQUEST,
+    Directive,
+    ExpireDirective,
+    ListenerStats,
+    compact_up_to,
+    validator,
+)
+from safepoint.connectors.node_directives import NodeDirectivesMixin
 from safepoint.errors import BrokerError, ClientClosed, SafepointError
-from safepoint.schemas import load
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
@@ -77,123 +77,7 @@ __all__ = [
 
 log = logging.getLogger("safepoint.listener")
 
-DEFAULT_DIRECTIVES_TOPIC = "safepoint.directives"
-SNAPSHOT_REQUEST = "snapshot_request"
-RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000
-"""The consumer's ``receive.message.max.bytes``: the embedded broker ignores fetch size limits and
-may answer one fetch with the whole backlog (a directive's ``basis`` names every node)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Directive:
-    """A compaction directive (contract: Directives). ``raw`` is the whole JSON object."""
-
-    cluster: str
-    seq: int
-    safe_ts: int
-    catalog_floor: int | None
-    cluster_wall_ms: int
-    blocker: dict[str, Any] | None
-    basis: dict[str, Any]
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Directive:
-        return cls(
-            cluster=obj["cluster"],
-            seq=obj["seq"],
-            safe_ts=obj["safe_ts"],
-            catalog_floor=obj["catalog_floor"],
-            cluster_wall_ms=obj["cluster_wall_ms"],
-            blocker=obj["blocker"],
-            basis=obj["basis"],
-            raw=obj,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ExpireDirective:
-    """A forced expiry of one reader (``reader_id``) or transaction (``tx_id``) on ``node``."""
-
-    cluster: str
-    seq: int
-    node: str
-    reader_id: str | None
-    tx_id: str | None
-    reason: str
-    mode: str
-    """``graceful`` (let it finish its current step) or ``hard`` (stop it now)."""
-    raw: dict[str, Any] = field(repr=False, compare=False)
-    cluster_wall_ms: int | None = None
-    """The cluster time when the job decided (optional in the schema)."""
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> ExpireDirective:
-        return cls(
-            cluster=obj["cluster"],
-            seq=obj["seq"],
-            node=obj["node"],
-            reader_id=obj.get("reader_id"),
-            tx_id=obj.get("tx_id"),
-            reason=obj["reason"],
-            mode=obj["mode"],
-            raw=obj,
-            cluster_wall_ms=obj.get("cluster_wall_ms"),
-        )
-
-
-def compact_up_to(directive: Directive | Mapping[str, Any] | int, oldest_local_hold: int | None) -> int:
-    """The contract's apply rule: compact up to min(``safe_ts``, the node's own oldest local hold).
-
-    ``oldest_local_hold`` is the smallest ``read_ts``/``begin_ts`` the node itself still serves
-    (None when it has none). A node never compacts past its own holds, whatever the directive says.
-    """
-    if isinstance(directive, Directive):
-        safe_ts = directive.safe_ts
-    elif isinstance(directive, int):
-        safe_ts = directive
-    else:
-        safe_ts = int(directive["safe_ts"])
-    if oldest_local_hold is None:
-        return safe_ts
-    return min(safe_ts, oldest_local_hold)
-
-
-@dataclass(frozen=True, slots=True)
-class ListenerStats:
-    """Counters of one listener (since it was made)."""
-
-    received: int
-    """Messages read from the topic (any cluster)."""
-    delivered: int
-    """Compaction directives delivered (their seq advanced)."""
-    repeats: int
-    """Directives of this cluster ignored because their seq did not advance."""
-    superseded: int
-    """Backlog directives skipped at start because a newer one followed."""
-    other_clusters: int
-    """Messages for other clusters."""
-    invalid: int
-    """Messages that are not a valid directive (logged and skipped)."""
-    expires_delivered: int
-    """Expiry directives for this node (or, without a node, this cluster) handed to the reporter and on_expire."""
-    backlog_expires_skipped: int
-    """Expiry directives of the backlog at start naming a reader or transaction the reporter does not
-    have open (they died with an earlier process); only with ``reporter=``."""
-    handler_failures: int
-    """Exceptions raised by on_directive, on_expire or the reporter's expire (logged)."""
-    snapshot_requests: int = 0
-    """Snapshot requests for this node (after a start of the job on empty state) answered with the
-    reporter's snapshot; requests met in the backlog at start are answered once, after it."""
-
-
-@cache
-def _validator(name: str) -> Callable[[Any], Any]:
-    validate: Callable[[Any], Any] = fastjsonschema.compile(load("outputs", name))
-    return validate
-
-
-class DirectiveListener:
+class DirectiveListener(NodeDirectivesMixin):
     """Follows one cluster's directives; see the module docstring."""
 
     def __init__(
@@ -232,20 +116,7 @@ class DirectiveListener:
         self._on_expire = on_expire
         self._reporter = reporter
         self._retry_backoff_s = retry_backoff_s
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            # librdkafka wants a group.id even for a consumer that only assign()s; it never joins
-            # the group and never commits offsets.
-            "group.id": f"safepoint-listener-{uuid.uuid4().hex[:12]}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
-            "client.id": f"safepoint-listener-{cluster}",
-            "logger": logging.getLogger("safepoint.listener.librdkafka"),
-        }
-        conf.update(kafka_conf or {})
+        conf = consumer_conf(bootstrap, f"safepoint-listener-{cluster}", "safepoint.listener.librdkafka", kafka_conf)
         conf["error_cb"] = self._on_error
         self._consumer = make_consumer(check_client(client), conf)
 
@@ -396,7 +267,7 @@ class DirectiveListener:
         if kind not in ("compaction", "expire", SNAPSHOT_REQUEST):
             return self._invalid(msg, f"unknown directive type {kind!r}")
         try:
-            _validator(kind)(obj)
+            validator(kind)(obj)
         except fastjsonschema.JsonSchemaValueException as exc:
             return self._invalid(msg, f"invalid {kind}: {exc.message}")
         if kind == "expire":
@@ -454,68 +325,6 @@ class DirectiveListener:
             self._reporter.observe_safe_ts(self._safe_ts)
         return directive
 
-    def _expire(self, expire: ExpireDirective) -> None:
-        if expire.seq <= self._last_expire_seq:
-            self._counts["repeats"] += 1
-            return
-        self._last_expire_seq = expire.seq
-        if self.node is not None and expire.node != self.node:
-            return
-        reporter = self._reporter
-        if reporter is not None and (expire.node != reporter.node or expire.cluster != reporter.cluster):
-            reporter = None  # the listener was pointed at another node than its reporter's
-        if reporter is not None and not self._caught_up and reporter.find(reader_id=expire.reader_id, tx_id=expire.tx_id) is None:
-            self._counts["backlog_expires_skipped"] += 1
-            log.debug(
-                "directive listener: backlog expiry seq %d names %s, not open on this reporter (an earlier process); skipped",
-                expire.seq,
-                expire.reader_id or expire.tx_id,
-            )
-            return
-        self._counts["expires_delivered"] += 1
-        if reporter is not None:
-            try:
-                reporter.expire(expire)
-            except Exception:
-                self._counts["handler_failures"] += 1
-                log.exception("directive listener: the reporter failed to apply expiry seq %d", expire.seq)
-        if self._on_expire is None:
-            if self._reporter is None:
-                log.info("directive listener: expiry seq %d of %s not handled (no on_expire)", expire.seq, expire.raw)
-            return
-        try:
-            self._on_expire(expire)
-        except Exception:
-            self._counts["handler_failures"] += 1
-            log.exception("directive listener: on_expire failed for expiry seq %d", expire.seq)
-
-    def _snapshot_request(self, obj: dict[str, Any]) -> None:
-        """The job asks this node for its complete set of holds (it started on empty state).
-        Per-node directives share one ``seq`` per cluster (expire and snapshot_request), but a
-        request is answered even when its ``seq`` does not advance: a snapshot is always right to
-        send, and a job that lost its directives topic too restarts the ``seq`` at 1."""
-        self._last_expire_seq = max(self._last_expire_seq, obj["seq"])
-        target = self._reporter.node if self._reporter is not None else self.node
-        if target is None or obj["node"] != target:
-            return
-        if not self._caught_up:
-            self._backlog_snapshot_request = True  # answered once the backlog is read
-            return
-        self._answer_snapshot_request()
-
-    def _answer_snapshot_request(self) -> None:
-        if self._reporter is None:
-            log.info("directive listener: the job asks node %s for a snapshot; publish one (no reporter= given)", self.node)
-            return
-        try:
-            self._reporter.snapshot()
-        except Exception:
-            self._counts["handler_failures"] += 1
-            log.exception("directive listener: the reporter failed to publish the snapshot the job asked for")
-            return
-        self._counts["snapshot_requests"] += 1
-        log.info("directive listener: the job asked node %s for a snapshot; published", self._reporter.node)
-
     def _invalid(self, msg: Message, reason: str) -> Directive | None:
         self._counts["invalid"] += 1
         log.warning("directive listener: skipped %s [%s] offset %s: %s", self.topic, msg.partition(), msg.offset(), reason)
@@ -545,36 +354,17 @@ class DirectiveListener:
         return self
 
     def _run(self) -> None:
-        handler = self._on_directive or (lambda _directive: None)
-        pending: Directive | None = None
         try:
-            while not self._stop.is_set():
-                try:
-                    newer = self._poll(0.2 if pending is None else self._retry_backoff_s)
-                except ClientClosed:
-                    return
-                except SafepointError as exc:
-                    log.warning("directive listener: %s; retrying", exc)
-                    self._stop.wait(self._retry_backoff_s)
-                    continue
-                if newer is not None:
-                    pending = newer
-                if pending is None:
-                    continue
-                current = pending
-                try:
-                    handler(current)
-                    pending = None
-                except Exception:
-                    self._counts["handler_failures"] += 1
-                    log.exception(
-                        "directive listener: on_directive failed for seq %d; retrying in %.1f s",
-                        current.seq,
-                        self._retry_backoff_s,
-                    )
+            deliver_until_stopped(self._poll, self._on_directive or (lambda _directive: None), self._stop,
+                                  self._retry_backoff_s, self._handler_failed)
         finally:
             if self._closed:
                 self._close_consumer()
+
+    def _handler_failed(self, directive: Directive) -> None:
+        self._counts["handler_failures"] += 1
+        log.exception("directive listener: on_directive failed for seq %d; retrying in %.1f s", directive.seq,
+                      self._retry_backoff_s)
 
     # -- closing ---------------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:

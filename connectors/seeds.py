@@ -15,13 +15,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from safepoint.connectors.delivery import RECEIVE_MESSAGE_MAX_BYTES
 from safepoint.core.recovery import Seed, seeds_from_directives
 from safepoint.errors import BrokerError
 
 __all__ = ["read_directive_values", "read_seeds"]
 
 log = logging.getLogger("safepoint.seeds")
-RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000  # the embedded broker may answer one fetch with the whole topic
 
 
 def read_directive_values(conf: dict[str, Any], topic: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:

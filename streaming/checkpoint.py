@@ -2,7 +2,8 @@
 stack trace from inside a Spark task, or a silent stall.
 
 * ``safepoint.json`` at the checkpoint's root records the settings a checkpoint is bound to
-  (``node_buckets``, ``fast_path``); a start with other values is refused before any batch.
+  (``node_buckets``); a start with another value is refused before any batch, and so is a
+  checkpoint of the retired plain path (``fast_path = false``).
 * The newest offsets the checkpoint planned must not be past the end of the events topic: if they
   are, the topic was deleted and recreated (or truncated) under the checkpoint, and the query
   would read nothing, forever.
@@ -24,7 +25,7 @@ __all__ = ["LAYOUT_FILE", "check_checkpoint", "check_layout", "check_offsets", "
 
 LAYOUT_FILE = "safepoint.json"
 LAYOUT_FORMAT = 1
-BOUND_KEYS = ("node_buckets", "fast_path")
+BOUND_KEYS = ("node_buckets",)
 """Settings a checkpoint's state is bound to: a change needs a new checkpoint."""
 
 
@@ -81,6 +82,11 @@ def check_layout(spark: Any, settings: Settings, checkpoint: str) -> None:
     text = fs.read(LAYOUT_FILE)
     if text is not None:
         recorded = json.loads(text)
+        if recorded.get("fast_path") is False:
+            msg = (f"checkpoint {checkpoint} was written by the plain path (fast_path = false), which this version no "
+                   "longer has: start from a new checkpoint directory (the safe point is then seeded from the "
+                   "directives topic)")
+            raise ConfigError(msg)
         for key in BOUND_KEYS:
             if key in recorded and recorded[key] != mine[key]:
                 msg = (f"{key} is {json.dumps(mine[key])} but checkpoint {checkpoint} was written with "

@@ -60,11 +60,8 @@ class Settings:
     shuffle_partitions: int = 2
     """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over (fixed per checkpoint
     by Spark). Measured on local[2]: 2 beats 4 by 10-15% (every task loads and commits its state store)."""
-    fast_path: bool = True
-    """Pack each micro-batch per (cluster, node bucket) before the shuffle (streaming/packed.py);
-    false moves every message as its own row (the plain path). Same outputs; fixed per checkpoint."""
     node_buckets: int = 8
-    """Fast path: state groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
+    """State groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
     spark_ui: bool = False
     """Serve Spark's web UI (its address is printed at start); off by default and in tests."""
     spark_master: str = "local[2]"
@@ -159,6 +156,12 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     return raw
 
 
+RETIRED = {
+    "fast_path": "the job has one path (it packs each micro-batch per cluster and node bucket); delete the line",
+}
+"""Settings that existed once, with what to do about them."""
+
+
 def load_settings(
     config: str | os.PathLike[str] | None = None,
     flags: dict[str, Any] | None = None,
@@ -182,6 +185,9 @@ def load_settings(
             if k not in _FIELDS:
                 if k in ("alerts", "policy"):
                     continue  # tables other modules read
+                if k in RETIRED:
+                    msg = f"setting {k!r} in {path} was removed: {RETIRED[k]}"
+                    raise ConfigError(msg)
                 msg = f"unknown setting {k!r} in {path}; known: {', '.join(sorted(_FIELDS))}"
                 raise ConfigError(msg)
             values[k] = _coerce(k, v, f"in {path}")

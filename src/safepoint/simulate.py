@@ -270,19 +270,15 @@ def run_simulator(
     expiries: queue.Queue[tuple[str, str, str]] | None = None,
 ) -> int:
     """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM."""
-    from confluent_kafka import Producer
-
+    from safepoint.connectors.clients import CONFLUENT
+    from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, make_producer, producer_conf
     from safepoint.connectors.topics import check_reachable, quiet
 
-    conf = quiet({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20, **(kafka_conf or {})})
+    conf = quiet(producer_conf({BOOTSTRAP_SERVERS: bootstrap, **(kafka_conf or {})}, linger_ms=20))
     check_reachable(conf)
-    producer = Producer(conf)
-    failures = 0
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        nonlocal failures
-        if err is not None:
-            failures += 1
+    producer = make_producer(CONFLUENT, conf)
+    deliveries = Deliveries()
+    on_delivery = deliveries.on_delivery
 
     sims = [
         ClusterSim(
@@ -331,14 +327,15 @@ def run_simulator(
                         sent += 1
             if not quiet_output and time.monotonic() - last_report >= 5:
                 last_report = time.monotonic()
-                print(f"simulate: {sent} events sent ({sent / (last_report - start):.0f}/s), {failures} failed", flush=True)
+                print(f"simulate: {sent} events sent ({sent / (last_report - start):.0f}/s), {deliveries.failures} failed",
+                      flush=True)
             time.sleep(0.05)
     finally:
         undelivered = producer.flush(30)  # still queued: never delivered, and no report said so
-    failed = failures + undelivered
+    failed = deliveries.failures + undelivered
     if failed:
         print(f"simulate: {failed} of {sent} events were not delivered to {topic} at {bootstrap} "
-              f"({failures} failed, {undelivered} still queued after 30 s)", file=sys.stderr, flush=True)
+              f"({deliveries.failures} failed, {undelivered} still queued after 30 s)", file=sys.stderr, flush=True)
     elif not quiet_output:
         print(f"simulate: done, {sent} events sent, all delivered", flush=True)
     return 0 if failed == 0 else 1

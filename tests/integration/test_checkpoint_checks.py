@@ -51,6 +51,17 @@ def test_other_node_buckets_are_refused_before_any_batch(broker: Any, spark: Any
     assert len(spark.streams.active) == active, "no query was started"
 
 
+def test_a_checkpoint_of_the_retired_plain_path_is_refused(broker: Any, spark: Any, tmp_path: Path) -> None:
+    settings = settings_for(broker.bootstrap)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / LAYOUT_FILE).write_text('{"fast_path": false, "format": 1, "node_buckets": 8}\n')  # as 0.1 wrote it
+    with pytest.raises(ConfigError) as err:
+        build_query(spark, settings, str(ckpt))
+    assert str(err.value).startswith(f"checkpoint {ckpt} was written by the plain path (fast_path = false), which this "
+                                     "version no longer has: start from a new checkpoint directory")
+
+
 def test_a_checkpoint_past_the_end_of_a_recreated_topic_is_refused(broker: Any, spark: Any, tmp_path: Path) -> None:
     settings = settings_for(broker.bootstrap)
     produce(broker.bootstrap, settings.events_topic, heartbeats(40))

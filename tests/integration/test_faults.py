@@ -43,11 +43,11 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from safepoint.broker import EmbeddedBroker, free_port
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position, node_stage
+from safepoint.core.batch import BY_NAME, encode_staged, merge_log_order
 from safepoint.core.codec import encode
 from safepoint.settings import Settings, load_settings
 from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query, messages_in
-from safepoint.streaming.processors import encode_stage_one, merge_log_order
 
 from kafka_util import read_topic, unique
 from tests_support import events_by_partition
@@ -505,7 +505,7 @@ def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], ba
                      settings: Settings) -> Replayed:
     """``Engine`` over the log batch by batch, each batch merged per cluster as the job's
     cluster stage merges it; the stage-one ``wall_ms`` each row is merged by comes from a shadow
-    run of ``node_stage`` (as ``NodeProcessor`` computes it: -1 for ignored and dead-lettered)."""
+    run of ``node_stage`` (as stage one computes it: -1 for ignored and dead-lettered)."""
     policy, topic = settings.policy(), settings.events_topic
     engine, shadow = Engine(policy, record=True), Engine(policy)
     total, per_batch = _outputs(), []
@@ -522,11 +522,11 @@ def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], ba
                     continue
                 pos = Position(topic, p, off, key)
                 item = node_stage(shadow.nodes, value, pos, policy, shadow.gates)
-                wall, _ = encode_stage_one(item)
+                wall = encode_staged(p, off, item).wall_ms
                 groups[item.cluster].append({"partition": p, "offset": off, "wall_ms": wall, "pos": pos, "value": value})
         outs = _outputs()
         for cluster in sorted(groups):
-            for r in merge_log_order(groups[cluster]):
+            for r in merge_log_order(groups[cluster], *BY_NAME):
                 if cluster:
                     order[cluster].append((r["partition"], r["offset"]))
                 for o in engine.process(r["value"], r["pos"]):
@@ -965,7 +965,7 @@ def test_sink_rebuilds_its_producer_after_a_fatal_error(tmp_path: Path, caplog: 
     that kills an idempotent producer: a broker that lost acknowledged messages answers the next
     produce with OUT_OF_ORDER_SEQUENCE_NUMBER. The sink's task drops the dead producer and sends
     its rows again on a new one, instead of failing the batch (and with it the local query)."""
-    from safepoint.connectors.kafka_source import KafkaStreamWriter
+    from safepoint.connectors.kafka_sink import KafkaStreamWriter
 
     kafka = EmbeddedBroker(port=free_port(), data_dir=str(tmp_path / "broker")).start()
     try:
@@ -977,7 +977,7 @@ def test_sink_rebuilds_its_producer_after_a_fatal_error(tmp_path: Path, caplog: 
         assert writer.write(iter(rows[:100])).count == 100  # type: ignore[attr-defined]
         kafka.kill()  # loses what it acknowledged in the last second: the producer's sequence breaks
         kafka.start()
-        with caplog.at_level("WARNING", logger="safepoint.connectors.kafka_source"):
+        with caplog.at_level("WARNING", logger="safepoint.connectors.kafka_sink"):
             assert writer.write(iter(rows[100:])).count == 100  # type: ignore[attr-defined]
         assert "failed fatally" in caplog.text, "the broker kept the first rows: no fatal error to recover from"
         got = [m["seq"] for m in read_topic(kafka.bootstrap, topic)]

@@ -11,11 +11,11 @@ import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
+from safepoint.core.batch import BY_NAME, merge_log_order
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings
 from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query, messages_in
-from safepoint.streaming.processors import merge_log_order
 
 from kafka_util import produce, read_topic, unique
 
@@ -109,7 +109,7 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
             q.stop()
         # Replay this phase in the job's order for one batch: per partition by offset, merged by wall_ms.
         rows = _rows_since(broker.bootstrap, settings.events_topic, before)
-        for r in merge_log_order(rows):
+        for r in merge_log_order(rows, *BY_NAME):
             for o in engine.process(r["value"], Position(settings.events_topic, r["partition"], r["offset"], r["key"])):
                 expected[o.channel].append(encode(o.value))
     assert consumed == len(log), "every message consumed exactly once across the restart"

@@ -47,13 +47,20 @@ def test_settings_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     assert s.librdkafka()["sasl.password"] == "hunter2"
 
 
-def test_fast_path_settings_from_file_env_and_flags(tmp_path: Path) -> None:
-    assert (Settings().fast_path, Settings().node_buckets) == (True, 8)
+def test_node_buckets_from_file_env_and_flags(tmp_path: Path) -> None:
+    assert Settings().node_buckets == 8
     cfg = tmp_path / "c.toml"
-    cfg.write_text("fast_path = false\nnode_buckets = 3\n")
-    assert (load_settings(cfg, environ={}).fast_path, load_settings(cfg, environ={}).node_buckets) == (False, 3)
-    s = load_settings(cfg, {"node_buckets": "5"}, environ={"SAFEPOINT_FAST_PATH": "true"})
-    assert (s.fast_path, s.node_buckets) == (True, 5)
+    cfg.write_text("node_buckets = 3\n")
+    assert load_settings(cfg, environ={}).node_buckets == 3
+    assert load_settings(cfg, environ={"SAFEPOINT_NODE_BUCKETS": "4"}).node_buckets == 4
+    assert load_settings(cfg, {"node_buckets": "5"}, environ={"SAFEPOINT_NODE_BUCKETS": "4"}).node_buckets == 5
+
+
+def test_the_retired_fast_path_setting_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("fast_path = false\n")
+    with pytest.raises(ConfigError, match="setting 'fast_path' in .* was removed: the job has one path"):
+        load_settings(cfg, environ={})
 
 
 @pytest.mark.parametrize(("text", "needle"), [("bogus = 1", "unknown setting 'bogus'"), ("retention = -1", ">= 0"),
@@ -91,12 +98,12 @@ def test_replay_command_missing_input_is_a_clear_error(capsys: pytest.CaptureFix
 @pytest.mark.parametrize("extra", [{}, {"safepoint.policy": "{}"}, {"safepoint.policy": "{", "safepoint.buckets": "4"},
                                    {"safepoint.policy": "{}", "safepoint.buckets": "0"}])
 def test_packing_source_needs_its_options(extra: dict[str, str]) -> None:
-    from safepoint.connectors.kafka_source import KafkaStreamReader
+    from safepoint.streaming.source import PackingStreamReader
 
     opts = {"bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "safepoint.pack": "true", **extra}
     with pytest.raises(ValueError, match="safepoint.pack=true needs options safepoint.policy"):
-        KafkaStreamReader(opts)
-    assert KafkaStreamReader({**opts, "safepoint.policy": "{}", "safepoint.buckets": "4"}).pack
+        PackingStreamReader(opts)
+    assert PackingStreamReader({**opts, "safepoint.policy": "{}", "safepoint.buckets": "4"}).buckets == 4
 
 
 @pytest.mark.parametrize(("text", "needle"), [

@@ -1,8 +1,11 @@
-"""Issue 6: the fast path (streaming/packed.py) gives exactly the plain path's outputs.
+"""The job's batch logic (core/batch.py through the real operators of streaming/processors.py)
+gives exactly replay's outputs.
 
-Both paths' real processor classes run in one process (streaming/local.py) over the same
-micro-batches of a multi-partition, multi-cluster log with restarts, duplicates and bad
-messages; the Spark job is compared the same way in tests/integration/test_fast_path_job.py.
+The processors run in one process (``local_job.LocalJob``) over micro-batches of a
+multi-partition, multi-cluster log with restarts, duplicates and bad messages. The reference is
+``Engine`` (what ``replay`` runs) fed each batch in the job's log order: per cluster, partitions
+merged by the events' ``wall_ms``. The Spark job is compared with replay the same way in
+tests/integration (test_parity, test_faults, test_fast_path_job).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from safepoint.core import Engine
+from safepoint.core import Engine, Position
+from safepoint.core.batch import METRICS, Routed, bucket_of, counts_of, encode_staged, merge_log_order, route, stage_one_bucket
+from safepoint.core.engine import node_stage
 from safepoint.core.policy import Policy
 from safepoint.errors import ConfigError
 from safepoint.simulate import SimConfig, generate_log, key_of
-from safepoint.streaming.local import LocalJob, Message
-from safepoint.streaming.packed import METRICS, bucket_of, route, stage_one_bucket
+
+from local_job import LocalJob, Message
 
 TOPICS = {"events": "ev", "directives": "dir", "alerts": "al", "deadletter": "dl"}
 JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "type": "heartbeat"}).encode(),
@@ -52,14 +57,47 @@ def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int
     return out
 
 
-def run(msgs: list[Message], fast: bool, splits: list[int], policy: Policy, accounting: bool = False,
+def run(msgs: list[Message], splits: list[int], policy: Policy, accounting: bool = False,
         buckets: int = 8) -> tuple[dict[str, list[Any]], LocalJob]:
-    job = LocalJob(policy.to_dict(), TOPICS, fast=fast, buckets=buckets, accounting_topic="acct" if accounting else "")
+    job = LocalJob(policy.to_dict(), TOPICS, buckets=buckets, accounting_topic="acct" if accounting else "")
     written: list[tuple[str, str | None, str]] = []
     start = 0
     for end in [*splits, len(msgs)]:
         written += job.run_batch(msgs[start:end])
         start = end
+    return by_topic(written), job
+
+
+def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy) -> tuple[dict[str, list[Any]], list[dict[str, int]]]:
+    """``Engine`` over each batch in the job's log order (per cluster: partitions merged by the
+    stage-one ``wall_ms``, which a shadow ``node_stage`` computes); the accounting row of every
+    message and the counters of every batch, as the job writes them."""
+    engine, shadow = Engine(policy, record=True), Engine(policy)
+    written: list[tuple[str, str | None, str]] = []
+    accounting: list[dict[str, int]] = []
+    start = 0
+    channel_topic = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
+    for end in [*splits, len(msgs)]:
+        groups: dict[str, list[Any]] = {}
+        for p, o, k, v in msgs[start:end]:
+            item = node_stage(shadow.nodes, v, Position("ev", p, o, k), policy, shadow.gates)
+            staged = encode_staged(p, o, item)
+            groups.setdefault(item.cluster, []).append((p, o, staged.wall_ms, k, v))
+        labels = []
+        for cluster in groups:
+            for p, o, _w, k, v in merge_log_order(groups[cluster]):
+                outs = engine.process(v, Position("ev", p, o, k))
+                assert engine.outcomes is not None
+                label = engine.outcomes[-1][2]
+                labels.append(label)
+                written.append(("acct", f"{p}:{o}", json.dumps({"partition": p, "offset": o, "outcome": label})))
+                written += [(channel_topic[out.channel], out.key, json.dumps(out.value)) for out in outs]
+        accounting.append(counts_of(labels))
+        start = end
+    return by_topic(written), accounting
+
+
+def by_topic(written: list[tuple[str, str | None, str]]) -> dict[str, list[Any]]:
     by_topic: dict[str, list[Any]] = {}
     for topic, key, value in written:
         by_topic.setdefault(topic, []).append((key, json.loads(value)))
@@ -69,35 +107,34 @@ def run(msgs: list[Message], fast: bool, splits: list[int], policy: Policy, acco
             rows.sort(key=lambda kv: (kv[1]["partition"], kv[1]["offset"]))
         else:
             rows.sort(key=lambda kv: kv[1]["cluster"])
-    return by_topic, job
+    return by_topic
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_fast_path_outputs_equal_plain_path(seed: int) -> None:
+def test_job_batches_give_replays_outputs(seed: int) -> None:
     msgs = messages(seed)
     rng = random.Random(seed)
     splits = sorted(rng.sample(range(1, len(msgs)), 12))
     policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, stall_ms=3_000,
                     reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000)
-    plain, pjob = run(msgs, False, splits, policy, accounting=True)
-    fast, fjob = run(msgs, True, splits, policy, accounting=True)
-    assert len(plain["dir"]) >= 8 and plain.get("dl") and plain.get("al"), "the log exercises directives, alerts, dead letters"
-    assert "reader_age" in {a[1]["kind"] for a in plain["al"]}
-    assert fast == plain
-    assert fjob.accounting == pjob.accounting
+    expected, accounting = replay_in_job_order(msgs, splits, policy)
+    fast, fjob = run(msgs, splits, policy, accounting=True)
+    assert len(expected["dir"]) >= 8 and expected.get("dl") and expected.get("al"), "the log exercises directives, alerts, dead letters"
+    assert "reader_age" in {a[1]["kind"] for a in expected["al"]}
+    assert fast == expected
+    assert fjob.accounting == accounting
     assert sum(b["consumed"] for b in fjob.accounting) == len(msgs)
     assert set(fjob.accounting[0]) == set(METRICS)
 
 
-def test_fast_path_is_invariant_to_batch_splits_and_bucket_count() -> None:
+def test_job_batches_are_invariant_to_batch_splits_and_bucket_count() -> None:
     msgs = messages(4, partitions=1, clusters=1)
     policy = Policy(retention=100_000, node_lease_ms=2_000)
-    whole, _ = run(msgs, True, [], policy)
-    split, _ = run(msgs, True, list(range(97, len(msgs), 97)), policy, buckets=3)
+    whole, _ = run(msgs, [], policy)
+    split, _ = run(msgs, list(range(97, len(msgs), 97)), policy, buckets=3)
     assert whole == split
     # one partition is the file order: replay of the same messages gives the same directives
     engine = Engine(policy)
-    from safepoint.core import Position
     directives = []
     for p, o, k, v in msgs:
         directives += [json.loads(json.dumps(out.value)) for out in engine.process(v, Position("ev", p, o, k))
@@ -119,13 +156,13 @@ def test_router_keeps_a_cluster_events_with_the_gate_bucket_and_dead_letters_apa
     groups = route([(0, 0, b"c1", topo.encode()), (0, 1, b"n1", hb.encode()), (0, 2, b"x", b"{bad")], "ev", policy, 8)
     assert set(groups) == {("c1", bucket_of("", 8)), ("c1", bucket_of("n1", 8)), ("", 0)}
     (_node, offset, partition, dead), = groups[("", 0)]
-    assert (offset, partition, dead[0], dead[4]) == (2, 0, "d", "not_json")
+    assert (offset, partition, dead.code) == (2, 0, "not_json")
 
 
 def test_changing_node_buckets_on_a_checkpoint_is_refused() -> None:
     policy = Policy()
     hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
-    state, out, counts = stage_one_bucket(None, [("n1", 0, 0, hb)], policy, 8)
-    assert state is not None and counts["applied"] == 1 and out[0][3] == "applied"
+    state, out, counts = stage_one_bucket(None, [Routed("n1", 0, 0, hb)], policy, 8)
+    assert state is not None and counts["applied"] == 1 and out[0].label == "applied"
     with pytest.raises(ConfigError, match="node_buckets is 4 but this checkpoint's state was written with 8"):
-        stage_one_bucket(state, [("n1", 1, 0, {**hb, "seq": 2})], policy, 4)
+        stage_one_bucket(state, [Routed("n1", 1, 0, {**hb, "seq": 2})], policy, 4)

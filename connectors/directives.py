@@ -1,0 +1,141 @@
+"""What the job tells nodes, as the node client reads it: the directive models and the apply rule.
+
+``Directive`` is a compaction directive (its ``safe_ts`` and ``catalog_floor``), ``ExpireDirective``
+a forced expiry of one reader or transaction, ``compact_up_to`` the contract's apply rule and
+``ListenerStats`` what a ``DirectiveListener`` counted. The
+schemas in ``schemas/outputs/`` say what is valid; ``validator(name)`` checks a decoded message
+against one of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import fastjsonschema
+
+from safepoint.schemas import load
+
+__all__ = [
+    "DEFAULT_DIRECTIVES_TOPIC",
+    "SNAPSHOT_REQUEST",
+    "Directive",
+    "ExpireDirective",
+    "ListenerStats",
+    "compact_up_to",
+    "validator",
+]
+
+DEFAULT_DIRECTIVES_TOPIC = "safepoint.directives"
+SNAPSHOT_REQUEST = "snapshot_request"
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """A compaction directive (contract: Directives). ``raw`` is the whole JSON object."""
+
+    cluster: str
+    seq: int
+    safe_ts: int
+    catalog_floor: int | None
+    cluster_wall_ms: int
+    blocker: dict[str, Any] | None
+    basis: dict[str, Any]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Directive:
+        return cls(
+            cluster=obj["cluster"],
+            seq=obj["seq"],
+            safe_ts=obj["safe_ts"],
+            catalog_floor=obj["catalog_floor"],
+            cluster_wall_ms=obj["cluster_wall_ms"],
+            blocker=obj["blocker"],
+            basis=obj["basis"],
+            raw=obj,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireDirective:
+    """A forced expiry of one reader (``reader_id``) or transaction (``tx_id``) on ``node``."""
+
+    cluster: str
+    seq: int
+    node: str
+    reader_id: str | None
+    tx_id: str | None
+    reason: str
+    mode: str
+    """``graceful`` (let it finish its current step) or ``hard`` (stop it now)."""
+    raw: dict[str, Any] = field(repr=False, compare=False)
+    cluster_wall_ms: int | None = None
+    """The cluster time when the job decided (optional in the schema)."""
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> ExpireDirective:
+        return cls(
+            cluster=obj["cluster"],
+            seq=obj["seq"],
+            node=obj["node"],
+            reader_id=obj.get("reader_id"),
+            tx_id=obj.get("tx_id"),
+            reason=obj["reason"],
+            mode=obj["mode"],
+            raw=obj,
+            cluster_wall_ms=obj.get("cluster_wall_ms"),
+        )
+
+
+def compact_up_to(directive: Directive | Mapping[str, Any] | int, oldest_local_hold: int | None) -> int:
+    """The contract's apply rule: compact up to min(``safe_ts``, the node's own oldest local hold).
+
+    ``oldest_local_hold`` is the smallest ``read_ts``/``begin_ts`` the node itself still serves
+    (None when it has none). A node never compacts past its own holds, whatever the directive says.
+    """
+    if isinstance(directive, Directive):
+        safe_ts = directive.safe_ts
+    elif isinstance(directive, int):
+        safe_ts = directive
+    else:
+        safe_ts = int(directive["safe_ts"])
+    if oldest_local_hold is None:
+        return safe_ts
+    return min(safe_ts, oldest_local_hold)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerStats:
+    """Counters of one listener (since it was made)."""
+
+    received: int
+    """Messages read from the topic (any cluster)."""
+    delivered: int
+    """Compaction directives delivered (their seq advanced)."""
+    repeats: int
+    """Directives of this cluster ignored because their seq did not advance."""
+    superseded: int
+    """Backlog directives skipped at start because a newer one followed."""
+    other_clusters: int
+    """Messages for other clusters."""
+    invalid: int
+    """Messages that are not a valid directive (logged and skipped)."""
+    expires_delivered: int
+    """Expiry directives for this node (or, without a node, this cluster) handed to the reporter and on_expire."""
+    backlog_expires_skipped: int
+    """Expiry directives of the backlog at start naming a reader or transaction the reporter does not
+    have open (they died with an earlier process); only with ``reporter=``."""
+    handler_failures: int
+    """Exceptions raised by on_directive, on_expire or the reporter's expire (logged)."""
+    snapshot_requests: int = 0
+    """Snapshot requests for this node (after a start of the job on empty state) answered with the
+    reporter's snapshot; requests met in the backlog at start are answered once, after it."""
+
+
+@cache
+def validator(name: str) -> Callable[[Any], Any]:
+    validate: Callable[[Any], Any] = fastjsonschema.compile(load("outputs", name))
+    return validate

@@ -1,0 +1,120 @@
+"""The sink half of the ``safepoint_kafka`` format: rows with ``topic``, ``key``, ``value``
+(strings) produced by an idempotent producer (``connectors/producer.py``). A task waits for every
+delivery before it reports success; a failed delivery fails the task so Spark retries it
+(at-least-once), and a producer that died for good is rebuilt and the unconfirmed rows sent again.
+
+Options: ``bootstrap.servers``, any ``kafka.<librdkafka key>``, ``flushTimeoutSeconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
+
+from safepoint.connectors.clients import CONFLUENT
+from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
+from safepoint.gcfreeze import freeze_once
+
+__all__ = ["KafkaStreamWriter", "SINK_COLUMNS", "client_conf"]
+
+log = logging.getLogger(__name__)
+
+SINK_COLUMNS = ("topic", "key", "value")
+_DELIVERY_POLL_S = 0.1
+_MAX_PRODUCER_REBUILDS = 3
+_SINK_LINGER_MS = 5
+
+# Producers live per Python worker process, keyed by their configuration; never pickled.
+_SLOTS: dict[str, ProducerSlot] = {}
+
+
+def client_conf(options: Mapping[str, str]) -> dict[str, Any]:
+    """librdkafka settings from a data source's options: ``bootstrap.servers`` and ``kafka.*``."""
+    conf: dict[str, Any] = {BOOTSTRAP_SERVERS: options[BOOTSTRAP_SERVERS]}
+    for k, v in options.items():
+        if k.startswith("kafka."):
+            conf[k[len("kafka.") :]] = v
+    return conf
+
+
+def _slot(options: Mapping[str, str]) -> ProducerSlot:
+    conf = producer_conf(client_conf(options), linger_ms=_SINK_LINGER_MS)
+    tag = json.dumps(conf, sort_keys=True)
+    slot = _SLOTS.get(tag)
+    if slot is None:
+        slot = _SLOTS[tag] = ProducerSlot(CONFLUENT, conf)
+    return slot
+
+
+class KafkaWriterCommit(WriterCommitMessage):
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+
+class KafkaStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.options = dict(options)
+        # Spark lower-cases a Python data source's option keys
+        self.flush_timeout_s = float(self.options.get("flushtimeoutseconds", self.options.get("flushTimeoutSeconds", "60")))
+
+    def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+        """Produce the task's rows and wait for every delivery (``poll()`` until the flush
+        timeout, not ``flush()``). A fatal producer error drops the producer and sends again, on a
+        new one, every row whose delivery was not confirmed (at most ``_MAX_PRODUCER_REBUILDS``
+        times); any other failure fails the task so that Spark retries it."""
+        freeze_once()
+        from confluent_kafka import KafkaException
+
+        slot = _slot(self.options)
+        rows = [(row["topic"], row["key"], row["value"]) for row in iterator]
+        pending = list(range(len(rows)))
+        rebuilds = 0
+        while True:
+            deliveries = Deliveries()
+            error: BaseException | None = None
+            try:
+                self._send(slot.producer, rows, pending, deliveries)
+            except (KafkaException, BufferError, SystemError) as exc:
+                error = exc
+            delivered = deliveries.reports
+            fatal = (error is not None and is_fatal_exception(error)) or deliveries.fatal
+            if fatal and rebuilds < _MAX_PRODUCER_REBUILDS:
+                slot.rebuild()
+                rebuilds += 1
+                pending = [i for i in pending if i not in delivered or delivered[i] is not None]
+                log.warning("the Kafka producer failed fatally (%s); sending %d message(s) again on a new one",
+                            error or "delivery error", len(pending))
+                continue
+            if error is not None:
+                slot.drop()
+                msg = f"producing to Kafka failed: {error}"
+                raise RuntimeError(msg) from error
+            failures = [f"{rows[i][0]}: {err}" for i, err in delivered.items() if err is not None]
+            remaining = len(pending) - len(delivered)
+            if remaining or failures:
+                slot.drop()
+                msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
+                raise RuntimeError(msg)
+            return KafkaWriterCommit(len(rows))
+
+    def _send(self, producer: Any, rows: list[tuple[str, Any, Any]], pending: list[int], deliveries: Deliveries) -> None:
+        """Produce ``rows[i]`` for each pending ``i`` in order, then poll until each has its
+        delivery report or the flush timeout has passed."""
+        for i in pending:
+            topic, key, value = rows[i]
+            producer.produce(topic, value=value, key=key, on_delivery=deliveries.callback(i))
+            producer.poll(0)
+        deadline = time.monotonic() + self.flush_timeout_s
+        while len(deliveries.reports) < len(pending) and time.monotonic() < deadline:
+            producer.poll(_DELIVERY_POLL_S)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Each task flushed its own messages before reporting success."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        log.warning("batch %s aborted; Spark will retry it (outputs may repeat: consumers dedupe by seq)", batchId)
