@@ -170,7 +170,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from safepoint.broker import run_foreground
+    from safepoint.tools.broker import run_foreground
 
     port = _env_or(args, "port", 9092, int)
     return run_foreground(port, _env_or(args, "data_dir", None, str))
@@ -222,7 +222,7 @@ def replay_progress(path: str, min_bytes: int = 5_000_000) -> Iterator[Callable[
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from safepoint.simulate import SimConfig, run_simulator
+    from safepoint.tools.simulate import SimConfig, run_simulator
 
     settings = _settings(args)
     cfg = SimConfig(nodes=_env_or(args, "nodes", 3, int), rate=_env_or(args, "rate", 200.0, float))
@@ -285,7 +285,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from safepoint.demo import run_demo
+    from safepoint.tools.demo import run_demo
 
     settings = _settings(args)
     return run_demo(
@@ -321,13 +321,13 @@ def cmd_check_node(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from safepoint.demo import follow
+    from safepoint.tools.demo import follow
 
     return follow(_settings(args), _env_or(args, "duration", None, float))
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from safepoint.soak import SoakConfig, run_soak
+    from safepoint.tools.soak import SoakConfig, run_soak
 
     cfg = SoakConfig(
         duration_s=_env_or(args, "duration", 300.0, float),

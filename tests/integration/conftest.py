@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.broker import EmbeddedBroker
+from safepoint.tools.broker import EmbeddedBroker
 
 KAFKA_IMAGE = "apache/kafka:4.1.0"
 

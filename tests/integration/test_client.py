@@ -17,7 +17,6 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from safepoint.broker import EmbeddedBroker
 from safepoint.connectors.clients import CLIENTS
 from safepoint.connectors.listener import Directive, DirectiveListener, ExpireDirective, compact_up_to
 from safepoint.connectors.reporter import Handle, Reader, Reporter, default_incarnation
@@ -25,6 +24,7 @@ from safepoint.connectors.topics import ensure_topics
 from safepoint.errors import ClientClosed, ReaderExpired, ReaderRefused
 from safepoint.schemas import load
 from safepoint.settings import Settings
+from safepoint.tools.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 

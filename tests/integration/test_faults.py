@@ -40,14 +40,14 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from safepoint.broker import EmbeddedBroker, free_port
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position, node_stage
 from safepoint.core.batch import BY_NAME, encode_staged, merge_log_order
 from safepoint.core.codec import encode
 from safepoint.settings import Settings, load_settings
-from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query, messages_in
+from safepoint.tools.broker import EmbeddedBroker, free_port
+from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import read_topic, unique
 from tests_support import events_by_partition

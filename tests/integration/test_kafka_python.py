@@ -27,7 +27,7 @@ from safepoint.connectors.producer import make_producer
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.schemas import load
 from safepoint.settings import Settings, load_settings
-from safepoint.simulate import SimConfig, generate_log
+from safepoint.tools.simulate import SimConfig, generate_log
 
 from kafka_util import produce, unique
 from test_parity import as_message, drained

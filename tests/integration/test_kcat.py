@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from safepoint.broker import EmbeddedBroker
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core.events import parse
+from safepoint.tools.broker import EmbeddedBroker
 
 from kafka_util import produce, read_topic
 

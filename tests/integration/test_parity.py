@@ -14,8 +14,8 @@ from safepoint.core import Engine, Position
 from safepoint.core.batch import BY_NAME, merge_log_order
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings
-from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query, messages_in
+from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
 

@@ -19,8 +19,8 @@ from confluent_kafka.admin import NewTopic
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.settings import load_settings
-from safepoint.simulate import SimConfig, generate_log, key_of
 from safepoint.streaming.job import build_query, messages_in
+from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
 from test_faults import verify

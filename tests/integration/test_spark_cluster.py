@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from safepoint.broker import free_port
+from safepoint.tools.broker import free_port
 
 from test_faults import (
     CATCH_UP_TIMEOUT_S,

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from safepoint.broker import EmbeddedBroker, free_port
 from safepoint.connectors.topics import REACH_TIMEOUT_S
+from safepoint.tools.broker import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from safepoint.core.batch import METRICS, Routed, bucket_of, counts_of, encode_s
 from safepoint.core.engine import node_stage
 from safepoint.core.policy import Policy
 from safepoint.errors import ConfigError
-from safepoint.simulate import SimConfig, generate_log, key_of
+from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from local_job import LocalJob, Message
 
@@ -166,3 +166,13 @@ def test_changing_node_buckets_on_a_checkpoint_is_refused() -> None:
     assert state is not None and counts["applied"] == 1 and out[0].label == "applied"
     with pytest.raises(ConfigError, match="node_buckets is 4 but this checkpoint's state was written with 8"):
         stage_one_bucket(state, [Routed("n1", 1, 0, {**hb, "seq": 2})], policy, 4)
+
+
+def test_a_state_of_a_newer_version_is_refused() -> None:
+    policy = Policy()
+    hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
+    state, _out, _counts = stage_one_bucket(None, [Routed("n1", 0, 0, hb)], policy, 8)
+    assert state is not None and json.loads(state)["v"] == 2
+    newer = json.dumps({**json.loads(state), "v": 3})
+    with pytest.raises(ConfigError, match="written by a newer safepoint \\(state version 3, this one reads up to 2\\)"):
+        stage_one_bucket(newer, [Routed("n1", 1, 0, {**hb, "seq": 2})], policy, 8)

@@ -109,7 +109,8 @@ def test_prepared_transaction_is_a_hold_and_named_so() -> None:
     assert d["safe_ts"] == 300
     assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t1"
     state = run.engine.nodes[("default", "n1")]
-    assert state.txs["t1"][4:7] == [True, "n2", ["n1", "n2"]]
+    tx = state.txs["t1"]
+    assert [tx.prepared, tx.coordinator, tx.participants] == [True, "n2", ["n1", "n2"]]
     run.feed(n1.end("t1", WALL + 1))
     assert run.last_safe_ts() == 1_000
 
@@ -268,7 +269,7 @@ def test_duplicate_older_seq_and_stale_incarnation_are_ignored_and_counted() -> 
     assert run.feed(e2) == []  # the same seq again
     assert run.feed(e0 | {"read_ts": 1}) == []  # an older seq, even with other content
     assert json.loads(json.dumps(state.to_json())) == before, "ignored events leave the state alone"
-    assert before["r"] == {"r": [500, WALL, None, 0]}
+    assert before["readers"] == {"r": [500, WALL, None, 0]}
     n1.restart()
     run.feed(n1.hb(WALL + 1, 1_000))
     assert run.feed(e2 | {"seq": 99}) == []  # the older incarnation, whatever its seq
@@ -302,9 +303,9 @@ def test_snapshot_replaces_the_active_set() -> None:
     )
     state = run.engine.nodes[("default", "n1")]
     assert set(state.readers) == {"kept", "new"}
-    assert set(state.txs) == {"t-new"} and state.txs["t-new"][4] is True
-    assert state.readers["kept"][1] == WALL, "a listed reader keeps its opening time"
-    assert state.readers["new"][1] == WALL + 100
+    assert set(state.txs) == {"t-new"} and state.txs["t-new"].prepared is True
+    assert state.readers["kept"].opened_wall == WALL, "a listed reader keeps its opening time"
+    assert state.readers["new"].opened_wall == WALL + 100
     assert run.last_safe_ts() == 600
     run.feed(n1.snapshot(WALL + 200, readers=[], txs=[]))
     assert run.last_safe_ts() == 1_000
@@ -341,11 +342,11 @@ def test_node_state_local_min_directly() -> None:
     u = state.apply(base | {"type": "heartbeat", "seq": 1, "mvcc_now": 100}, policy)
     assert isinstance(u, NodeUpdate) and not u.changed, "nothing changed: the cluster stage need not re-evaluate"
     u = state.apply(base | {"type": "reader_open", "seq": 2, "reader_id": "r", "read_ts": 40}, policy)
-    assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.opened == [["reader", "r", 40]] and u.changed
+    assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.opened == [("reader", "r", 40)] and u.changed
     assert state.apply(base | {"type": "reader_close", "seq": 2, "reader_id": "r"}, policy) == "duplicate"
     assert state.apply(base | {"type": "reader_close", "seq": 1, "reader_id": "r"}, policy) == "older_seq"
     u = state.apply(base | {"type": "reader_close", "seq": 3, "reader_id": "r"}, policy)
-    assert isinstance(u, NodeUpdate) and u.closed == [["reader", "r"]] and u.local_min == 90
+    assert isinstance(u, NodeUpdate) and u.closed == [("reader", "r")] and u.local_min == 90
     restarted = base | {"incarnation": 1}
     u = state.apply(restarted | {"type": "heartbeat", "seq": 0, "mvcc_now": 50}, policy)
     assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.incarnation == 1 and u.seq == 0
@@ -364,3 +365,19 @@ def test_retention_bound_stays_a_signed_64_bit_timestamp() -> None:
     assert d["blocker"]["kind"] == "retention" and d["blocker"]["ts"] == INT64_MIN
     run.feed(n1.hb(WALL, INT64_MIN + 5_000))
     assert run.last_safe_ts() == INT64_MIN + 4_000
+
+
+def test_a_version_1_node_state_migrates_to_named_fields() -> None:
+    """Checkpoints written before the state's fields had names (version 1: "c", "n", "pb", ...)
+    restore to the same state."""
+    from safepoint.core.node import NODE_STATE_KEYS, NodeState
+
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("r", 500, WALL), n1.begin("t", 400, WALL + 1), n1.prepare("t", WALL + 2, "n2", ["n1", "n2"]),
+             n1.hb(WALL + 3, 1_000))
+    now = run.engine.nodes[("default", "n1")].to_json()
+    old_names = {v: k for k, v in NODE_STATE_KEYS.items()}
+    version_1 = {old_names[k]: v for k, v in now.items()}
+    assert "c" in version_1 and "readers" not in version_1
+    assert NodeState.from_json(json.loads(json.dumps(version_1))).to_json() == now

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from safepoint.core import DIRECTIVES, Engine, Output, Policy, Position
-from safepoint.core.bands import B_SINCE, BandSpec, band_step, new_band
+from safepoint.core.bands import BandSpec, band_step, new_band
 
 from core_helpers import EVENTS_TOPIC, NodeClient, Run, check_output, restore_engine, topology, validator
 
@@ -70,7 +70,7 @@ def test_enter_exactly_at_the_enter_window_not_one_ms_before() -> None:
     state = new_band()
     assert feed(state, [(0, 150), (29_999, 150)]) == []
     assert band_step(state, SPEC, 30_000, 150) == (0, 1, 0)
-    assert state[0] == 1 and state[B_SINCE] == 30_000
+    assert state.level == 1 and state.since == 30_000
 
 
 def test_enter_window_runs_from_the_first_breaching_sample() -> None:
@@ -116,7 +116,7 @@ def test_between_exit_and_enter_the_level_holds_either_way() -> None:
     feed(high, [(0, 150), (30_000, 150)])
     assert feed(low, [(t, 90) for t in range(0, 1_000_001, 10_000)]) == []
     assert feed(high, [(t, 90) for t in range(40_000, 1_000_001, 10_000)]) == []
-    assert low[0] == 0 and high[0] == 1
+    assert low.level == 0 and high.level == 1
 
 
 def test_normal_to_warning_to_critical() -> None:
@@ -153,7 +153,7 @@ def test_short_spike_above_critical_while_warning_changes_nothing() -> None:
     state = new_band()
     feed(state, [(0, 150), (30_000, 150)])
     assert feed(state, [(40_000, 500), (69_999, 500), (70_000, 150), (200_000, 150)]) == []
-    assert state[0] == 1
+    assert state.level == 1
 
 
 def test_critical_oscillating_around_critical_exit_stays_critical() -> None:
@@ -161,7 +161,7 @@ def test_critical_oscillating_around_critical_exit_stays_critical() -> None:
     feed(state, [(0, 250), (30_000, 250)])
     samples = [(40_000 + i * 10_000, 150 if i % 2 == 0 else 170) for i in range(200)]
     assert feed(state, samples) == []
-    assert state[0] == 2
+    assert state.level == 2
 
 
 def test_sparse_samples_count_the_time_between_them() -> None:
@@ -1181,5 +1181,5 @@ def test_a_graceful_expiry_is_not_made_hard_once_pressure_left_critical() -> Non
     assert isinstance(u, object) and [s[1]["mode"] for s in u.signals if s[0] == "expire"] == ["graceful"]
     u = state.apply({**ev, "type": "heartbeat", "seq": 3, "wall_ms": 3, "mvcc_now": 10, "pinned_bytes": 0}, policy)
     u = state.apply({**ev, "type": "heartbeat", "seq": 4, "wall_ms": 5_000, "mvcc_now": 10, "pinned_bytes": 0}, policy)
-    assert state.pinned_band[0] == 0 and not [s for s in u.signals if s[0] == "expire"]
+    assert state.pinned_band.level == 0 and not [s for s in u.signals if s[0] == "expire"]
     assert band_step is not None

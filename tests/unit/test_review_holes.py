@@ -6,6 +6,7 @@ import json
 
 from safepoint.core import DIRECTIVES, NodeState, Policy
 from safepoint.core.ids import join_id, split_id
+from safepoint.core.records import Expiry
 
 from core_helpers import NodeClient, Run, topology
 
@@ -70,13 +71,11 @@ def test_a_reader_and_a_transaction_with_one_id_are_two_holds_for_forced_expiry(
 
 
 def test_an_older_state_of_expiries_restores() -> None:
-    state = NodeState("default", "n1")
-    state.readers["r1"] = [5, T0, None, 0]
-    data = state.to_json()
-    data["ex"] = {"r1": ["reader", "graceful", T0]}  # the format before kinds were told apart
+    data = {"c": "default", "n": "n1", "i": 0, "s": 1, "w": T0, "r": {"r1": [5, T0, None, 0]},
+            "ex": {"r1": ["reader", "graceful", T0]}}  # state version 1, before kinds were told apart
     restored = NodeState.from_json(json.loads(json.dumps(data)))
-    assert restored.expiries == {"reader/r1": ["reader", "graceful", T0, "r1"]}
-    assert "ex" not in restored.to_json() and restored.to_json()["xp"] == restored.expiries
+    assert restored.expiries == {"reader/r1": Expiry("reader", "graceful", T0, "r1")}
+    assert "ex" not in restored.to_json() and restored.to_json()["expiries"] == {"reader/r1": ["reader", "graceful", T0, "r1"]}
 
 
 def test_a_hold_listed_twice_keeps_the_lower_entry() -> None:

@@ -9,14 +9,43 @@ oscillating around a threshold therefore yields one raise and one clear, not a f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
-__all__ = ["BandSpec", "band_step", "new_band", "LEVEL_NAMES"]
+__all__ = ["Band", "BandSpec", "band_step", "new_band", "LEVEL_NAMES"]
 
 LEVEL_NAMES = ("normal", "warning", "critical")
-# state: [level, breach_since_1, breach_since_2, recover_since_1, recover_since_2, level_since]
-B_LEVEL, B_BREACH1, B_BREACH2, B_RECOVER1, B_RECOVER2, B_SINCE = range(6)
+
+
+@dataclass(slots=True)
+class Band:
+    """One pressure band's state. In the state store it is the list ``to_json`` gives (its fields in
+    this order); a quiet band (normal, nothing breaching) is ``Band()`` and is left out."""
+
+    level: int = 0
+    """0 normal, 1 warning, 2 critical."""
+    breach1: int | None = None
+    """Since when the value has been at or above the warning enter threshold."""
+    breach2: int | None = None
+    """Since when the value has been at or above the critical enter threshold."""
+    recover1: int | None = None
+    """Since when the value has been below the warning exit threshold."""
+    recover2: int | None = None
+    """Since when the value has been below the critical exit threshold."""
+    since: int | None = None
+    """When the current level was entered (None at normal)."""
+
+    def to_json(self) -> list[Any]:
+        return list(astuple(self))
+
+    @classmethod
+    def from_json(cls, data: list[Any] | None) -> Band:
+        return cls(*data) if data else cls()
+
+    @property
+    def quiet(self) -> bool:
+        """Normal with nothing breaching: in canonical form (``_canonical``) that is ``Band()``."""
+        return self.level == 0 and self.breach1 is None and self.breach2 is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,72 +64,74 @@ class BandSpec:
         return self.warning_exit if level == 1 else self.critical_exit
 
 
-def new_band() -> list[Any]:
-    return [0, None, None, None, None, None]
+def new_band() -> Band:
+    return Band()
 
 
-def band_step(state: list[Any], spec: BandSpec, t: int, value: int) -> tuple[int, int, int] | None:
+def band_step(state: Band, spec: BandSpec, t: int, value: int) -> tuple[int, int, int] | None:
     """Feed one sample at time ``t``. Returns (old level, new level, since) on a change.
 
     ``since`` is when the condition that caused the change began: the start of the sustained
     breach for a raise, of the sustained recovery for a lowering.
     """
-    if (
-        state[B_LEVEL] == 0
-        and state[B_BREACH1] is None
-        and state[B_BREACH2] is None
-        and value < spec.warning_enter
-        and value < spec.critical_enter
-    ):
+    if state.quiet and value < spec.warning_enter and value < spec.critical_enter:
         return None  # normal and staying so, nothing breaching: the state is already canonical
-    for lvl, b_idx, r_idx in ((1, B_BREACH1, B_RECOVER1), (2, B_BREACH2, B_RECOVER2)):
-        if value >= spec.enter(lvl):
-            if state[b_idx] is None:
-                state[b_idx] = t
-        else:
-            state[b_idx] = None
-        if value < spec.exit(lvl):
-            if state[r_idx] is None:
-                state[r_idx] = t
-        else:
-            state[r_idx] = None
-    old = level = state[B_LEVEL]
+    if value >= spec.warning_enter:
+        if state.breach1 is None:
+            state.breach1 = t
+    else:
+        state.breach1 = None
+    if value < spec.warning_exit:
+        if state.recover1 is None:
+            state.recover1 = t
+    else:
+        state.recover1 = None
+    if value >= spec.critical_enter:
+        if state.breach2 is None:
+            state.breach2 = t
+    else:
+        state.breach2 = None
+    if value < spec.critical_exit:
+        if state.recover2 is None:
+            state.recover2 = t
+    else:
+        state.recover2 = None
+    old = level = state.level
     since = None
-    for up, b_idx in ((2, B_BREACH2), (1, B_BREACH1)):
-        began = state[b_idx]
+    for up, began in ((2, state.breach2), (1, state.breach1)):
         if up > level and began is not None and t - began >= spec.enter_ms:
             level, since = up, began
             break
     else:
         while level > 0:
-            began = state[B_RECOVER1 if level == 1 else B_RECOVER2]
+            began = state.recover1 if level == 1 else state.recover2
             if began is None or t - began < spec.exit_ms:
                 break
             level, since = level - 1, began
     if level == old:
         _canonical(state)
         return None
-    state[B_LEVEL] = level
-    state[B_SINCE] = t
+    state.level = level
+    state.since = t
     _canonical(state)
     assert since is not None
     return old, level, since
 
 
-def _canonical(state: list[Any]) -> None:
+def _canonical(state: Band) -> None:
     """Clear the fields no later decision can read, so equal histories give equal states (and a
-    quiet band is ``new_band()``, which the node's state leaves out). At level L: the breach
+    quiet band is ``Band()``, which the node's state leaves out). At level L: the breach
     start of a level <= L is only read to raise above L, and is None again at any lowering (the
     value is then below that level's exit, so below its enter); the recovery start of a level > L
     is only read while at that level, and a raise to it happens at a sample at or above its enter,
     which resets it; ``level_since`` (when the current level was entered) means nothing at normal."""
-    level = state[B_LEVEL]
+    level = state.level
     if level >= 1:
-        state[B_BREACH1] = None
+        state.breach1 = None
     if level >= 2:
-        state[B_BREACH2] = None
+        state.breach2 = None
     if level < 1:
-        state[B_RECOVER1] = None
-        state[B_SINCE] = None
+        state.recover1 = None
+        state.since = None
     if level < 2:
-        state[B_RECOVER2] = None
+        state.recover2 = None

@@ -66,8 +66,10 @@ METRICS: tuple[str, ...] = (
 )
 """The per-batch accounting counters (the query's observedMetrics["accounting"])."""
 
-BUCKET_STATE_VERSION = 1
-"""The layout of a bucket's state value: {"v", "b": buckets, "nodes": [NodeState json], "gates"}."""
+BUCKET_STATE_VERSION = 2
+"""The layout of a bucket's state value: {"v", "b": buckets, "nodes": [NodeState json], "gates"}.
+Version 2 names the fields of each node's state (``NodeState.to_json``); version 1's short keys are
+migrated when read. A newer version than this one is refused."""
 
 
 class DeadLetterPayload(NamedTuple):
@@ -191,6 +193,10 @@ def stage_one_bucket(
     gates: dict[str, dict[str, int]] = {}
     if stored is not None:
         data = json.loads(stored)
+        if data.get("v", 1) > BUCKET_STATE_VERSION:
+            msg = (f"this checkpoint's state was written by a newer safepoint (state version {data['v']}, this one "
+                   f"reads up to {BUCKET_STATE_VERSION}): run that version, or start from a new checkpoint")
+            raise ConfigError(msg)
         if data.get("b") != buckets:
             msg = (f"node_buckets is {buckets} but this checkpoint's state was written with {data.get('b')}: "
                    "keep the old value or start from a new checkpoint")

@@ -12,21 +12,29 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from safepoint.core.ids import escape, join_id, split_id
+from safepoint.core.alerts import (
+    ABORT_KINDS,
+    Problem,
+    check_floor,
+    check_horizon,
+    check_join,
+    check_stall,
+    clear_violation,
+    quiet_problems,
+    raise_violation,
+    stamp_alert,
+    sync_abort_alerts,
+)
+from safepoint.core.ids import join_id, split_id
 from safepoint.core.node import NodeUpdate
-from safepoint.core.outputs import DIRECTIVES, Output, alert
+from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.policy import Policy
+from safepoint.core.records import FLOOR_KINDS, NodeRecord
 
 __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
 
 IGNORED_STALE_VERSION = "stale_version"
-ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
 SNAPSHOT_REQUEST = "snapshot_request"
-
-# A node summary in state: [incarnation, seq, local_min, unknown, blocker, groups, last_wall, first_wall, holds]
-# holds: the node's open readers and transactions, join_id(kind, id) -> ts (to alert them all when it joins)
-N_INC, N_SEQ, N_MIN, N_UNKNOWN, N_BLOCKER, N_GROUPS, N_LAST, N_FIRST, N_HOLDS = range(9)
-FLOOR_KINDS = ("retention", "group")
 
 
 class ClusterState:
@@ -64,7 +72,7 @@ class ClusterState:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.nodes: dict[str, list[Any]] = {}
+        self.nodes: dict[str, NodeRecord] = {}
         self.topology: dict[str, list[str]] | None = None
         self.versions: dict[str, int] = {}
         self.catalogs: dict[int, int] = {}
@@ -91,7 +99,7 @@ class ClusterState:
     def to_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
-            "nodes": self.nodes,
+            "nodes": {n: rec.to_json() for n, rec in self.nodes.items()},
             "topology": self.topology,
             "versions": self.versions,
             "catalogs": [[v, a] for v, a in self.catalogs.items()],
@@ -118,10 +126,7 @@ class ClusterState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterState:
         state = cls(data["name"])
-        state.nodes = data["nodes"]
-        for rec in state.nodes.values():
-            if len(rec) <= N_HOLDS:
-                rec.append({})  # written before holds were kept: those open then are not known here
+        state.nodes = {n: NodeRecord.from_json(rec) for n, rec in data["nodes"].items()}
         state.topology = data["topology"]
         state.versions = data["versions"]
         state.catalogs = {v: a for v, a in data["catalogs"]}
@@ -167,26 +172,26 @@ class ClusterState:
             if rec is not None:
                 self._index(node, rec)
 
-    def _index(self, node: str, rec: list[Any]) -> None:
-        if rec[N_MIN] is not None:
-            self._mins.add((rec[N_MIN], node))
+    def _index(self, node: str, rec: NodeRecord) -> None:
+        if rec.local_min is not None:
+            self._mins.add((rec.local_min, node))
         else:
-            self._unknown[node] = rec[N_UNKNOWN] or "unknown"
-        self._walls.add((rec[N_LAST], node))
+            self._unknown[node] = rec.unknown or "unknown"
+        self._walls.add((rec.last_wall, node))
         if self.topology is not None:
             missing = self._missing_of(node, rec)
             if missing:
                 self._missing_groups[node] = missing
 
-    def _missing_of(self, node: str, rec: list[Any]) -> list[str]:
+    def _missing_of(self, node: str, rec: NodeRecord) -> list[str]:
         """The groups the topology requires of ``node`` that its record does not report."""
         assert self.topology is not None
-        return sorted(set(self.topology.get(node) or ()) - set(rec[N_GROUPS]))
+        return sorted(set(self.topology.get(node) or ()) - set(rec.groups))
 
-    def _reindex(self, node: str, rec: list[Any], old_min: int | None, old_last: int, groups_changed: bool) -> None:
+    def _reindex(self, node: str, rec: NodeRecord, old_min: int | None, old_last: int, groups_changed: bool) -> None:
         """Re-index a member whose record changed, touching only what changed: the indexes end
         as ``_rebuild`` would make them (dict order aside, which no output depends on)."""
-        new_min = rec[N_MIN]
+        new_min = rec.local_min
         if new_min != old_min:
             if old_min is not None:
                 self._mins.discard((old_min, node))
@@ -195,10 +200,10 @@ class ClusterState:
             if new_min is not None:
                 self._mins.add((new_min, node))
         if new_min is None:
-            self._unknown[node] = rec[N_UNKNOWN] or "unknown"
-        if rec[N_LAST] != old_last:
+            self._unknown[node] = rec.unknown or "unknown"
+        if rec.last_wall != old_last:
             self._walls.discard((old_last, node))
-            self._walls.add((rec[N_LAST], node))
+            self._walls.add((rec.last_wall, node))
         if groups_changed and self.topology is not None:
             missing = self._missing_of(node, rec)
             if missing:
@@ -223,7 +228,7 @@ class ClusterState:
         fresh = rec is None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
-            rec = [u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {}]
+            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {})
             self.nodes[u.node] = rec
             if self.topology is None:
                 self._members.add(u.node)
@@ -231,33 +236,33 @@ class ClusterState:
             self._never.discard(u.node)
             self.dirty = True
         else:
-            old_min, old_last = rec[N_MIN], rec[N_LAST]
-            rec[N_INC] = u.incarnation
-            rec[N_SEQ] = u.seq
-            rec[N_MIN] = u.local_min
-            rec[N_UNKNOWN] = u.unknown
-            rec[N_BLOCKER] = u.blocker
+            old_min, old_last = rec.local_min, rec.last_wall
+            rec.incarnation = u.incarnation
+            rec.seq = u.seq
+            rec.local_min = u.local_min
+            rec.unknown = u.unknown
+            rec.blocker = u.blocker
             if u.groups is not None:
-                rec[N_GROUPS] = u.groups
-            if u.wall_ms > rec[N_LAST]:
-                rec[N_LAST] = u.wall_ms
+                rec.groups = u.groups
+            if u.wall_ms > rec.last_wall:
+                rec.last_wall = u.wall_ms
             if u.changed:
                 self.dirty = True
             if member:
                 self._reindex(u.node, rec, old_min, old_last, u.groups is not None)
         if member and fresh:
             self._index(u.node, rec)
-        holds = rec[N_HOLDS]
+        holds = rec.holds
         for kind, hid in u.closed:
             holds.pop(join_id(kind, hid), None)
-            self._clear_violation(join_id("horizon_violation", u.node, kind, hid), out)
+            clear_violation(self, join_id("horizon_violation", u.node, kind, hid), out)
         for kind, hid, ts in u.opened:
             holds[join_id(kind, hid)] = ts
             if self.safe_ts is not None and ts < self.safe_ts:
-                self._raise_violation(u.node, kind, hid, ts, out)
+                raise_violation(self, u.node, kind, hid, ts, out)
         if member:
-            self._check_horizon(u.node, out)
-            self._check_floor(u.node, u.floor, out)
+            check_horizon(self, u.node, out)
+            check_floor(self, u.node, u.floor, out)
         for signal in u.signals:
             self._signal(u.node, signal, out)
         if self.recovery is not None:
@@ -317,7 +322,7 @@ class ClusterState:
                                            "cluster_wall_ms") if k in value}
             out.append(Output(DIRECTIVES, join_id(self.name, node, kind_, hid), value))
         else:
-            out.append(self._alert({k: v for k, v in body.items() if k != "state"}, body["state"], now))
+            out.append(stamp_alert(self, {k: v for k, v in body.items() if k != "state"}, body["state"], now))
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
         """Apply a validated cluster event. Returns why it was ignored, or None."""
@@ -332,7 +337,7 @@ class ClusterState:
             self.topology_wall = self.cluster_time
             self._rebuild()
             for node in sorted(self._members - before):
-                self._check_join(node, out)
+                check_join(self, node, out)
         elif kind == "catalog":
             self.catalogs[event["catalog_version"]] = event["activated_at"]
         elif kind == "index_build":
@@ -350,16 +355,16 @@ class ClusterState:
         return None
 
     # -- the round ----------------------------------------------------------------------
-    def problems(self, policy: Policy) -> dict[str, tuple[str, str, int | None, int | None, str]]:
-        """Every reason the current round must abort: id -> (kind, node, value, threshold, detail)."""
-        found: dict[str, tuple[str, str, int | None, int | None, str]] = {}
+    def problems(self, policy: Policy) -> dict[str, Problem]:
+        """Every reason the current round must abort, by alert id."""
+        found: dict[str, Problem] = {}
         now = self.cluster_time
         assert now is not None
         if (not self._never and not self._unknown and not self._missing_groups and not self._awaiting
                 and (not self._walls or self._walls[0][0] >= now - policy.node_lease_ms)):
             return found  # the common case, nothing wrong: what the loops below would find
         for node in self._never:
-            found[join_id("missing_node", node)] = (
+            found[join_id("missing_node", node)] = Problem(
                 "missing_node",
                 node,
                 None,
@@ -371,7 +376,7 @@ class ClusterState:
             if last >= limit:
                 break
             age = now - last
-            found[join_id("missing_node", node)] = (
+            found[join_id("missing_node", node)] = Problem(
                 "missing_node",
                 node,
                 age,
@@ -379,7 +384,7 @@ class ClusterState:
                 f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
             )
         for node, why in self._unknown.items():
-            found[join_id("unknown_node_min", node)] = (
+            found[join_id("unknown_node_min", node)] = Problem(
                 "unknown_node_min",
                 node,
                 None,
@@ -387,7 +392,7 @@ class ClusterState:
                 f"minimum of node {node} is unknown: {why}",
             )
         for node, groups in self._missing_groups.items():
-            found[join_id("missing_group", node)] = (
+            found[join_id("missing_group", node)] = Problem(
                 "missing_group",
                 node,
                 len(groups),
@@ -396,7 +401,7 @@ class ClusterState:
             )
         for node in self._awaiting:
             asked = self.recovery is not None and node in self.recovery["requested"]
-            found[join_id("awaiting_snapshot", node)] = (
+            found[join_id("awaiting_snapshot", node)] = Problem(
                 "awaiting_snapshot",
                 node,
                 None,
@@ -414,13 +419,12 @@ class ClusterState:
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         found = self.problems(policy)
-        self._sync_abort_alerts(found, out, self._quiet(found, policy) if found else None)
+        sync_abort_alerts(self, found, out, quiet_problems(self, policy) if found else None)
         self._round(found, now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
-        self._check_stall(now, policy, out)
+        check_stall(self, now, policy, out)
 
-    def _round(self, found: dict[str, tuple[str, str, int | None, int | None, str]], now: int, policy: Policy,
-               out: list[Output]) -> None:
+    def _round(self, found: dict[str, Problem], now: int, policy: Policy, out: list[Output]) -> None:
         """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances."""
         if found or not self.dirty:
             return
@@ -443,7 +447,7 @@ class ClusterState:
         self.dseq += 1
         self.last_directive_wall = now
         self.last_advance_wall = now
-        self._clear_violation("stall/-", out)
+        clear_violation(self, "stall/-", out)
         out.append(Output(DIRECTIVES, self.name, self._directive(gnode, now)))
 
     def _floor(self, safe: int) -> int | None:
@@ -461,20 +465,19 @@ class ClusterState:
         return candidate
 
     def _directive(self, gnode: str, now: int) -> dict[str, Any]:
-        blocker = self.nodes[gnode][N_BLOCKER]
+        blocker = self.nodes[gnode].blocker
         blocker_out = None
         if blocker is not None:
-            kind, hid, ts, opened_wall, label = blocker
             blocker_out = {
                 "node": gnode,
-                "kind": kind,
-                "id": hid,
-                "ts": ts,
-                "age_ms": now - opened_wall if opened_wall is not None else None,
-                "label": label,
+                "kind": blocker.kind,
+                "id": blocker.id,
+                "ts": blocker.ts,
+                "age_ms": now - blocker.opened_wall if blocker.opened_wall is not None else None,
+                "label": blocker.label,
             }
         basis = {
-            n: {"incarnation": self.nodes[n][N_INC], "seq": self.nodes[n][N_SEQ], "local_min": self.nodes[n][N_MIN]}
+            n: {"incarnation": self.nodes[n].incarnation, "seq": self.nodes[n].seq, "local_min": self.nodes[n].local_min}
             for n in sorted(self._members)
         }
         return {
@@ -488,155 +491,3 @@ class ClusterState:
             "blocker": blocker_out,
             "basis": basis,
         }
-
-    # -- alerts -------------------------------------------------------------------------
-    def _quiet(self, found: dict[str, tuple[str, str, int | None, int | None, str]], policy: Policy) -> set[str]:
-        """Never-reported nodes abort the round at once, but are alerted only after a lease.
-
-        A topology names nodes before they have said anything; each gets ``node_lease_ms``
-        of cluster time from the topology's arrival to report before it is called missing.
-        """
-        now = self.cluster_time
-        since = self.topology_wall
-        if since is None or now is None or now >= since + policy.node_lease_ms:
-            return set()
-        return {join_id("missing_node", n) for n in self._never}
-
-    def _sync_abort_alerts(
-        self,
-        found: dict[str, tuple[str, str, int | None, int | None, str]],
-        out: list[Output],
-        quiet: set[str] | None = None,
-    ) -> None:
-        if not found and not self.raised:
-            return
-        now = self.cluster_time
-        assert now is not None
-        for aid in [a for a in self.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
-            body = self.raised.pop(aid)
-            out.append(self._alert(body, "cleared", now))
-        # sorted: ``found`` comes partly from sets whose order depends on the hash seed and on how the
-        # state was rebuilt, and replay, the job and every batch split must emit the same sequence
-        for aid, (kind, node, value, threshold, detail) in sorted(found.items()):
-            if aid in self.raised or (quiet and aid in quiet):
-                continue
-            body = {
-                "id": aid,
-                "kind": kind,
-                "node": node,
-                "severity": "warning",
-                "value": value,
-                "threshold": threshold,
-                "since": now,
-                "detail": f"{detail}; the safe point holds until it recovers",
-            }
-            self.raised[aid] = body
-            out.append(self._alert(body, "raised", now))
-
-    def _check_stall(self, now: int, policy: Policy, out: list[Output]) -> None:
-        """Cluster time moved on by stall_ms while the safe point did not advance."""
-        if self.last_advance_wall is None:
-            self.last_advance_wall = now if self.first_wall is None else self.first_wall
-        waited = now - self.last_advance_wall
-        if not policy.stall_ms or waited < policy.stall_ms or "stall/-" in self.raised:
-            return
-        why = "; ".join(sorted(d[4] for d in self.problems(policy).values())[:3])
-        if not why and self._mins:
-            lmin, gnode = self._mins[0]
-            b = self.nodes[gnode][N_BLOCKER] or ["?", None, lmin, None, None]
-            why = f"held by {b[0]} {b[1] or ''} on node {gnode} at ts {b[2]}".replace("  ", " ")
-        body = {"id": "stall/-", "kind": "stall", "node": None, "severity": "warning", "value": waited,
-                "threshold": policy.stall_ms, "since": self.last_advance_wall,
-                "detail": f"safe point has not advanced for {waited} ms of cluster time: {why or 'no directive yet'}"}
-        self.raised["stall/-"] = body
-        out.append(self._alert(body, "raised", now))
-
-    def _raise_violation(self, node: str, kind: str, hid: str, ts: int, out: list[Output]) -> None:
-        aid = join_id("horizon_violation", node, kind, hid)
-        now = self.cluster_time
-        assert now is not None and self.safe_ts is not None
-        body = {
-            "id": aid,
-            "kind": "horizon_violation",
-            "node": node,
-            "severity": "critical",
-            "value": ts,
-            "threshold": self.safe_ts,
-            "since": now,
-            "detail": (f"the retention bound (mvcc_now - retention) of node {node} is {ts}" if kind == "retention"
-                       else f"group {hid} on node {node} publishes min tx time {ts}" if kind == "group"
-                       else f"{kind} {hid} on node {node} needs ts {ts}")
-            + f", below safe_ts {self.safe_ts} already sent: versions it reads may be compacted",
-        }
-        self.raised[aid] = body
-        out.append(self._alert(body, "raised", now))
-
-    def _check_horizon(self, node: str, out: list[Output]) -> None:
-        """A member whose lowest hold is a reader or transaction below safe_ts has it alerted.
-
-        Holds that arrive below safe_ts are alerted on arrival. This catches the others: those of
-        a node that joins the topology after safe_ts passed them (they did not count before), and,
-        once that hold closes, the node's next one still below safe_ts.
-        """
-        rec = self.nodes.get(node)
-        if self.safe_ts is None or rec is None or rec[N_MIN] is None or rec[N_MIN] >= self.safe_ts:
-            return
-        blocker = rec[N_BLOCKER]
-        if blocker is None or blocker[0] not in ("reader", "tx", "prepared_tx"):
-            return
-        kind = "reader" if blocker[0] == "reader" else "tx"
-        if join_id("horizon_violation", node, kind, blocker[1]) not in self.raised:
-            self._raise_violation(node, kind, blocker[1], blocker[2], out)
-
-    def _check_join(self, node: str, out: list[Output]) -> None:
-        """A node that joins the round: every open reader or transaction of it below safe_ts, and
-        its own floor (retention bound or group time) if that is its lowest hold, is alerted now."""
-        rec = self.nodes.get(node)
-        if self.safe_ts is None or rec is None:
-            return
-        for key, ts in sorted(rec[N_HOLDS].items(), key=lambda kv: (kv[1], kv[0])):
-            if ts < self.safe_ts:
-                kind, hid = split_id(key)
-                if join_id("horizon_violation", node, kind, hid) not in self.raised:
-                    self._raise_violation(node, kind, hid, ts, out)
-        blocker = rec[N_BLOCKER]
-        if blocker is not None and blocker[0] in FLOOR_KINDS:
-            self._check_floor(node, blocker[:3], out)
-
-    def _check_floor(self, node: str, floor: list[Any] | None, out: list[Output]) -> None:
-        """A member's retention bound or group published time below safe_ts is a hold below the safe
-        point (a clock or a group that went back): alerted, and cleared once it is back at or above."""
-        aid = None
-        if floor is not None and self.safe_ts is not None and floor[2] < self.safe_ts:
-            aid = join_id("horizon_violation", node, floor[0], floor[1] or "-")
-        prev = self._floor_alerts.get(node)
-        if prev is not None and prev != aid:
-            del self._floor_alerts[node]
-            self._clear_violation(prev, out)
-        if aid is not None and aid not in self.raised:
-            assert floor is not None
-            self._raise_violation(node, floor[0], floor[1] or "-", floor[2], out)
-            self._floor_alerts[node] = aid
-
-    def _clear_violation(self, aid: str, out: list[Output]) -> None:
-        body = self.raised.pop(aid, None)
-        if body is not None:
-            now = self.cluster_time
-            assert now is not None
-            out.append(self._alert(body, "cleared", now))
-
-    def _alert(self, body: dict[str, Any], state: str, now: int) -> Output:
-        kind = body["kind"]
-        return alert(
-            kind=kind,
-            state=state,
-            severity=body["severity"],
-            cluster=self.name,
-            node=body["node"],
-            value=body["value"],
-            threshold=body["threshold"],
-            since_wall_ms=body["since"],
-            cluster_wall_ms=now,
-            detail=body["detail"],
-            alert_id=f"{escape(self.name)}/{body['id']}",
-        )

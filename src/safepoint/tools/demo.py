@@ -154,11 +154,11 @@ def _human(kind: str, value: int | None) -> str:
 
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None) -> int:
-    from safepoint.broker import EmbeddedBroker
     from safepoint.connectors.topics import ensure_topics, topic_specs
-    from safepoint.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import build_query, messages_in
     from safepoint.streaming.session import build_session, check_java
+    from safepoint.tools.broker import EmbeddedBroker
+    from safepoint.tools.simulate import SimConfig, run_simulator
 
     check_java()
     tty = sys.stdout.isatty()

@@ -1,0 +1,192 @@
+"""The cluster stage's alerts: raised and cleared on cluster time, each with a stable id.
+
+- **Abort alerts** (``missing_node``, ``unknown_node_min``, ``missing_group``,
+  ``awaiting_snapshot``): one per reason the round aborts (a ``Problem``), raised when it appears
+  and cleared when it is gone; a node the topology names but that never reported is alerted only
+  after a lease (``quiet_problems``).
+- **stall**: the safe point has not advanced for ``stall_ms`` of cluster time.
+- **horizon_violation**: a hold below a ``safe_ts`` already sent (a reader or transaction that
+  arrived too late, a node that joined, a clock or group that went back); cleared when it closes
+  or comes back above.
+
+The functions work on a ``ClusterState``: its ``raised`` alerts (id -> body) are part of its state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from safepoint.core.ids import escape, join_id, split_id
+from safepoint.core.outputs import Output, alert
+from safepoint.core.policy import Policy
+from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Floor
+
+if TYPE_CHECKING:
+    from safepoint.core.cluster import ClusterState
+
+__all__ = ["ABORT_KINDS", "Problem", "check_floor", "check_horizon", "check_join", "check_stall", "clear_violation",
+           "quiet_problems", "raise_violation", "stamp_alert", "sync_abort_alerts"]
+
+ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
+
+
+class Problem(NamedTuple):
+    """One reason the current round must abort."""
+
+    kind: str
+    """One of ``ABORT_KINDS``."""
+    node: str
+    value: int | None
+    threshold: int | None
+    detail: str
+
+
+def quiet_problems(state: ClusterState, policy: Policy) -> set[str]:
+    """Never-reported nodes abort the round at once, but are alerted only after a lease.
+
+    A topology names nodes before they have said anything; each gets ``node_lease_ms``
+    of cluster time from the topology's arrival to report before it is called missing.
+    """
+    now = state.cluster_time
+    since = state.topology_wall
+    if since is None or now is None or now >= since + policy.node_lease_ms:
+        return set()
+    return {join_id("missing_node", n) for n in state._never}
+
+def sync_abort_alerts(state: ClusterState,
+    found: dict[str, Problem],
+    out: list[Output],
+    quiet: set[str] | None = None,
+) -> None:
+    if not found and not state.raised:
+        return
+    now = state.cluster_time
+    assert now is not None
+    for aid in [a for a in state.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
+        body = state.raised.pop(aid)
+        out.append(stamp_alert(state, body, "cleared", now))
+    # sorted: ``found`` comes partly from sets whose order depends on the hash seed and on how the
+    # state was rebuilt, and replay, the job and every batch split must emit the same sequence
+    for aid, (kind, node, value, threshold, detail) in sorted(found.items()):
+        if aid in state.raised or (quiet and aid in quiet):
+            continue
+        body = {
+            "id": aid,
+            "kind": kind,
+            "node": node,
+            "severity": "warning",
+            "value": value,
+            "threshold": threshold,
+            "since": now,
+            "detail": f"{detail}; the safe point holds until it recovers",
+        }
+        state.raised[aid] = body
+        out.append(stamp_alert(state, body, "raised", now))
+
+def check_stall(state: ClusterState, now: int, policy: Policy, out: list[Output]) -> None:
+    """Cluster time moved on by stall_ms while the safe point did not advance."""
+    if state.last_advance_wall is None:
+        state.last_advance_wall = now if state.first_wall is None else state.first_wall
+    waited = now - state.last_advance_wall
+    if not policy.stall_ms or waited < policy.stall_ms or "stall/-" in state.raised:
+        return
+    why = "; ".join(sorted(d[4] for d in state.problems(policy).values())[:3])
+    if not why and state._mins:
+        lmin, gnode = state._mins[0]
+        b = state.nodes[gnode].blocker or Blocker("?", None, lmin, None, None)
+        why = f"held by {b.kind} {b.id or ''} on node {gnode} at ts {b.ts}".replace("  ", " ")
+    body = {"id": "stall/-", "kind": "stall", "node": None, "severity": "warning", "value": waited,
+            "threshold": policy.stall_ms, "since": state.last_advance_wall,
+            "detail": f"safe point has not advanced for {waited} ms of cluster time: {why or 'no directive yet'}"}
+    state.raised["stall/-"] = body
+    out.append(stamp_alert(state, body, "raised", now))
+
+def raise_violation(state: ClusterState, node: str, kind: str, hid: str, ts: int, out: list[Output]) -> None:
+    aid = join_id("horizon_violation", node, kind, hid)
+    now = state.cluster_time
+    assert now is not None and state.safe_ts is not None
+    body = {
+        "id": aid,
+        "kind": "horizon_violation",
+        "node": node,
+        "severity": "critical",
+        "value": ts,
+        "threshold": state.safe_ts,
+        "since": now,
+        "detail": (f"the retention bound (mvcc_now - retention) of node {node} is {ts}" if kind == "retention"
+                   else f"group {hid} on node {node} publishes min tx time {ts}" if kind == "group"
+                   else f"{kind} {hid} on node {node} needs ts {ts}")
+        + f", below safe_ts {state.safe_ts} already sent: versions it reads may be compacted",
+    }
+    state.raised[aid] = body
+    out.append(stamp_alert(state, body, "raised", now))
+
+def check_horizon(state: ClusterState, node: str, out: list[Output]) -> None:
+    """A member whose lowest hold is a reader or transaction below safe_ts has it alerted.
+
+    Holds that arrive below safe_ts are alerted on arrival. This catches the others: those of
+    a node that joins the topology after safe_ts passed them (they did not count before), and,
+    once that hold closes, the node's next one still below safe_ts.
+    """
+    rec = state.nodes.get(node)
+    if state.safe_ts is None or rec is None or rec.local_min is None or rec.local_min >= state.safe_ts:
+        return
+    blocker = rec.blocker
+    if blocker is None or blocker.kind not in HOLD_KINDS or blocker.id is None:
+        return
+    kind = "reader" if blocker.kind == "reader" else "tx"
+    if join_id("horizon_violation", node, kind, blocker.id) not in state.raised:
+        raise_violation(state, node, kind, blocker.id, blocker.ts, out)
+
+def check_join(state: ClusterState, node: str, out: list[Output]) -> None:
+    """A node that joins the round: every open reader or transaction of it below safe_ts, and
+    its own floor (retention bound or group time) if that is its lowest hold, is alerted now."""
+    rec = state.nodes.get(node)
+    if state.safe_ts is None or rec is None:
+        return
+    for key, ts in sorted(rec.holds.items(), key=lambda kv: (kv[1], kv[0])):
+        if ts < state.safe_ts:
+            kind, hid = split_id(key)
+            if join_id("horizon_violation", node, kind, hid) not in state.raised:
+                raise_violation(state, node, kind, hid, ts, out)
+    blocker = rec.blocker
+    if blocker is not None and blocker.kind in FLOOR_KINDS:
+        check_floor(state, node, blocker.floor, out)
+
+def check_floor(state: ClusterState, node: str, floor: Floor | None, out: list[Output]) -> None:
+    """A member's retention bound or group published time below safe_ts is a hold below the safe
+    point (a clock or a group that went back): alerted, and cleared once it is back at or above."""
+    aid = None
+    if floor is not None and state.safe_ts is not None and floor.ts < state.safe_ts:
+        aid = join_id("horizon_violation", node, floor.kind, floor.id or "-")
+    prev = state._floor_alerts.get(node)
+    if prev is not None and prev != aid:
+        del state._floor_alerts[node]
+        clear_violation(state, prev, out)
+    if aid is not None and aid not in state.raised:
+        assert floor is not None
+        raise_violation(state, node, floor.kind, floor.id or "-", floor.ts, out)
+        state._floor_alerts[node] = aid
+
+def clear_violation(state: ClusterState, aid: str, out: list[Output]) -> None:
+    body = state.raised.pop(aid, None)
+    if body is not None:
+        now = state.cluster_time
+        assert now is not None
+        out.append(stamp_alert(state, body, "cleared", now))
+
+def stamp_alert(cluster: ClusterState, body: dict[str, Any], state: str, now: int) -> Output:
+    kind = body["kind"]
+    return alert(
+        kind=kind,
+        state=state,
+        severity=body["severity"],
+        cluster=cluster.name,
+        node=body["node"],
+        value=body["value"],
+        threshold=body["threshold"],
+        since_wall_ms=body["since"],
+        cluster_wall_ms=now,
+        detail=body["detail"],
+        alert_id=f"{escape(cluster.name)}/{body['id']}",
+    )

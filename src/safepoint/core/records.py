@@ -1,0 +1,143 @@
+"""The named records the two stages keep and hand over: open holds, blockers and node summaries.
+
+Each record is a slotted dataclass or a NamedTuple in memory. In the state store and between the
+stages it is the positional list its ``to_json`` gives (the fields in declaration order, trailing
+optional ones left out), so the layout of each is written down here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = ["Blocker", "Expiry", "Floor", "Hold", "HoldRef", "NodeRecord", "OpenedHold"]
+
+FLOOR_KINDS = ("retention", "group")
+"""Blocker kinds that are a node's own bound, not a reader or transaction."""
+HOLD_KINDS = ("reader", "tx", "prepared_tx")
+
+
+@dataclass(slots=True)
+class Hold:
+    """One open reader or transaction of a node (the node stage's state)."""
+
+    ts: int
+    """``read_ts`` or ``begin_ts``."""
+    opened_wall: int
+    """The node's ``wall_ms`` when it opened (or the snapshot's ``opened_wall_ms``)."""
+    label: str | None
+    incarnation: int
+    """The node process that opened it: a restart drops readers and unprepared transactions."""
+    prepared: bool = False
+    """Transactions only: prepared (two-phase commit), its decision unknown."""
+    coordinator: str | None = None
+    participants: list[str] | None = None
+    prepared_wall: int | None = None
+    """When it was first seen prepared (the in-doubt clock)."""
+
+    def to_json(self) -> list[Any]:
+        head = [self.ts, self.opened_wall, self.label, self.incarnation]
+        if not self.prepared and self.coordinator is None and self.participants is None and self.prepared_wall is None:
+            return head  # a reader, or a transaction never prepared
+        return [*head, self.prepared, self.coordinator, self.participants, self.prepared_wall]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> Hold:
+        return cls(*data)
+
+
+@dataclass(slots=True)
+class Expiry:
+    """A forced expiry the node stage decided for one of the node's holds."""
+
+    kind: str
+    """reader or tx."""
+    mode: str
+    """graceful, then hard after the grace period."""
+    at_wall: int
+    """When it was decided (or upgraded to hard), on the node's clock."""
+    id: str
+
+    def to_json(self) -> list[Any]:
+        return [self.kind, self.mode, self.at_wall, self.id]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> Expiry:
+        return cls(*data)
+
+
+class Blocker(NamedTuple):
+    """A node's lowest hold: a reader or transaction, or its own floor (``retention``, ``group``)."""
+
+    kind: str
+    """reader, tx, prepared_tx, retention or group."""
+    id: str | None
+    """The reader, transaction or group id (None for retention)."""
+    ts: int
+    opened_wall: int | None
+    label: str | None
+
+    @classmethod
+    def of(cls, data: list[Any] | tuple[Any, ...] | None) -> Blocker | None:
+        return None if data is None else cls(*data)
+
+    @property
+    def floor(self) -> Floor:
+        return Floor(self.kind, self.id, self.ts)
+
+
+class Floor(NamedTuple):
+    """The lowest of a node's own bounds: its retention bound or a group's published time."""
+
+    kind: str
+    id: str | None
+    ts: int
+
+    @classmethod
+    def of(cls, data: list[Any] | tuple[Any, ...] | None) -> Floor | None:
+        return None if data is None else cls(*data)
+
+
+class OpenedHold(NamedTuple):
+    """A hold an event opened: (kind, id, ts)."""
+
+    kind: str
+    id: str
+    ts: int
+
+
+class HoldRef(NamedTuple):
+    """A hold an event closed: (kind, id)."""
+
+    kind: str
+    id: str
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """What the cluster stage keeps of one node (from its ``NodeUpdate`` summaries)."""
+
+    incarnation: int
+    seq: int
+    local_min: int | None
+    unknown: str | None
+    """Why the node's minimum is unknown, or None."""
+    blocker: Blocker | None
+    groups: list[str]
+    last_wall: int
+    """The node's newest ``wall_ms`` (the lease clock)."""
+    first_wall: int
+    holds: dict[str, int]
+    """The node's open readers and transactions, join_id(kind, id) -> ts (to alert them all when
+    it joins the topology)."""
+
+    def to_json(self) -> list[Any]:
+        blocker = None if self.blocker is None else list(self.blocker)
+        return [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
+                self.first_wall, self.holds]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> NodeRecord:
+        inc, seq, lmin, unknown, blocker, groups, last, first, *rest = data
+        # written before holds were kept: those open then are not known here
+        return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first, rest[0] if rest else {})
