@@ -1,4 +1,4 @@
-"""A Kafka source and sink for Spark Structured Streaming without the JVM connector.
+"""The source half of the ``safepoint_kafka`` format: Kafka into Spark Structured Streaming without the JVM connector.
 
 Registered as the format ``safepoint_kafka``. Reading: one Spark partition per Kafka
 partition, per-partition offsets kept in Spark's checkpoint (``{"<partition>": next_offset}``),

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
+from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
 from safepoint.core.codec import encode
 from safepoint.core.engine import Engine, Position
@@ -69,7 +70,7 @@ def why_no_safe_point(state: ClusterState, policy: Policy) -> str | None:
     if state.topology is None and now < first + policy.node_lease_ms:
         return (f"no topology yet and the discovery window has not ended: cluster time is {now - first} ms past the "
                 f"first event, node_lease_ms is {policy.node_lease_ms}")
-    found = [detail for *_, detail in sorted(state.problems(policy).values())]
+    found = [p.detail for p in sorted(problems(state, policy).values())]
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         return "the round is aborted: " + "; ".join(found[:3]) + more

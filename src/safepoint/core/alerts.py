@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from safepoint.core.ids import escape, join_id, split_id
-from safepoint.core.outputs import Output, alert
+from safepoint.core.outputs import DIRECTIVES, Output, alert
 from safepoint.core.policy import Policy
 from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Floor
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from safepoint.core.cluster import ClusterState
 
 __all__ = ["ABORT_KINDS", "Problem", "check_floor", "check_horizon", "check_join", "check_stall", "clear_violation",
-           "quiet_problems", "raise_violation", "stamp_alert", "sync_abort_alerts"]
+           "problems", "quiet_problems", "raise_violation", "stamp_alert", "stamp_signal", "sync_abort_alerts"]
 
 ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
 
@@ -90,7 +90,7 @@ def check_stall(state: ClusterState, now: int, policy: Policy, out: list[Output]
     waited = now - state.last_advance_wall
     if not policy.stall_ms or waited < policy.stall_ms or "stall/-" in state.raised:
         return
-    why = "; ".join(sorted(d[4] for d in state.problems(policy).values())[:3])
+    why = "; ".join(sorted(p.detail for p in problems(state, policy).values())[:3])
     if not why and state._mins:
         lmin, gnode = state._mins[0]
         b = state.nodes[gnode].blocker or Blocker("?", None, lmin, None, None)
@@ -190,3 +190,77 @@ def stamp_alert(cluster: ClusterState, body: dict[str, Any], state: str, now: in
         detail=body["detail"],
         alert_id=f"{escape(cluster.name)}/{body['id']}",
     )
+
+
+def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
+    """Every reason the current round must abort, by alert id."""
+    found: dict[str, Problem] = {}
+    now = state.cluster_time
+    assert now is not None
+    if (not state._never and not state._unknown and not state._missing_groups and not state._awaiting
+            and (not state._walls or state._walls[0][0] >= now - policy.node_lease_ms)):
+        return found  # the common case, nothing wrong: what the loops below would find
+    for node in state._never:
+        found[join_id("missing_node", node)] = Problem(
+            "missing_node",
+            node,
+            None,
+            None,
+            f"node {node} is in the topology but never reported",
+        )
+    limit = now - policy.node_lease_ms
+    for last, node in state._walls:
+        if last >= limit:
+            break
+        age = now - last
+        found[join_id("missing_node", node)] = Problem(
+            "missing_node",
+            node,
+            age,
+            policy.node_lease_ms,
+            f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
+        )
+    for node, why in state._unknown.items():
+        found[join_id("unknown_node_min", node)] = Problem(
+            "unknown_node_min",
+            node,
+            None,
+            None,
+            f"minimum of node {node} is unknown: {why}",
+        )
+    for node, groups in state._missing_groups.items():
+        found[join_id("missing_group", node)] = Problem(
+            "missing_group",
+            node,
+            len(groups),
+            None,
+            f"node {node} does not report required group(s) {', '.join(groups)}",
+        )
+    for node in state._awaiting:
+        asked = state.recovery is not None and node in state.recovery["requested"]
+        found[join_id("awaiting_snapshot", node)] = Problem(
+            "awaiting_snapshot",
+            node,
+            None,
+            None,
+            f"node {node} has not sent a snapshot since the job started on empty state, so the readers and "
+            "transactions it opened before are unknown"
+            + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
+        )
+    return found
+
+
+def stamp_signal(state: ClusterState, node: str, signal: list[Any], out: list[Output]) -> None:
+    """Stamp a node-stage pressure output with the cluster's identity and time."""
+    now = state.cluster_time
+    assert now is not None
+    kind, body = signal
+    if kind == "expire":
+        state.eseq += 1
+        kind_, hid = ("reader", body["reader_id"]) if "reader_id" in body else ("tx", body["tx_id"])
+        value = {**body, "cluster": state.name, "seq": state.eseq, "cluster_wall_ms": now}
+        value = {k: value[k] for k in ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq",
+                                       "cluster_wall_ms") if k in value}
+        out.append(Output(DIRECTIVES, join_id(state.name, node, kind_, hid), value))
+    else:
+        out.append(stamp_alert(state, {k: v for k, v in body.items() if k != "state"}, body["state"], now))

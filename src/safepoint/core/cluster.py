@@ -20,9 +20,10 @@ from safepoint.core.alerts import (
     check_join,
     check_stall,
     clear_violation,
+    problems,
     quiet_problems,
     raise_violation,
-    stamp_alert,
+    stamp_signal,
     sync_abort_alerts,
 )
 from safepoint.core.ids import join_id, split_id
@@ -30,11 +31,11 @@ from safepoint.core.node import NodeUpdate
 from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import FLOOR_KINDS, NodeRecord
+from safepoint.core.recovery import recover_node
 
 __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
 
 IGNORED_STALE_VERSION = "stale_version"
-SNAPSHOT_REQUEST = "snapshot_request"
 
 
 class ClusterState:
@@ -264,9 +265,9 @@ class ClusterState:
             check_horizon(self, u.node, out)
             check_floor(self, u.node, u.floor, out)
         for signal in u.signals:
-            self._signal(u.node, signal, out)
+            stamp_signal(self, u.node, signal, out)
         if self.recovery is not None:
-            self._recover(u, policy, out)
+            recover_node(self, u, policy, out)
         self.evaluate(policy, out)
 
     # -- recovery after a start on empty state (core/recovery.py) -------------------------
@@ -279,50 +280,6 @@ class ClusterState:
         self.eseq = node_seq
         self.recovery = {"expected": set(expected), "complete": set(), "requested": {}}
         self._rebuild()
-
-    def _recover(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
-        """A snapshot completes a node's picture; any other event of an incomplete node that the
-        round needs asks it for one (again after a lease without an answer)."""
-        rec = self.recovery
-        assert rec is not None
-        if u.snapshot:
-            if u.node not in rec["complete"]:
-                rec["complete"].add(u.node)
-                rec["requested"].pop(u.node, None)
-                self._awaiting.discard(u.node)
-                self.dirty = True
-            return
-        if u.node in rec["complete"]:
-            return
-        if u.node in self._members:
-            self._awaiting.add(u.node)
-        if u.node not in self._awaiting:
-            return  # not in the topology: it does not count, so it is not asked (yet)
-        now = self.cluster_time
-        assert now is not None
-        last = rec["requested"].get(u.node)
-        if last is not None and now - last < policy.node_lease_ms:
-            return
-        rec["requested"][u.node] = now
-        self.eseq += 1
-        out.append(Output(DIRECTIVES, join_id(self.name, u.node), {
-            "v": 1, "type": SNAPSHOT_REQUEST, "cluster": self.name, "node": u.node, "seq": self.eseq,
-            "reason": "recovery", "cluster_wall_ms": now}))
-
-    def _signal(self, node: str, signal: list[Any], out: list[Output]) -> None:
-        """Stamp a node-stage pressure output with the cluster's identity and time."""
-        now = self.cluster_time
-        assert now is not None
-        kind, body = signal
-        if kind == "expire":
-            self.eseq += 1
-            kind_, hid = ("reader", body["reader_id"]) if "reader_id" in body else ("tx", body["tx_id"])
-            value = {**body, "cluster": self.name, "seq": self.eseq, "cluster_wall_ms": now}
-            value = {k: value[k] for k in ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq",
-                                           "cluster_wall_ms") if k in value}
-            out.append(Output(DIRECTIVES, join_id(self.name, node, kind_, hid), value))
-        else:
-            out.append(stamp_alert(self, {k: v for k, v in body.items() if k != "state"}, body["state"], now))
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
         """Apply a validated cluster event. Returns why it was ignored, or None."""
@@ -355,70 +312,13 @@ class ClusterState:
         return None
 
     # -- the round ----------------------------------------------------------------------
-    def problems(self, policy: Policy) -> dict[str, Problem]:
-        """Every reason the current round must abort, by alert id."""
-        found: dict[str, Problem] = {}
-        now = self.cluster_time
-        assert now is not None
-        if (not self._never and not self._unknown and not self._missing_groups and not self._awaiting
-                and (not self._walls or self._walls[0][0] >= now - policy.node_lease_ms)):
-            return found  # the common case, nothing wrong: what the loops below would find
-        for node in self._never:
-            found[join_id("missing_node", node)] = Problem(
-                "missing_node",
-                node,
-                None,
-                None,
-                f"node {node} is in the topology but never reported",
-            )
-        limit = now - policy.node_lease_ms
-        for last, node in self._walls:
-            if last >= limit:
-                break
-            age = now - last
-            found[join_id("missing_node", node)] = Problem(
-                "missing_node",
-                node,
-                age,
-                policy.node_lease_ms,
-                f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
-            )
-        for node, why in self._unknown.items():
-            found[join_id("unknown_node_min", node)] = Problem(
-                "unknown_node_min",
-                node,
-                None,
-                None,
-                f"minimum of node {node} is unknown: {why}",
-            )
-        for node, groups in self._missing_groups.items():
-            found[join_id("missing_group", node)] = Problem(
-                "missing_group",
-                node,
-                len(groups),
-                None,
-                f"node {node} does not report required group(s) {', '.join(groups)}",
-            )
-        for node in self._awaiting:
-            asked = self.recovery is not None and node in self.recovery["requested"]
-            found[join_id("awaiting_snapshot", node)] = Problem(
-                "awaiting_snapshot",
-                node,
-                None,
-                None,
-                f"node {node} has not sent a snapshot since the job started on empty state, so the readers and "
-                "transactions it opened before are unknown"
-                + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
-            )
-        return found
-
     def evaluate(self, policy: Policy, out: list[Output]) -> None:
         now = self.cluster_time
         if now is None or self.first_wall is None:
             return
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
-        found = self.problems(policy)
+        found = problems(self, policy)
         sync_abort_alerts(self, found, out, quiet_problems(self, policy) if found else None)
         self._round(found, now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall

@@ -22,9 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from safepoint.core.cluster import ClusterState
+from safepoint.core.ids import join_id
+from safepoint.core.outputs import DIRECTIVES, Output
+
+if TYPE_CHECKING:
+    from safepoint.core.cluster import ClusterState
+    from safepoint.core.node import NodeUpdate
+    from safepoint.core.policy import Policy
+
+
+SNAPSHOT_REQUEST = "snapshot_request"
+"""The directive that asks a node for its complete set of holds."""
 
 __all__ = ["Seed", "StartPlan", "seeds_from_directives"]
 
@@ -99,6 +109,8 @@ class StartPlan:
     recover_all: bool = False
 
     def new_cluster(self, name: str) -> ClusterState:
+        from safepoint.core.cluster import ClusterState
+
         state = ClusterState(name)
         seed = self.seeds.get(name)
         if seed is not None or self.recover_all:
@@ -114,3 +126,33 @@ class StartPlan:
         if not data:
             return cls()
         return cls({c: Seed.from_json(s) for c, s in (data.get("seeds") or {}).items()}, bool(data.get("recover_all")))
+
+
+def recover_node(state: ClusterState, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
+    """A snapshot completes a node's picture; any other event of an incomplete node that the
+    round needs asks it for one (again after a lease without an answer)."""
+    rec = state.recovery
+    assert rec is not None
+    if u.snapshot:
+        if u.node not in rec["complete"]:
+            rec["complete"].add(u.node)
+            rec["requested"].pop(u.node, None)
+            state._awaiting.discard(u.node)
+            state.dirty = True
+        return
+    if u.node in rec["complete"]:
+        return
+    if u.node in state._members:
+        state._awaiting.add(u.node)
+    if u.node not in state._awaiting:
+        return  # not in the topology: it does not count, so it is not asked (yet)
+    now = state.cluster_time
+    assert now is not None
+    last = rec["requested"].get(u.node)
+    if last is not None and now - last < policy.node_lease_ms:
+        return
+    rec["requested"][u.node] = now
+    state.eseq += 1
+    out.append(Output(DIRECTIVES, join_id(state.name, u.node), {
+        "v": 1, "type": SNAPSHOT_REQUEST, "cluster": state.name, "node": u.node, "seq": state.eseq,
+        "reason": "recovery", "cluster_wall_ms": now}))

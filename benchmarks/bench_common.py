@@ -1,0 +1,147 @@
+"""Shared pieces of the benchmark: constants and targets, log lines, process sampling (RSS, CPU), formatting."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+START_MS = 1_700_000_000_000
+
+
+PROTO = "@@BENCH "
+
+
+HERE = Path(__file__).resolve().parent / "bench.py"
+"""The benchmark's entry point: worker processes run it again with their mode."""
+
+
+TARGETS = {
+    "throughput_vs_plain": 1.0,
+    "throughput_vs_plain_aim": 2.0,
+    "p99_latency_s": 2.0,
+    "p99_at_rate": 10_000,
+    "state_bytes_per_hold": 200,
+    "scaling_2_vs_1": 1.5,
+}
+
+
+_T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[bench {time.monotonic() - _T0:6.1f}s] {msg}", flush=True)
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Linear-interpolated percentile (p in 0..100); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def proc_tree(pid: int) -> dict[str, list[Any]]:
+    """The processes under ``pid`` by role: the JVM, the Python workers under it, the driver itself."""
+    import psutil
+
+    out: dict[str, list[Any]] = {"driver": [], "jvm": [], "workers": []}
+    try:
+        me = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return out
+    out["driver"].append(me)
+    for child in me.children(recursive=True):
+        try:
+            name = child.name().lower()
+            cmd = " ".join(child.cmdline()).lower()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if "java" in name:
+            out["jvm"].append(child)
+        elif "python" in name or "pyspark" in cmd:
+            out["workers"].append(child)
+    return out
+
+
+def rss_sample(pid: int, pss: bool = False) -> dict[str, int]:
+    """RSS per role (forked workers share pages: their RSS sum overcounts; ``pss`` adds the fair share)."""
+    import psutil
+
+    res = {"driver": 0, "jvm": 0, "workers": 0, "workers_n": 0}
+    if pss:
+        res.update({"jvm_pss": 0, "workers_pss": 0})
+    for role, procs in proc_tree(pid).items():
+        for p in procs:
+            try:
+                res[role] += p.memory_info().rss
+                if pss and role in ("jvm", "workers"):
+                    res[f"{role}_pss"] += p.memory_full_info().pss
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, AttributeError):
+                continue
+            if role == "workers":
+                res["workers_n"] += 1
+    return res
+
+
+def cpu_snapshot(pid: int, extra: dict[str, int] | None = None) -> dict[str, Any]:
+    """CPU seconds (user+system) per process of the job's tree, keyed by pid, with its role."""
+    import psutil
+
+    snap: dict[str, Any] = {}
+    for role, procs in proc_tree(pid).items():
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                snap[str(p.pid)] = [role, t.user + t.system]
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+    for role, xpid in (extra or {}).items():
+        try:
+            t = psutil.Process(xpid).cpu_times()
+            snap[str(xpid)] = [role, t.user + t.system]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return snap
+
+
+def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """CPU seconds spent per role between two snapshots (processes born in between count in full)."""
+    out: dict[str, float] = defaultdict(float)
+    for pid, (role, secs) in b.items():
+        before = a.get(pid, [role, 0.0])[1]
+        out[role] += max(0.0, secs - before)
+    return dict(out)
+
+
+def mb(n: float | None) -> str:
+    if n is None:
+        return "-"
+    if abs(n) < 10e6:
+        return f"{n / 1e3:,.0f} kB"
+    return f"{n / 1e6:,.0f} MB"
+
+
+def fmt_rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def _empty_node_json() -> dict[str, Any]:
+    from safepoint.core.node import NodeState
+
+    ns = NodeState("default", "default-n1000")
+    ns.incarnation, ns.seq, ns.mvcc_now, ns.pinned_bytes, ns.last_wall_ms = 0, 123456, 1_700_000_000_000_000, 0, START_MS
+    return ns.to_json()
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"

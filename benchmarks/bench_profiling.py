@@ -1,0 +1,328 @@
+"""The benchmark's profiles: cProfile of the core and of the job's batch logic run without Spark, and the py-spy and JFR samples of a job run, grouped by where the time goes."""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import subprocess
+import time
+import zlib
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench_workers import _jdk_tool
+
+
+def _top_stats(prof: cProfile.Profile, us_per_event: float, n: int = 12) -> list[dict[str, Any]]:
+    """Top functions by self time, as a share of all profiled time and scaled to the unprofiled cost."""
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values()) or 1.0  # type: ignore[attr-defined]
+    rows = []
+    for (file, line, func), (_cc, nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        short = file.split("site-packages/")[-1].split("/main/")[-1]
+        rows.append({"func": f"{func} ({short}:{line})", "calls": nc, "self_share": tt / total,
+                     "self_us_per_event": tt / total * us_per_event})
+    return sorted(rows, key=lambda r: -r["self_share"])[:n]
+
+
+def _cum_for(prof: cProfile.Profile, us_per_event: float, names: list[str]) -> dict[str, float]:
+    """Cumulative time of the named functions ("file-suffix:func"), as a share of all profiled time scaled
+    to the unprofiled cost per event (cProfile roughly doubles the cost; shares hold up better)."""
+    st = pstats.Stats(prof)
+    total = sum(v[2] for v in st.stats.values()) or 1.0  # type: ignore[attr-defined]
+    out: dict[str, float] = {}
+    for (file, _line, func), (_cc, _nc, _tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        for name in names:
+            mod, _, fn = name.rpartition(":")
+            if fn == func and file.endswith(mod):
+                out[name] = out.get(name, 0.0) + ct / total * us_per_event
+    return out
+
+
+def profile_plain(values: list[bytes]) -> dict[str, Any]:
+    """The core alone (Engine.process per message, outputs encoded), timed and under cProfile."""
+    from safepoint.core import Engine, Position
+    from safepoint.core.codec import encode
+
+    def run() -> float:
+        eng = Engine()
+        t = time.perf_counter()
+        for i, v in enumerate(values):
+            for o in eng.process(v, Position("t", 0, i)):
+                encode(o.value)
+        return time.perf_counter() - t
+
+    plain_s = run()
+    prof = cProfile.Profile()
+    prof.enable()
+    run()
+    prof.disable()
+    n = len(values)
+    return {
+        "events": n,
+        "us_per_event": plain_s / n * 1e6,
+        "events_per_s": n / plain_s,
+        "top_self": _top_stats(prof, plain_s / n * 1e6),
+        "cumulative_us_per_event": _cum_for(prof, plain_s / n * 1e6, [
+            "engine.py:node_stage", "engine.py:cluster_stage", "events.py:parse", "node.py:apply", "cluster.py:apply_node_update", "cluster.py:evaluate",
+            "cluster.py:problems", "cluster.py:_directive", "codec.py:encode", "node.py:_pressure",
+        ]),
+    }
+
+
+def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
+    """The job's batch logic (core/batch.py: route, stage one per bucket, stage two per cluster, with
+    the state values and the pickled hand-offs between them) run in this process, without Spark.
+
+    A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
+    own cost (Arrow between JVM and Python, the shuffles, RocksDB, the source and sink).
+    """
+    import pickle
+
+    from safepoint.core.batch import route, stage_one_bucket, stage_two
+    from safepoint.core.policy import Policy
+
+    policy = Policy()
+    buckets = 8
+    offsets = [0] * partitions
+    msgs: list[tuple[int, int, bytes, bytes]] = []
+    for key, value in values:
+        p = zlib.crc32(key.encode()) % partitions
+        msgs.append((p, offsets[p], key.encode(), value))
+        offsets[p] += 1
+    n = len(msgs)
+    prof = cProfile.Profile()
+
+    def one_pass(profiled: bool) -> tuple[dict[str, float], int, int]:
+        seconds = {"route": 0.0, "stage1": 0.0, "stage2": 0.0}
+        state1: dict[Any, str] = {}
+        state2: dict[str, str] = {}
+        outs = 0
+        if profiled:
+            prof.enable()
+        for start in range(0, n, batch_rows):
+            batch = msgs[start:start + batch_rows]
+            t0 = time.perf_counter()
+            groups1: dict[tuple[str, int], list[Any]] = defaultdict(list)
+            for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
+                for gkey, items in route([m for m in batch if m[0] == part], "bench", policy, buckets).items():
+                    groups1[gkey].extend(pickle.loads(pickle.dumps(items, 5)))
+            t1 = time.perf_counter()
+            groups2: dict[str, list[Any]] = defaultdict(list)
+            for gkey, items in groups1.items():
+                new, staged, _counts = stage_one_bucket(state1.get(gkey), items, policy, buckets)
+                if new is not None:
+                    state1[gkey] = new
+                groups2[gkey[0]].extend(pickle.loads(pickle.dumps(staged, 5)))
+            t2 = time.perf_counter()
+            for cluster, items in groups2.items():
+                new, outputs = stage_two(cluster, state2.get(cluster), items, policy, False)
+                if new is not None:
+                    state2[cluster] = new
+                outs += len(outputs)
+            t3 = time.perf_counter()
+            seconds["route"] += t1 - t0
+            seconds["stage1"] += t2 - t1
+            seconds["stage2"] += t3 - t2
+        if profiled:
+            prof.disable()
+        return seconds, outs, sum(len(v) for v in state1.values()) + sum(len(v) for v in state2.values())
+
+    fs, n_out, state_bytes = one_pass(False)
+    one_pass(True)
+    total = sum(fs.values())
+    return {
+        "events": n,
+        "batch_rows": batch_rows,
+        "route_us_per_event": fs["route"] / n * 1e6,
+        "node_stage_us_per_event": fs["stage1"] / n * 1e6,
+        "cluster_stage_us_per_event": fs["stage2"] / n * 1e6,
+        "total_us_per_event": total / n * 1e6,
+        "events_per_s": n / total,
+        "outputs": n_out,
+        "state_value_bytes": state_bytes,
+        "top_self": _top_stats(prof, total / n * 1e6),
+        "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
+            "engine.py:parse_stage", "events.py:parse", "engine.py:apply_stage", "node.py:apply",
+            "node.py:from_json", "node.py:to_json", "engine.py:cluster_stage", "cluster.py:from_json", "cluster.py:to_json",
+            "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route",
+            "batch.py:stage_one_bucket", "batch.py:stage_two", "json/__init__.py:dumps", "json/__init__.py:loads",
+        ]),
+    }
+
+
+_PYSPY_GROUPS = [
+    # (label, predicate over one frame "func (file:line)"); the deepest matching frame of a sample wins
+    ("safepoint core: parse + validate (core/events.py)", lambda f: "safepoint/core/events.py" in f or "fastjsonschema" in f),
+    ("safepoint core: node rules (core/node.py, bands)", lambda f: "safepoint/core/node.py" in f or "safepoint/core/bands.py" in f),
+    ("safepoint core: cluster round (core/cluster.py)", lambda f: "safepoint/core/cluster.py" in f or "sortedcontainers" in f),
+    ("safepoint core: engine glue, outputs, codec", lambda f: "safepoint/core/" in f),
+    ("batch logic: routing, staging, state JSON, log-order merge (core/batch.py)", lambda f: "safepoint/core/batch.py" in f),
+    ("processors: (un)pickling packed rows, Row fields (streaming/processors.py)", lambda f: "streaming/processors.py" in f),
+    ("source: Kafka read (kafka_source.py read)", lambda f: "kafka_source.py" in f and f.startswith(("read ", "KafkaStreamReader.read "))),
+    ("sink: Kafka write (kafka_sink.py write)", lambda f: "kafka_sink.py" in f),
+    ("source: driver-side offsets, planning, commit (kafka_source.py)", lambda f: "kafka_source.py" in f),
+    ("pyspark: Arrow -> Row, cell by cell (worker.py generate_data_batches)", lambda f: "generate_data_batches" in f),
+    ("pyspark: Row -> Arrow of the outputs (worker.py convert_results)", lambda f: "convert_results" in f),
+    ("pyspark: state API client (ValueState get/update: socket round trips to the JVM)",
+     lambda f: "stateful_processor" in f or "state_api" in f or "value_state" in f),
+    ("pyspark: Arrow/pickle serializers, Row class", lambda f: "serializers.py" in f or "pyspark/sql/types.py" in f
+     or "conversion.py" in f),
+    ("pyspark daemon: gc.collect() after every task (daemon.py manager)", lambda f: f.startswith("manager (") and "daemon.py" in f),
+]
+
+
+_PYSPY_FALLBACK = [  # only when no frame of the sample matches a group above
+    ("pyarrow", lambda f: "pyarrow" in f),
+    ("pyspark: worker setup, other", lambda f: "pyspark" in f),
+]
+
+
+def classify(frames_leaf_first: list[str], groups: list[Any], fallback: list[Any]) -> str:
+    """The group of the deepest frame matching a specific group, else of the deepest matching a fallback."""
+    for rules in (groups, fallback):
+        for f in frames_leaf_first:
+            for label, pred in rules:
+                if pred(f):
+                    return str(label)
+    return "other"
+
+
+def parse_pyspy(path: Path, rate: int, seconds: float | None) -> dict[str, Any]:
+    """py-spy raw (collapsed) stacks of the job's Python processes (the bench driver itself left out).
+
+    Each sample goes to the group of its deepest frame that matches one; top self frames and the
+    process kinds (executor workers, data source runners) come along.
+    """
+    if not path.exists():
+        return {"error": "no py-spy output"}
+    groups: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    procs: Counter[str] = Counter()
+    pids: set[str] = set()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        heads = [f for f in frames if f.startswith("process ")]
+        inner = heads[-1] if heads else "?"
+        if "benchmarks/bench.py" in inner:
+            continue  # the bench driver (sampling psutil, py4j): not the job
+        frames = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not frames:
+            continue
+        kind = "executor workers (pyspark.worker)" if "pyspark.worker" in inner else (
+            inner.split("pyspark.sql.worker.")[-1].split('"')[0] if "pyspark.sql.worker." in inner else "other")
+        procs[kind] += n
+        pids.add(inner.split(":")[0])
+        total += n
+        leaf[_short(frames[-1])] += n
+        for f in set(frames):
+            incl[_short(f)] += n
+        groups[classify(frames[::-1], _PYSPY_GROUPS, _PYSPY_FALLBACK)] += n
+    res: dict[str, Any] = {
+        "samples": total,
+        "rate_hz": rate,
+        "processes": len(pids),
+        "by_process_kind": dict(procs),
+        "groups": [(k, v, v / total if total else 0) for k, v in groups.most_common()],
+        "top_self": [(k, v, v / total if total else 0) for k, v in leaf.most_common(15)],
+        "top_inclusive": [(k, v, v / total if total else 0) for k, v in incl.most_common(30)],
+    }
+    if seconds:
+        res["busy_python_processes"] = total / rate / seconds
+    return res
+
+
+_JFR_GROUPS = [
+    ("RocksDB (JNI calls)", lambda f: f.startswith("org.rocksdb.")),
+    ("state store: RocksDB provider, changelog, snapshot upload", lambda f: ".execution.streaming.state." in f),
+    ("transformWithState: JVM side of the Python state API (state server)", lambda f: "StateServer" in f or "StatefulProcessorHandleImpl" in f),
+    ("Arrow (JVM side)", lambda f: f.startswith("org.apache.arrow.")),
+    ("Python runner: Arrow streams to and from the Python workers", lambda f: ".execution.python." in f or ".api.python." in f),
+    ("from_json (Jackson)", lambda f: "jackson" in f or "JsonToStructs" in f or ".catalyst.json." in f),
+    ("shuffle: sort, serialize, compress, read/write", lambda f: ".shuffle." in f or "ExternalSorter" in f or "net.jpountz" in f
+     or "com.github.luben" in f or "io.netty" in f or ".storage." in f or "UnsafeRowSerializer" in f),
+    ("generated code (projections, sorts, aggregates)", lambda f: "GeneratedClass" in f or "generated" in f.lower()),
+    ("query planning, analysis, optimizer (driver)", lambda f: ".catalyst.optimizer." in f or ".catalyst.analysis." in f
+     or ".catalyst.rules." in f or "QueryExecution" in f or ".catalyst.trees." in f or "IncrementalExecution" in f),
+    ("codegen: generating and compiling code (per batch)", lambda f: "CodeGenerator" in f or "CodegenContext" in f
+     or "CodeFormatter" in f or "janino" in f or "codehaus" in f),
+    ("scheduler: tasks, task results, DAG", lambda f: ".scheduler." in f or "DirectTaskResult" in f or "TaskRunner" in f
+     and "runWorker" not in f),
+    ("closure cleaning, task serialization", lambda f: "ClosureCleaner" in f or "JavaSerializer" in f or ".serializer." in f),
+    ("listeners, progress, logging", lambda f: ".status." in f or "Logging" in f or "ProgressReporter" in f or "ListenerBus" in f),
+    ("Spark streaming engine (driver: offsets, commits, progress)", lambda f: ".execution.streaming." in f),
+]
+
+
+_JFR_FALLBACK = [
+    ("rows: UnsafeRow, UTF8String, projections (Spark, other)", lambda f: f.startswith("org.apache.spark.")),
+    ("sockets, NIO", lambda f: f.startswith(("sun.nio.", "java.net.", "sun.net."))),
+    ("Scala, JDK", lambda f: True),
+]
+
+
+def parse_jfr(path: Path) -> dict[str, Any]:
+    """Java Flight Recorder execution samples by group (deepest matching frame) and thread kind, plus GC pauses."""
+    jfr = _jdk_tool("jfr")
+    if not jfr or not path.exists():
+        return {"error": "no JFR recording"}
+    r = subprocess.run([jfr, "print", "--events", "jdk.ExecutionSample", "--stack-depth", "48", str(path)],
+                       capture_output=True, text=True, timeout=300, check=False)
+    groups: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    total = 0
+    frames: list[str] = []
+    thread = ""
+    in_stack = False
+    for line in r.stdout.splitlines():
+        t = line.strip()
+        if t.startswith("sampledThread = "):
+            thread = t
+        elif t.startswith("stackTrace = ["):
+            in_stack, frames = True, []
+        elif in_stack and t == "]":
+            in_stack = False
+            if not frames:
+                continue
+            total += 1
+            threads["executor task threads" if "Executor task launch" in thread else "driver and other threads"] += 1
+            leaf[frames[0]] += 1
+            groups[classify(frames, _JFR_GROUPS, _JFR_FALLBACK)] += 1
+        elif in_stack and t and t != "...":
+            frames.append(t.split("(")[0].strip())
+    g = subprocess.run([jfr, "print", "--events", "jdk.GarbageCollection", str(path)], capture_output=True, text=True,
+                       timeout=300, check=False)
+    pauses_ms = 0.0
+    n_gc = 0
+    for line in g.stdout.splitlines():
+        t = line.strip()
+        if t.startswith("sumOfPauses = "):
+            n_gc += 1
+            val = t.split("=", 1)[1].strip()
+            num = float(val.split()[0].replace(",", ""))
+            pauses_ms += num * ({"s": 1000.0, "ms": 1.0, "us": 0.001, "ns": 1e-6}.get(val.split()[1], 1.0) if " " in val else 1.0)
+    return {
+        "samples": total,
+        "by_thread": dict(threads),
+        "groups": [(k, v, v / total if total else 0) for k, v in groups.most_common()],
+        "top_self": [(k, v, v / total if total else 0) for k, v in leaf.most_common(12)],
+        "gc_count": n_gc,
+        "gc_pauses_ms": pauses_ms,
+    }
+
+
+def _short(frame: str) -> str:
+    name, _, loc = frame.partition(" (")
+    loc = loc.rstrip(")")
+    for cut in ("site-packages/", "/main/", "python3.11/"):
+        if cut in loc:
+            loc = loc.split(cut)[-1]
+    return f"{name} ({loc})"

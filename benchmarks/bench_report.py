@@ -1,0 +1,278 @@
+"""The benchmark's report: the markdown table with ratios, targets met or not, findings from the profiles, and the latency plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench_common import TARGETS, fmt_rate, mb
+
+
+def plot_latency(lat_runs: list[dict[str, Any]], path: Path) -> str | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib not installed (pip install -e '.[bench]'): no plot"
+    fig, ax = plt.subplots(figsize=(10, 5))
+    for r in lat_runs:
+        if r.get("series"):
+            xs = [a for a, _ in r["series"]]
+            ys = [b for _, b in r["series"]]
+            p99 = r["latency_s"]["p99"]
+            ax.plot(xs, ys, ".", markersize=3, label=f"{r['offered_rate_target']:,.0f} ev/s offered (p99 {p99:.2f} s)")
+    ax.axhline(TARGETS["p99_latency_s"], color="red", linestyle="--", linewidth=1, label="target p99 2 s")
+    ax.set_xlabel("send time of the event, s since pacing started")
+    ax.set_ylabel("event-to-directive latency, s")
+    ax.set_yscale("log")
+    ax.set_title("safepoint job: event-to-directive latency over time")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def status(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**not met**")
+
+
+def _samples_table(L: list[str], intro: str, header: str, groups: list[Any], top_label: str, top: list[Any]) -> None:
+    """A profile's samples by group, as a table, then its top self frames."""
+    L.append(intro)
+    L.append("")
+    L.append(header)
+    L.append("| --- | ---: |")
+    for k, _n, sh in groups:
+        L.append(f"| {k} | {sh:.1%} |")
+    L.append("")
+    L.append(top_label + "; ".join(f"{k} {sh:.1%}" for k, _n, sh in top))
+    L.append("")
+
+
+def build_report(res: dict[str, Any]) -> str:
+    L: list[str] = []  # noqa: N806
+    a = res["args"]
+    L.append(f"# safepoint benchmark {res['timestamp']}")
+    L.append("")
+    L.append(f"Machine: {res['machine']['cpus']} CPUs, load average at start {res['machine']['loadavg_start']}, at end "
+             f"{res['machine'].get('loadavg_end')}. Total run {res['total_s']:.0f} s.")
+    tw = res["workloads"].get("throughput")
+    if tw:
+        L.append(f"Workload: {a['nodes']} nodes + 1 probe node, {tw['events']:,} events backlog ({tw['types']}), "
+                 f"{tw['heartbeat_ms']} ms heartbeats, long-reader share {a['long_share']}, probe {a['probe_hz']} Hz "
+                 f"({tw['probe_closes']} probe closes = directives); {a['partitions']} partitions.")
+    L.append("")
+    L.append("| measurement | events/s | vs plain | vs raw consume | memory (RSS) | notes |")
+    L.append("| --- | ---: | ---: | ---: | ---: | --- |")
+    raw = res.get("raw_consume")
+    plain = res.get("plain")
+    raw_r = raw["events_per_s"] if raw else None
+    plain_r = plain["events_per_s"] if plain else None
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return "-" if not x or not y else f"{x / y:.2f}x"
+
+    if res.get("produce"):
+        p = res["produce"]
+        L.append(f"| broker produce (backlog load) | {fmt_rate(p['events_per_s'])} | | | | idempotent producer, linger 20 ms |")
+    if raw:
+        L.append(f"| (1) raw consume | {fmt_rate(raw_r)} | {ratio(raw_r, plain_r)} | 1.00x | | {raw['mb_per_s']:.1f} MB/s, "
+                 f"confluent-kafka, no processing |")
+    if plain:
+        L.append(f"| (2) plain consumer (1 process) | {fmt_rate(plain_r)} | 1.00x | {ratio(plain_r, raw_r)} | "
+                 f"{mb(plain['rss_peak'])} peak | consume + Engine.process + produce; outputs {plain['outputs']} |")
+    for tp in res.get("spark_throughput", []):
+        s = tp["sustained_events_per_s"]
+        cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(tp["cpu_us_per_event"].items()))
+        L.append(f"| (3a) job {tp['master']}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
+                 f"{mb(tp['jvm_plus_workers_rss_end'])} (JVM {mb(tp['rss_end'].get('jvm'))} + {tp['rss_end'].get('workers_n')} "
+                 f"workers {mb(tp['rss_end'].get('workers'))}; PSS {mb(tp['rss_end'].get('jvm_pss', 0) + tp['rss_end'].get('workers_pss', 0))}) | "
+                 f"{tp['batches']} batches{' (feeder late ' + str(tp['feeder_late_chunks']) + 'x)' if tp.get('feeder_late_chunks') else ''}, "
+                 f"{tp['directives']} directives; batch 0: {tp['batch0_rows']} rows in "
+                 f"{tp['batch0_ms']} ms; wall after batch 0 {fmt_rate(tp['wall_events_per_s_after_batch0'])}/s; "
+                 f"CPU us/event: {cpu} |")
+    prof_tp = res.get("profile", {}).get("spark_pyspy_run")
+    if prof_tp:
+        L.append(f"| job {prof_tp['master']} under py-spy (not a figure) | {fmt_rate(prof_tp['sustained_events_per_s'])} | "
+                 f"{ratio(prof_tp['sustained_events_per_s'], plain_r)} | | | sampling overhead included |")
+    L.append("")
+    lat = res.get("latency", [])
+    if lat:
+        L.append(f"Latency (job on {lat[0]['master']}, trigger {a['trigger_ms']} ms; each directive's arrival minus the send time "
+                 "of the events whose `wall_ms` equals its `cluster_wall_ms`; warm-up excluded):")
+        L.append("")
+        L.append("| offered ev/s (actual) | directives | p50 s | p95 s | p99 s | max s | job ev/s (sustained) | backlog at end | "
+                 "RSS JVM+workers | state dir |")
+        L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in lat:
+            q = r["latency_s"]
+
+            def f(x: float | None, q: dict[str, Any] = q) -> str:
+                return "-" if x is None else (">=" if q.get("lower_bound") else "") + f"{x:.2f}"
+
+            L.append(f"| {r['offered_rate_target']:,.0f} ({fmt_rate(r['offered_rate_actual'])}) | {r['directives_measured']}/"
+                     f"{r['directives_expected']} | {f(q['p50'])} | {f(q['p95'])} | {f(q['p99'])} | {f(q['max'])} | "
+                     f"{fmt_rate(r['job_sustained_events_per_s'])} | {r['backlog_at_end_of_pacing']:,} ev"
+                     f"{'' if r['drained'] else ' (not drained)'} | {mb(r['jvm_plus_workers_rss_end'])} | "
+                     f"{mb(r['state_dir_bytes'])} |")
+        L.append("")
+        if res.get("plot"):
+            L.append(f"![latency over time]({res['plot']})")
+            L.append("")
+    st = res.get("state")
+    if st:
+        L.append(f"State at the end of the backlog: {st['holds']:,} active holds (open readers + undecided transactions) on "
+                 f"{st['nodes']:,} nodes. Checkpoint `state/` dir (du): {mb(st['state_dir_bytes'])} = "
+                 f"**{st['state_dir_per_hold']:,.0f} B/hold**; live RocksDB SST + memtable per the last batch: "
+                 f"{mb(st.get('rocksdb_bytes'))}; the JSON values themselves: node groups {mb(st['node_bytes'])}, cluster "
+                 f"{mb(st['cluster_bytes'])} = {st['logical_per_hold']:,.0f} B/hold (of which per-node fixed part "
+                 f"~{st['per_node_fixed_bytes']:,.0f} B/node). JVM+workers RSS per hold: {st['rss_per_hold']:,.0f} B.")
+        L.append("")
+    L.append("## Targets (reported, not asserted)")
+    L.append("")
+    L.append("| target | measured | status |")
+    L.append("| --- | --- | --- |")
+    for t in res["targets"]:
+        L.append(f"| {t['target']} | {t['measured']} | {status(t['ok'])} |")
+    L.append("")
+    prof = res.get("profile")
+    if prof:
+        L.append("## Profile: where the job's per-event time goes")
+        L.append("")
+        for line in prof.get("findings", []):
+            L.append(f"- {line}")
+        L.append("")
+        ps = prof.get("pyspy")
+        if ps and "groups" in ps:
+            _samples_table(L, f"py-spy over the job's Python processes ({ps['samples']:,} samples at {ps['rate_hz']} Hz; "
+                           f"by process: {ps['by_process_kind']}), deepest matching frame:",
+                           "| where | share of Python samples |", ps["groups"], "Top self frames: ", ps["top_self"][:10])
+        jf = prof.get("jfr")
+        if jf and jf.get("groups"):
+            _samples_table(L, f"Java Flight Recorder over the job's JVM during the same run ({jf['samples']:,} execution samples; "
+                           f"{jf['by_thread']}; {jf['gc_count']} GCs, {jf['gc_pauses_ms']:,.0f} ms of pauses), deepest matching frame:",
+                           "| where (JVM) | share of JVM samples |", jf["groups"], "Top self frames (JVM): ", jf["top_self"][:8])
+        pp = prof.get("processors_local")
+        if pp:
+            L.append(f"The job's processors run locally without Spark ({pp['events']:,} events in batches of {pp['batch_rows']:,}): "
+                     f"router {pp['route_us_per_event']:.1f} us/event, node stage {pp['node_stage_us_per_event']:.1f}, "
+                     f"cluster stage {pp['cluster_stage_us_per_event']:.1f}, {fmt_rate(pp['events_per_s'])} ev/s. "
+                     "Cumulative us/event: "
+                     + ", ".join(f"`{k}` {v:.1f}" for k, v in sorted(pp["cumulative_us_per_event"].items(), key=lambda kv: -kv[1])))
+            L.append("")
+        pl = prof.get("plain_core")
+        if pl:
+            L.append(f"The core alone (Engine.process, no Kafka): {pl['us_per_event']:.1f} us/event ({fmt_rate(pl['events_per_s'])} ev/s). "
+                     "Cumulative us/event: " + ", ".join(f"`{k}` {v:.1f}" for k, v in
+                                                          sorted(pl["cumulative_us_per_event"].items(), key=lambda kv: -kv[1])))
+            L.append("")
+    if res.get("notes"):
+        L.append("## Notes")
+        L.append("")
+        for n in res["notes"]:
+            L.append(f"- {n}")
+        L.append("")
+    return "\n".join(L)
+
+
+def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    plain = (res.get("plain") or {}).get("events_per_s")
+    tps = {t["master"]: t for t in res.get("spark_throughput", []) }
+    best = max((t["sustained_events_per_s"] or 0 for t in tps.values()), default=0) or None
+    best_master = max(tps.values(), key=lambda t: t["sustained_events_per_s"] or 0)["master"] if tps else None
+    r = best / plain if best and plain else None
+    out.append({"target": "job throughput >= plain consumer (aim 2x)",
+                "measured": f"{r:.2f}x ({best_master}: {fmt_rate(best)} vs {fmt_rate(plain)} ev/s)" if r else "-",
+                "ok": (r >= TARGETS["throughput_vs_plain"]) if r else None})
+    out.append({"target": "aim: job throughput 2x plain", "measured": f"{r:.2f}x" if r else "-",
+                "ok": (r >= TARGETS["throughput_vs_plain_aim"]) if r else None})
+    lat = [x for x in res.get("latency", []) if x["offered_rate_target"] == TARGETS["p99_at_rate"]]
+    if lat:
+        q = lat[0]["latency_s"]
+        p99, lb = q["p99"], q.get("lower_bound")
+        ok = None if p99 is None else p99 < TARGETS["p99_latency_s"]
+        if lb and ok:
+            ok = None  # a lower bound under 2 s proves nothing
+        out.append({"target": "p99 event-to-directive latency < 2 s at 10,000 ev/s",
+                    "measured": "-" if p99 is None else f"{'>= ' if lb else ''}{p99:.2f} s (p50 {q['p50']:.2f} s; job "
+                    f"{fmt_rate(lat[0]['job_sustained_events_per_s'])} ev/s sustained, backlog "
+                    f"{lat[0]['backlog_at_end_of_pacing']:,} events when pacing ended)",
+                    "ok": ok})
+    else:
+        out.append({"target": "p99 event-to-directive latency < 2 s at 10,000 ev/s", "measured": "not run at 10,000 ev/s", "ok": None})
+    st = res.get("state")
+    if st:
+        out.append({"target": "state < 200 bytes per active hold",
+                    "measured": f"{st['state_dir_per_hold']:,.0f} B/hold (checkpoint state dir); JSON values alone "
+                                f"{st['logical_per_hold']:,.0f} B/hold",
+                    "ok": st["state_dir_per_hold"] < TARGETS["state_bytes_per_hold"]})
+    if "local[1]" in tps and "local[2]" in tps and tps["local[1]"]["sustained_events_per_s"]:
+        s = tps["local[2]"]["sustained_events_per_s"] / tps["local[1]"]["sustained_events_per_s"]
+        out.append({"target": "scaling 1 -> 2 cores (local[2] / local[1]; 1.5x taken as the bar, 2.0x ideal)",
+                    "measured": f"{s:.2f}x ({fmt_rate(tps['local[1]']['sustained_events_per_s'])} -> "
+                                f"{fmt_rate(tps['local[2]']['sustained_events_per_s'])} ev/s)",
+                    "ok": s >= TARGETS["scaling_2_vs_1"]})
+    return out
+
+
+def findings(res: dict[str, Any]) -> list[str]:
+    """Plain-language top findings from the numbers (the .md and the console)."""
+    out: list[str] = []
+    tps = [t for t in res.get("spark_throughput", []) ]
+    t2 = next((t for t in tps if t["master"] == "local[2]"), tps[-1] if tps else None)
+    prof = res.get("profile", {})
+    pp = prof.get("processors_local")
+    pl = prof.get("plain_core")
+    ps = prof.get("pyspy")
+    if t2 and t2.get("sustained_events_per_s"):
+        per_ev = 1e6 / t2["sustained_events_per_s"]
+        cpu = t2.get("cpu_us_per_event") or {}
+        tot = sum(cpu.values())
+        out.append(
+            f"Job {t2['master']}: {per_ev:.0f} us of wall time per event; CPU per event "
+            + ", ".join(f"{k} {v:.0f} us ({v / tot:.0%})" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+            + f" = {tot:.0f} us of CPU per event on 2 cores"
+            + (f" (the plain consumer: {1e6 / res['plain']['events_per_s']:.0f} us of wall time per event in one process)"
+               if res.get("plain") else "")
+            + "."
+        )
+        ph = t2.get("phase_ms_after_batch0") or {}
+        if ph.get("triggerExecution"):
+            te = ph["triggerExecution"]
+            parts = ", ".join(f"{k} {v / te:.0%}" for k, v in sorted(ph.items(), key=lambda kv: -kv[1]) if k != "triggerExecution")
+            out.append(f"Micro-batch time after batch 0 by phase (of triggerExecution): {parts}.")
+        ops = t2.get("state_operators_last") or []
+        if ops:
+            out.append("State operators in the last batch: " + "; ".join(
+                f"{o['name']}: rows {o['numRowsTotal']}, updated {o['numRowsUpdated']}, allUpdates {o['allUpdatesTimeMs']} ms, "
+                f"commit {o['commitTimeMs']} ms" for o in ops) + ".")
+    for r in res.get("latency", []):
+        if r.get("job_batch_ms_p50") and r.get("job_batch_rows_p50"):
+            out.append(f"At {r['offered_rate_target']:,.0f} ev/s offered, the job's batches held {r['job_batch_rows_p50']:,.0f} "
+                       f"rows (p50) and took {r['job_batch_ms_p50']:,.0f} ms (p50): "
+                       f"{r['job_batch_ms_p50'] * 1000 / r['job_batch_rows_p50']:,.0f} us per event in small batches, "
+                       f"{'behind' if r['backlog_at_end_of_pacing'] > r['offered_rate_target'] else 'keeping up'} "
+                       f"({r['backlog_at_end_of_pacing']:,} events of backlog when pacing ended).")
+    if pp and pl:
+        out.append(
+            f"Python work per event in the job's batch logic, measured without Spark: "
+            f"{pp['total_us_per_event']:.1f} us (router {pp['route_us_per_event']:.1f}, node stage "
+            f"{pp['node_stage_us_per_event']:.1f}, cluster stage {pp['cluster_stage_us_per_event']:.1f}), "
+            f"Engine.process alone {pl['us_per_event']:.1f} us. Stage state values at the end: {pp['state_value_bytes']:,} B."
+        )
+    jf = prof.get("jfr")
+    if jf and jf.get("groups"):
+        top = ", ".join(f"{k} {sh:.0%}" for k, _n, sh in jf["groups"][:6])
+        out.append(f"JFR over the JVM: {top}; GC pauses {jf['gc_pauses_ms']:,.0f} ms over {jf['gc_count']} collections.")
+    if ps and ps.get("groups"):
+        top = ", ".join(f"{k} {sh:.0%}" for k, _n, sh in ps["groups"][:6])
+        out.append(f"py-spy over the job's Python processes: {top}.")
+        if ps.get("busy_python_processes") is not None:
+            out.append(f"On average {ps['busy_python_processes']:.2f} Python processes were on CPU during the profiled run "
+                       "(out of 2 cores): the rest is the JVM, the broker and idle time.")
+    return out
