@@ -55,7 +55,8 @@ def new_id(prefix: str) -> str:
 class _Handle:
     """What readers and transactions share: the reporter, the optional fields, the expiry."""
 
-    __slots__ = ("_reporter", "label", "groups", "namespace", "opened_wall_ms", "_state", "_on_expire", "_expiry")
+    __slots__ = ("_reporter", "label", "groups", "namespace", "opened_wall_ms", "_state", "_on_expire", "_expiry",
+                 "_published")
 
     def __init__(
         self,
@@ -73,6 +74,8 @@ class _Handle:
         self._state = "new"
         self._on_expire = on_expire
         self._expiry: ExpireDirective | None = None
+        self._published = False
+        """Its open was published (with lazy registration a hold may wait: ``connectors/lazy.py``)."""
 
     @property
     def expired(self) -> bool:

@@ -36,7 +36,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from safepoint.connectors.clients import CONFLUENT, check_client
 from safepoint.connectors.expiry import ExpiryMixin
@@ -45,16 +45,15 @@ from safepoint.connectors.handles import (
     Handle,
     Reader,
     Transaction,
-    add_optional,
     check_id,
     check_ts,
-    refuse_below_safe,
 )
 from safepoint.connectors.heartbeat import Figures, start_heartbeats
 from safepoint.connectors.incarnation import MAX_INCARNATION, default_incarnation, wall_clock_ms
 from safepoint.connectors.producer import BOOTSTRAP_SERVERS, producer_conf
+from safepoint.connectors.publishing import HoldsMixin, LazyPublishing
 from safepoint.connectors.sender import ReporterStats, Sender
-from safepoint.errors import ClientClosed, SafepointError
+from safepoint.errors import ClientClosed
 
 if TYPE_CHECKING:
     from safepoint.settings import Settings
@@ -75,7 +74,7 @@ log = logging.getLogger("safepoint.reporter")
 
 DEFAULT_EVENTS_TOPIC = "safepoint.events"
 
-class Reporter(ExpiryMixin):
+class Reporter(ExpiryMixin, HoldsMixin):
     """Publishes one database node's events. Thread-safe; see the module docstring."""
 
     def __init__(
@@ -95,6 +94,7 @@ class Reporter(ExpiryMixin):
         produce_timeout_s: float = 30.0,
         on_expire: ExpireCallback | None = None,
         client: str = CONFLUENT,
+        retention: int | None = None,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -109,6 +109,9 @@ class Reporter(ExpiryMixin):
         ``on_expire`` is expired (see :meth:`expire`). ``client`` is the Kafka library:
         ``"confluent"`` (confluent-kafka, the default) or ``"kafka-python"`` (pure Python, for
         nodes where librdkafka's wheel cannot be installed; ``kafka_conf`` keys are translated).
+        ``retention`` (MVCC units, at most the job's ``retention``) turns on lazy registration:
+        only the readers and transactions that can hold history back are published
+        (``connectors/lazy.py``); None publishes every one.
         """
         self.node = check_id("node", node)
         self.cluster = check_id("cluster", cluster)
@@ -141,6 +144,7 @@ class Reporter(ExpiryMixin):
         self._closing = False
         self._repairs = 0
         self._on_expire = on_expire
+        self._lazy = LazyPublishing(self.node, retention)
         self._expired = 0
         self._expiries_ignored = 0
         self._expire_callback_failures = 0
@@ -202,12 +206,15 @@ class Reporter(ExpiryMixin):
         """
         return Transaction(self, begin_ts, tx_id, label, groups, namespace, on_expire)
 
-    def observe_safe_ts(self, safe_ts: int) -> None:
-        """Record the cluster's safe point (from a directive). It only moves forward."""
+    def observe_safe_ts(self, safe_ts: int, retention: int | None = None) -> None:
+        """Record the cluster's safe point (from a directive; it only moves forward) and the job's
+        ``retention`` the directive announces (lazy registration checks its own against it)."""
         check_ts("safe_ts", safe_ts)
         with self._lock:
             if self._safe_ts is None or safe_ts > self._safe_ts:
                 self._safe_ts = safe_ts
+            if retention is not None and self._lazy.job_retention(retention) and not self._closed:
+                self._publish_waiting(None)
 
     @property
     def safe_ts(self) -> int | None:
@@ -263,6 +270,9 @@ class Reporter(ExpiryMixin):
             if self._sender.fatal or self._sender.needs_snapshot:
                 self._repair()
             event: dict[str, Any] = {"mvcc_now": check_ts("mvcc_now", self._mvcc_clock())}
+            bound = self._lazy.heartbeat_bound(event["mvcc_now"])
+            if bound is not None:
+                self._publish_waiting(bound)
             event["active_readers"] = len(self._readers)
             event["active_txs"] = len(self._txs)
             event.update(figures)
@@ -309,48 +319,6 @@ class Reporter(ExpiryMixin):
         return f"Reporter(node={self.node!r}, cluster={self.cluster!r}, incarnation={self.incarnation}, seq={self.seq})"
 
     # -- handles call these ------------------------------------------------------------
-    def _open(self, handle: Handle) -> None:
-        """Publish a handle's open (``reader_open`` or ``tx_begin``) and start holding it."""
-        held: dict[str, Any] = self._readers if handle._KIND == "reader" else self._txs
-        what = "reader" if handle._KIND == "reader" else "transaction"
-        with self._lock:
-            self._check_open()
-            if handle._ident in held:
-                msg = f"{what} id {handle._ident!r} is already open on node {self.node}; ids must be unique"
-                raise SafepointError(msg)
-            if handle._ts is None:
-                setattr(handle, handle._TS_KEY, check_ts("mvcc_clock()", self._mvcc_clock()))
-            assert handle._ts is not None
-            refuse_below_safe(self._safe_ts, what, handle._ident, handle._ts)
-            event: dict[str, Any] = {handle._ID_KEY: handle._ident, handle._TS_KEY: handle._ts}
-            add_optional(event, handle.label, handle.namespace, handle.groups)
-            self._send("reader_open" if handle._KIND == "reader" else "tx_begin", event)
-            handle.opened_wall_ms = self._sender.last_wall
-            held[handle._ident] = handle
-
-    def _prepare_tx(self, tx: Transaction, coordinator: str, participants: list[str]) -> None:
-        with self._lock:
-            self._check_open()
-            self._send("tx_prepare", {"tx_id": tx.tx_id, "coordinator": coordinator, "participants": participants})
-
-    def _close_hold(self, kind: Literal["reader", "tx"], ident: str, extra: dict[str, Any] | None = None) -> None:
-        """Forget the hold locally and publish its end; a failure to publish is logged, never raised.
-
-        (Closing runs in ``__exit__``; raising there would hide the caller's own exception. The
-        job's view is repaired by the next heartbeat's snapshot.)
-        """
-        with self._lock:
-            held = self._readers.pop(ident, None) if kind == "reader" else self._txs.pop(ident, None)
-            if held is None or self._closed:
-                return
-            event: dict[str, Any] = {"reader_id": ident} if kind == "reader" else {"tx_id": ident}
-            event.update(extra or {})
-            try:
-                self._send("reader_close" if kind == "reader" else "tx_end", event)
-            except SafepointError as exc:
-                self._sender.needs_snapshot = True
-                log.error("reporter %s: could not publish the end of %s %s: %s", self.node, kind, ident, exc)
-
     # -- sending -------------------------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
@@ -367,6 +335,8 @@ class Reporter(ExpiryMixin):
         }
         seq = self._send("snapshot", event)
         self._sender.needs_snapshot = False
+        for h in (*self._readers.values(), *self._txs.values()):
+            h._published = True  # named in the snapshot: its end is published from now on
         return seq
 
     def _send(self, event_type: str, fields: dict[str, Any]) -> int:

@@ -5,7 +5,7 @@ The processors run in one process (``local_job.LocalJob``) over micro-batches of
 multi-partition, multi-cluster log with restarts, duplicates and bad messages. The reference is
 ``Engine`` (what ``replay`` runs) fed each batch in the job's log order: per cluster, partitions
 merged by the events' ``wall_ms``. The Spark job is compared with replay the same way in
-tests/integration (test_parity, test_faults, test_fast_path_job).
+tests/integration (test_parity, test_faults, test_router_placement).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ DIRECTIVE_WIRE = (
     '"blocker": {"node": "n2", "kind": "reader", "id": "r-991", "ts": 1700000000000000, "age_ms": 5400000, '
     '"label": "report-job"}, '
     '"basis": {"n1": {"incarnation": 0, "seq": 0, "local_min": 1700000000500000}, '
-    '"n2": {"incarnation": 0, "seq": 1, "local_min": 1700000000000000}}}'
+    '"n2": {"incarnation": 0, "seq": 1, "local_min": 1700000000000000}}, '
+    '"retention": 0}'  # the contract's example plus the job's retention (lazy registration checks it)
 )
 
 VIOLATION_WIRE = (

@@ -348,7 +348,7 @@ class ClusterState:
         self.last_directive_wall = now
         self.last_advance_wall = now
         clear_violation(self, "stall/-", out)
-        out.append(Output(DIRECTIVES, self.name, self._directive(gnode, now)))
+        out.append(Output(DIRECTIVES, self.name, self._directive(gnode, now, policy.retention)))
 
     def _floor(self, safe: int) -> int | None:
         eligible = [v for v, at in self.catalogs.items() if at <= safe]
@@ -364,7 +364,7 @@ class ClusterState:
             del self.catalogs[v]  # dropped versions are never needed again
         return candidate
 
-    def _directive(self, gnode: str, now: int) -> dict[str, Any]:
+    def _directive(self, gnode: str, now: int, retention: int) -> dict[str, Any]:
         blocker = self.nodes[gnode].blocker
         blocker_out = None
         if blocker is not None:
@@ -390,4 +390,5 @@ class ClusterState:
             "cluster_wall_ms": now,
             "blocker": blocker_out,
             "basis": basis,
+            "retention": retention,
         }

@@ -207,7 +207,7 @@ class NodeState:
             rid = event["reader_id"]
             if rid in self.readers:
                 closed.append(HoldRef("reader", rid))
-            self.readers[rid] = Hold(event["read_ts"], wall, event.get("label"), incarnation)
+            self.readers[rid] = Hold(event["read_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation)
             opened.append(OpenedHold("reader", rid, event["read_ts"]))
         elif kind == "reader_close":
             if self.readers.pop(event["reader_id"], None) is not None:
@@ -216,7 +216,7 @@ class NodeState:
             tid = event["tx_id"]
             if tid in self.txs:
                 closed.append(HoldRef("tx", tid))
-            self.txs[tid] = Hold(event["begin_ts"], wall, event.get("label"), incarnation)
+            self.txs[tid] = Hold(event["begin_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation)
             opened.append(OpenedHold("tx", tid, event["begin_ts"]))
         elif kind == "tx_prepare":
             tx = self.txs.get(event["tx_id"])
