@@ -505,7 +505,7 @@ def test_d_liveness_when_holds_close_and_nodes_heartbeat(sc: Scenario) -> None:
 
 
 def _indexes(state: ClusterState) -> tuple[Any, ...]:
-    return (list(state._mins), list(state._walls), dict(sorted(state._unknown.items())),
+    return (list(state._mins), state._walls.entries(), dict(sorted(state._unknown.items())),
             dict(sorted(state._missing_groups.items())), sorted(state._never), sorted(state._members))
 
 

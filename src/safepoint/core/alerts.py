@@ -198,7 +198,7 @@ def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
     now = state.cluster_time
     assert now is not None
     if (not state._never and not state._unknown and not state._missing_groups and not state._awaiting
-            and (not state._walls or state._walls[0][0] >= now - policy.node_lease_ms)):
+            and (not state._walls or state._walls.lowest() >= now - policy.node_lease_ms)):  # type: ignore[operator]
         return found  # the common case, nothing wrong: what the loops below would find
     for node in state._never:
         found[join_id("missing_node", node)] = Problem(
@@ -209,9 +209,7 @@ def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
             f"node {node} is in the topology but never reported",
         )
     limit = now - policy.node_lease_ms
-    for last, node in state._walls:
-        if last >= limit:
-            break
+    for last, node in state._walls.older_than(limit):
         age = now - last
         found[join_id("missing_node", node)] = Problem(
             "missing_node",

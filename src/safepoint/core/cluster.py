@@ -27,6 +27,7 @@ from safepoint.core.alerts import (
     sync_abort_alerts,
 )
 from safepoint.core.ids import join_id, split_id
+from safepoint.core.leases import LastWalls
 from safepoint.core.node import NodeUpdate
 from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.policy import Policy
@@ -155,7 +156,7 @@ class ClusterState:
         """Recompute the derived indexes from the persisted fields."""
         self._members: set[str] = set(self.topology) if self.topology is not None else set(self.nodes)
         self._mins: SortedList = SortedList()
-        self._walls: SortedList = SortedList()
+        self._walls = LastWalls()
         self._unknown: dict[str, str] = {}
         self._missing_groups: dict[str, list[str]] = {}
         self._never: set[str] = {n for n in self._members if n not in self.nodes}
@@ -178,7 +179,7 @@ class ClusterState:
             self._mins.add((rec.local_min, node))
         else:
             self._unknown[node] = rec.unknown or "unknown"
-        self._walls.add((rec.last_wall, node))
+        self._walls.set(node, rec.last_wall)
         if self.topology is not None:
             missing = self._missing_of(node, rec)
             if missing:
@@ -203,8 +204,7 @@ class ClusterState:
         if new_min is None:
             self._unknown[node] = rec.unknown or "unknown"
         if rec.last_wall != old_last:
-            self._walls.discard((old_last, node))
-            self._walls.add((rec.last_wall, node))
+            self._walls.set(node, rec.last_wall)
         if groups_changed and self.topology is not None:
             missing = self._missing_of(node, rec)
             if missing:
@@ -256,7 +256,8 @@ class ClusterState:
         holds = rec.holds
         for kind, hid in u.closed:
             holds.pop(join_id(kind, hid), None)
-            clear_violation(self, join_id("horizon_violation", u.node, kind, hid), out)
+            if self.raised:
+                clear_violation(self, join_id("horizon_violation", u.node, kind, hid), out)
         for kind, hid, ts in u.opened:
             holds[join_id(kind, hid)] = ts
             if self.safe_ts is not None and ts < self.safe_ts:

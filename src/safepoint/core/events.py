@@ -81,6 +81,10 @@ def _bad_constant(name: str) -> Any:
     raise ValueError(msg)
 
 
+_DECODER = json.JSONDecoder(parse_float=_JsonFloat, parse_constant=_bad_constant)
+"""One decoder for every message (``json.loads`` with hooks builds a new one per call)."""
+
+
 @cache
 def _validator(event_type: str) -> Callable[[Any], Any]:
     validate: Callable[[Any], Any] = fastjsonschema.compile(load("events", event_type))
@@ -112,7 +116,7 @@ def parse(value: bytes | str | None, max_bytes: int) -> dict[str, Any] | Rejecte
     if size > max_bytes:
         return Rejected(f"oversized message: {size} bytes > max_message_bytes {max_bytes}")
     try:
-        obj = json.loads(text, parse_float=_JsonFloat, parse_constant=_bad_constant)
+        obj = _DECODER.decode(text)
     except ValueError as exc:
         reason = str(exc)
         if not reason.startswith("not JSON"):

@@ -14,7 +14,7 @@ from safepoint.core.bands import Band
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import apply_pressure
-from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Expiry, Floor, Hold, HoldRef, OpenedHold
+from safepoint.core.records import FLOOR_KINDS, Blocker, Expiry, Floor, Hold, HoldRef, OpenedHold
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
            "NODE_STATE_KEYS"]
@@ -324,9 +324,17 @@ class NodeState:
 
     def local_min(self, policy: Policy) -> tuple[int | None, str | None, Blocker | None]:
         """(local_min, why unknown, blocker)."""
-        floor = self.floor_hold(policy)
+        floor, best = self._lowest(policy)
         if isinstance(floor, str):
             return None, floor, None
+        assert best is not None
+        return best.ts, None, best
+
+    def _lowest(self, policy: Policy) -> tuple[Blocker | str, Blocker | None]:
+        """(the node's own floor or why it is unknown, its lowest hold of all)."""
+        floor = self.floor_hold(policy)
+        if isinstance(floor, str):
+            return floor, None
         best = floor
         for rid, h in self.readers.items():
             if h.ts <= best.ts and (h.ts < best.ts or best.kind in FLOOR_KINDS):
@@ -334,7 +342,7 @@ class NodeState:
         for tid, h in self.txs.items():
             if h.ts < best.ts or (h.ts == best.ts and best.kind in FLOOR_KINDS):
                 best = Blocker("prepared_tx" if h.prepared else "tx", tid, h.ts, h.opened_wall, h.label)
-        return best.ts, None, best
+        return floor, best
 
     def _update(
         self,
@@ -344,8 +352,8 @@ class NodeState:
         groups_changed: bool,
         policy: Policy,
     ) -> NodeUpdate:
-        lmin, unknown, blocker = self.local_min(policy)
-        floor = self.floor_hold(policy) if blocker is not None and blocker.kind in HOLD_KINDS else blocker
+        floor, blocker = self._lowest(policy)
+        lmin, unknown = (None, floor) if isinstance(floor, str) else (blocker.ts if blocker else None, None)
         summary = (lmin, unknown)
         changed = groups_changed or summary != self._summary
         self._summary = summary

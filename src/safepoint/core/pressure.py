@@ -51,7 +51,7 @@ def apply_pressure(node: NodeState, pinned_sample: bool, closed: list[HoldRef], 
             node.in_doubt.remove(hid)
             signals.append(_alert(node, "in_doubt_tx", join_id("in_doubt_tx", node.node, hid), "cleared", "warning",
                                   None, policy.in_doubt_timeout_ms, now, f"transaction {hid} was decided"))
-        exp = node.expiries.pop(join_id(kind, hid), None)
+        exp = node.expiries.pop(join_id(kind, hid), None) if node.expiries else None
         if exp is not None:
             signals.append(_alert(node, "forced_expiry", join_id("forced_expiry", node.node, kind, hid), "cleared",
                                   "critical" if exp.mode == "hard" else "warning", None, None, now,

@@ -1,0 +1,50 @@
+"""Each member's newest event time, with the lowest at hand: the lease check after every event.
+
+A member whose newest ``wall_ms`` is more than ``node_lease_ms`` of cluster time behind is stale
+and aborts the round. The check runs after every applied event, and every event moves one
+member's time, so ``LastWalls`` keeps a heap with lazy deletion: a new time is pushed and the old
+entry is dropped only when it reaches the top (or when the heap has grown to twice the members).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+__all__ = ["LastWalls"]
+
+
+class LastWalls:
+    """member -> its newest ``wall_ms``; ``lowest()`` and ``older_than(limit)`` in (wall, node) order."""
+
+    __slots__ = ("_last", "_heap")
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+        self._heap: list[tuple[int, str]] = []
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def set(self, node: str, wall: int) -> None:
+        if self._last.get(node) == wall:
+            return
+        self._last[node] = wall
+        heapq.heappush(self._heap, (wall, node))
+        if len(self._heap) > 2 * len(self._last) + 64:
+            self._heap = [(w, n) for n, w in self._last.items()]
+            heapq.heapify(self._heap)
+
+    def lowest(self) -> int | None:
+        """The lowest newest time over the members, or None without members."""
+        heap, last = self._heap, self._last
+        while heap and last.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # an older time of a member that has spoken since
+        return heap[0][0] if heap else None
+
+    def entries(self) -> list[tuple[int, str]]:
+        """(wall, node) of every member, lowest first."""
+        return sorted((w, n) for n, w in self._last.items())
+
+    def older_than(self, limit: int) -> list[tuple[int, str]]:
+        """(wall, node) of every member whose newest time is below ``limit``, lowest first."""
+        return sorted((w, n) for n, w in self._last.items() if w < limit)
