@@ -183,7 +183,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         sim_thread = threading.Thread(
             target=run_simulator,
             args=(broker.bootstrap, settings.events_topic, sim_cfg, duration_s, 0),
-            kwargs={"quiet": True, "expiries": expiries},
+            kwargs={"quiet_output": True, "expiries": expiries},
             daemon=True,
         )
         sim_thread.start()
@@ -196,6 +196,9 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             view.poll(1.0)
             if not query.isActive:
                 print(f"the job stopped: {query.exception()}", file=sys.stderr)
+                return 1
+            if not sim_thread.is_alive() and (duration_s is None or time.monotonic() - start < duration_s - 1):
+                print("the simulator stopped early (its error is printed above); stopping the demo", file=sys.stderr)
                 return 1
             prog = query.lastProgress
             job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"

@@ -1,0 +1,38 @@
+"""The README's first command, the demo, end to end: the embedded broker, the simulated cluster,
+the job and the live view give directives, and the process ends soon after "demo finished"."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_demo_gives_directives_and_ends_soon_after_it_says_so() -> None:
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", "demo", "--duration", "75", "--nodes", "4"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    finished_at = None
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("demo finished"):
+            finished_at = time.monotonic()
+    rc = proc.wait(timeout=120)
+    ended = time.monotonic()
+    text = "".join(lines)
+    assert "Traceback" not in text, text[-3000:]
+    assert rc == 0, text[-3000:]
+    assert finished_at is not None
+    found = re.search(r"demo finished: (\d+) directives", text)
+    assert found and int(found.group(1)) >= 1, text[-3000:]
+    assert ended - finished_at < 30, f"the demo took {ended - finished_at:.0f} s to end after it finished"
+    print(f"[demo] ran {ended - t0:.0f} s; {found.group(1)} directives; ended {ended - finished_at:.1f} s after 'demo finished'")
