@@ -58,9 +58,11 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
 
 def build_session(
     master: str = "local[2]", shuffle_partitions: int = 4, app: str = "safepoint", extra: dict[str, str] | None = None,
-    ui: bool = False,
+    ui: bool = False, log_file: str | None = None,
 ) -> Any:
-    """A SparkSession whose Python workers use this interpreter (they need pyarrow)."""
+    """A SparkSession whose Python workers use this interpreter (they need pyarrow). With
+    ``log_file``, what the JVM and its Python workers print (log4j lines, worker notices) goes to
+    that file instead of this process's terminal."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -68,7 +70,7 @@ def build_session(
 
     conf = spark_conf(shuffle_partitions, extra, ui)
     if master not in ("", "submit"):
-        _launch_jvm_apart(master, app, conf)
+        _launch_jvm_apart(master, app, conf, log_file)
     builder = SparkSession.builder.appName(app)
     if master not in ("", "submit"):  # under spark-submit the master comes from the command line
         builder = builder.master(master)
@@ -79,7 +81,7 @@ def build_session(
     return spark
 
 
-def _launch_jvm_apart(master: str, app: str, conf: dict[str, str]) -> None:
+def _launch_jvm_apart(master: str, app: str, conf: dict[str, str], log_file: str | None = None) -> None:
     """Start Spark's JVM in a session of its own, as PySpark would but for that.
 
     A SIGTERM (or Ctrl-C) to the command's process group then reaches only Python, which stops
@@ -93,5 +95,9 @@ def _launch_jvm_apart(master: str, app: str, conf: dict[str, str]) -> None:
     if SparkContext._gateway is not None or "PYSPARK_GATEWAY_PORT" in os.environ:
         return
     spark_conf_ = SparkConf(loadDefaults=False).setMaster(master).setAppName(app).setAll(list(conf.items()))
-    gateway = launch_gateway(spark_conf_, popen_kwargs={"start_new_session": True})  # type: ignore[no-untyped-call]
+    popen: dict[str, Any] = {"start_new_session": True}
+    if log_file is not None:
+        log = open(log_file, "ab")  # noqa: SIM115 - the JVM writes to it for as long as it runs
+        popen.update(stdout=log, stderr=subprocess.STDOUT)
+    gateway = launch_gateway(spark_conf_, popen_kwargs=popen)  # type: ignore[no-untyped-call]
     SparkContext._ensure_initialized(gateway=gateway, conf=spark_conf_)

@@ -1,5 +1,7 @@
 """The README's first command, the demo, end to end: the embedded broker, the simulated cluster,
-the job and the live view give directives, and the process ends soon after "demo finished"."""
+the job and the live view give directives, and the process ends soon after "demo finished".
+Spark's log lines and its Python workers' notices go to the log file the demo names, not to the
+screen."""
 
 from __future__ import annotations
 
@@ -35,4 +37,12 @@ def test_the_demo_gives_directives_and_ends_soon_after_it_says_so() -> None:
     found = re.search(r"demo finished: (\d+) directives", text)
     assert found and int(found.group(1)) >= 1, text[-3000:]
     assert ended - finished_at < 30, f"the demo took {ended - finished_at:.0f} s to end after it finished"
+    spark_lines = [x for x in lines if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO|ERROR) ", x)
+                   or "TransformWithStateInPandas Python worker" in x]
+    assert spark_lines == [], spark_lines[:5]
+    named = re.search(r"its log: (\S+)\)", text)
+    assert named, text[:2000]
+    log = open(named.group(1), encoding="utf-8", errors="replace").read()
+    assert "WARN" in log or "Python worker" in log, "Spark wrote its lines to the file the demo named"
+    os.unlink(named.group(1))
     print(f"[demo] ran {ended - t0:.0f} s; {found.group(1)} directives; ended {ended - finished_at:.1f} s after 'demo finished'")

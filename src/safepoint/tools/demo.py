@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import shutil
 import sys
@@ -187,8 +188,10 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             daemon=True,
         )
         sim_thread.start()
-        print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark ...", flush=True)
-        spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo")
+        log_fd, log_file = tempfile.mkstemp(prefix="safepoint-demo-", suffix=".log")
+        os.close(log_fd)
+        print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark (its log: {log_file}) ...", flush=True)
+        spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file)
         query = build_query(spark, settings)
         view = LiveView(settings, expiries)
         last_print = 0.0
