@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p = sub.add_parser("view", help="live view of the safe point, blockers, bands and alerts of a running job")
     _kafka_flags(p)
+    _flag(p, "mvcc-unit", "unit of MVCC timestamps: ns, us, ms or s shows times; none shows the numbers")
     p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 

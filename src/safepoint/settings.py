@@ -62,6 +62,9 @@ class Settings:
     by Spark). Measured on local[2]: 2 beats 4 by 10-15% (every task loads and commits its state store)."""
     node_buckets: int = 8
     """State groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
+    mvcc_unit: str = "none"
+    """The unit of MVCC timestamps, for screens: ns, us, ms or s shows safe points as times and lags
+    in seconds; none (an opaque counter) shows the numbers."""
     spark_ui: bool = False
     """Serve Spark's web UI (its address is printed at start); off by default and in tests."""
     spark_master: str = "local[2]"
@@ -213,6 +216,9 @@ def load_settings(
         raise ConfigError(msg)
     if settings.client not in ("confluent", "kafka-python"):
         msg = f"client must be 'confluent' or 'kafka-python', got {settings.client!r}"
+        raise ConfigError(msg)
+    if settings.mvcc_unit not in ("none", "ns", "us", "ms", "s"):
+        msg = f"mvcc_unit must be one of none, ns, us, ms, s, got {settings.mvcc_unit!r}"
         raise ConfigError(msg)
     if settings.starting_offsets not in ("earliest", "latest"):
         msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from safepoint.cli import main
+
+from pty_util import run_at_terminal
 
 T = 1_700_000_000_000
 
@@ -50,20 +51,8 @@ def test_a_long_input_at_a_terminal_shows_progress_with_a_rate(tmp_path: Path) -
     events = [hb(f"n{i % 50}", i // 50, T + i) for i in range(70_000)]
     path = write(tmp_path / "big.jsonl", events)
     assert os.path.getsize(path) > 5_000_000
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", "replay", "--input", path, "--output", os.devnull],
-                            stderr=follower, stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120"})
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            data = os.read(leader, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
-    assert proc.wait(120) == 0
-    screen = b"".join(chunks).decode(errors="replace")
+    rc, screen = run_at_terminal([sys.executable, "-m", "safepoint.cli", "replay", "--input", path, "--output", os.devnull],
+                                 columns=120, stdout=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "120"})
+    assert rc == 0
     assert "replay" in screen and "%" in screen and "messages" in screen and "/s" in screen, screen[-2000:]
     assert "final safe_ts" in screen

@@ -11,17 +11,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Any
 
+from rich.console import Console, Group
+
 from safepoint.settings import Settings
+from safepoint.tools.view import ViewState, render_text, screen
 
 __all__ = ["run_demo", "LiveView"]
 
 
 class LiveView:
-    """Follows the directives and alerts topics and renders the cluster's safe point."""
+    """Follows the directives and alerts topics into a ``ViewState`` (``tools/view.py``)."""
 
     def __init__(self, settings: Settings, expiries: queue.Queue[tuple[str, str, str]] | None = None) -> None:
         from confluent_kafka import Consumer
@@ -39,15 +41,16 @@ class LiveView:
             )
         )
         self.consumer.subscribe([settings.directives_topic, settings.alerts_topic])
-        self.latest: dict[str, dict[str, Any]] = {}
-        self.directives: deque[dict[str, Any]] = deque(maxlen=6)
-        self.alerts: deque[dict[str, Any]] = deque(maxlen=6)
-        self.raised: dict[str, dict[str, Any]] = {}
-        self.count = 0
-        self.bands: dict[str, dict[str, str]] = {}  # node -> {kind: severity}
-        self.expired: deque[dict[str, Any]] = deque(maxlen=4)
+        self.state = ViewState(settings.mvcc_unit)
         self.expiries = expiries
-        self.expire_seq: dict[str, int] = {}
+
+    @property
+    def count(self) -> int:
+        return self.state.count
+
+    @property
+    def latest(self) -> dict[str, dict[str, Any]]:
+        return self.state.latest
 
     def poll(self, timeout: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
@@ -59,69 +62,30 @@ class LiveView:
             if raw is None:
                 continue
             value = json.loads(raw)
-            if msg.topic() == self.settings.directives_topic and value.get("type") == "expire":
-                if value["seq"] > self.expire_seq.get(value["cluster"], 0):
-                    self.expire_seq[value["cluster"]] = value["seq"]
-                    self.expired.append(value)
-                    if self.expiries is not None and "reader_id" in value:
-                        self.expiries.put((value["cluster"], value["node"], value["reader_id"]))
-            elif msg.topic() == self.settings.directives_topic and value.get("type") == "compaction":
-                prev = self.latest.get(value["cluster"])
-                if prev is None or value["seq"] > prev["seq"]:
-                    self.latest[value["cluster"]] = value
-                    self.directives.append(value)
-                    self.count += 1
+            if msg.topic() == self.settings.directives_topic:
+                expiry = self.state.directive(value)
+                if expiry is not None and self.expiries is not None and "reader_id" in expiry:
+                    self.expiries.put((expiry["cluster"], expiry["node"], expiry["reader_id"]))
             elif value.get("type") == "alert":
-                self.alerts.append(value)
-                if value["state"] == "raised":
-                    self.raised[value["id"]] = value
-                else:
-                    self.raised.pop(value["id"], None)
-                if value["kind"] in ("pinned_bytes", "reader_age") and value.get("node"):
-                    node_bands = self.bands.setdefault(value["node"], {})
-                    if value["state"] == "raised":
-                        node_bands[value["kind"]] = f"{value['severity']} ({_human(value['kind'], value['value'])})"
-                    else:
-                        node_bands.pop(value["kind"], None)
+                self.state.alert(value)
 
-    def render(self, elapsed: float, job: str) -> str:
-        lines = [f"safepoint demo  t+{elapsed:5.0f}s  job: {job}  directives seen: {self.count}", ""]
-        lines.append(f"{'cluster':<12}{'seq':>6}{'safe_ts (us)':>20}{'lag s':>8}  blocker")
-        for name, d in sorted(self.latest.items()):
-            lag = d["cluster_wall_ms"] / 1000 - d["safe_ts"] / 1e6
-            b = d.get("blocker") or {}
-            blocker = f"{b.get('node')} {b.get('kind')} {b.get('id') or ''} {b.get('label') or ''}".strip()
-            if b.get("age_ms") is not None:
-                blocker += f" age {b['age_ms'] / 1000:.1f}s"
-            lines.append(f"{name:<12}{d['seq']:>6}{d['safe_ts']:>20}{lag:>8.1f}  {blocker}")
-        if not self.latest:
-            lines.append("  (waiting for the first directive: Spark starts, then every node reports)")
-        lines += ["", "pressure bands (normal unless listed):"]
-        for node, kinds in sorted(self.bands.items()):
-            if kinds:
-                lines.append(f"  {node:<14}" + "  ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
-        for e in list(self.expired)[::-1]:
-            lines.append(f"  expired {e['mode']:<8} {e['node']} {e.get('reader_id') or e.get('tx_id')}: {e['reason'][:70]}")
-        lines += ["", "recent directives:"]
-        for d in list(self.directives)[::-1]:
-            lines.append(f"  {d['cluster']} seq {d['seq']} safe_ts {d['safe_ts']} floor {d['catalog_floor']}")
-        lines += ["", f"active alerts: {len(self.raised)}   recent:"]
-        for a in list(self.alerts)[::-1]:
-            lines.append(f"  {a['state']:<8}{a['severity']:<9}{a['kind']:<18}{a['detail'][:90]}")
-        return "\n".join(lines)
+    def render(self, title: str, status: str) -> Group:
+        return screen(self.state, title, status, time.time_ns() // 1_000_000)
 
     def close(self) -> None:
         self.consumer.close()
 
 
-def show(screen: str, tty: bool, last_print: float) -> float:
-    """Redraw the screen on a terminal; elsewhere (logs, CI) print it every 5 s. Returns last_print."""
+def show(group: Group, tty: bool, last_print: float) -> float:
+    """Redraw the screen on a terminal (fitted to its width); elsewhere (logs, CI) print it every
+    5 s, 120 columns wide (or $COLUMNS). Returns last_print."""
     if tty:
-        sys.stdout.write("\x1b[2J\x1b[H" + screen + "\n")
-        sys.stdout.flush()
+        console = Console()
+        console.clear()
+        console.print(group)
     elif time.monotonic() - last_print >= 5:
         last_print = time.monotonic()
-        print(screen + "\n", flush=True)
+        print(render_text(group, int(os.environ.get("COLUMNS", "120"))), flush=True)
     return last_print
 
 
@@ -137,21 +101,14 @@ def follow(settings: Settings, duration_s: float | None) -> int:
     try:
         while duration_s is None or time.monotonic() - start < duration_s:
             view.poll(1.0)
-            screen = view.render(time.monotonic() - start, f"following {settings.directives_topic} at {settings.bootstrap}")
-            last_print = show(screen, tty, last_print)
+            group = view.render(f"safepoint view {settings.bootstrap} {settings.directives_topic}",
+                                f"t+{time.monotonic() - start:.0f}s")
+            last_print = show(group, tty, last_print)
     except KeyboardInterrupt:
         pass
     finally:
         view.close()
     return 0
-
-
-def _human(kind: str, value: int | None) -> str:
-    if value is None:
-        return "?"
-    if kind == "pinned_bytes":
-        return f"{value / 1e9:.1f} GB"
-    return f"{value / 1000:.0f}s"
 
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None) -> int:
@@ -205,8 +162,9 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
                 return 1
             prog = query.lastProgress
             job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
-            screen = view.render(time.monotonic() - start, job)
-            last_print = show(screen, tty, last_print)
+            group = view.render(f"safepoint demo ({nodes} nodes, {rate:.0f} events/s)",
+                                f"t+{time.monotonic() - start:.0f}s   job: {job}")
+            last_print = show(group, tty, last_print)
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
             print(f"  cluster {name}: seq {d['seq']} safe_ts {d['safe_ts']}", flush=True)
@@ -230,6 +188,7 @@ def _demo_policy(settings: Settings) -> dict[str, Any]:
     Values the user set (flag, environment or file) are kept."""
     defaults = Settings()
     demo = {
+        "mvcc_unit": "us",
         "retention": 2_000_000,
         "node_lease_ms": 10_000,
         "directive_interval_ms": 1_000,

@@ -1,0 +1,160 @@
+"""The live screen of ``safepoint view`` and ``safepoint demo``: what the job decided, read back from
+its directives and alerts topics, drawn with rich to the terminal's width.
+
+``ViewState`` takes the decoded messages and holds what the screen shows; ``screen`` draws it for
+a moment ``now_ms``: ages and lags are computed against now, not against the last directive, so
+a cluster that went silent shows its lag growing. When the MVCC unit is a time unit
+(``mvcc_unit``: ``ns``, ``us``, ``ms`` or ``s``), safe points are shown as UTC times and lags in
+seconds; otherwise as the raw numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+from collections import deque
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["MVCC_UNITS", "ViewState", "human_bytes", "human_ms", "render_text", "screen"]
+
+MVCC_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+"""Seconds per MVCC unit, for the units that are times (``none``: an opaque counter)."""
+
+
+def human_ms(ms: float | None) -> str:
+    """A duration for people: ``850 ms``, ``49 s``, ``12 min``, ``2.1 h``."""
+    if ms is None:
+        return "?"
+    if abs(ms) < 1_000:
+        return f"{ms:.0f} ms"
+    if abs(ms) < 60_000:
+        return f"{ms / 1000:.0f} s"
+    if abs(ms) < 3_600_000:
+        return f"{ms / 60_000:.0f} min"
+    return f"{ms / 3_600_000:.1f} h"
+
+
+def human_bytes(n: float | None) -> str:
+    """A size for people, in decimal units: ``2.4 GB``."""
+    if n is None:
+        return "?"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+class ViewState:
+    """What the screen shows, from the job's directives and alerts (as decoded JSON objects)."""
+
+    def __init__(self, mvcc_unit: str = "none") -> None:
+        self.seconds_per_unit = MVCC_UNITS.get(mvcc_unit)
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.directives: deque[dict[str, Any]] = deque(maxlen=6)
+        self.alerts: deque[dict[str, Any]] = deque(maxlen=6)
+        self.raised: dict[str, dict[str, Any]] = {}
+        self.count = 0
+        self.bands: dict[str, dict[str, dict[str, Any]]] = {}  # node -> kind -> the raising alert
+        self.expired: deque[dict[str, Any]] = deque(maxlen=4)
+        self.expire_seq: dict[str, int] = {}
+
+    def directive(self, value: dict[str, Any]) -> dict[str, Any] | None:
+        """Take one message of the directives topic; returns a new expiry (the demo's simulator
+        obeys it), else None."""
+        if value.get("type") == "expire":
+            if value["seq"] > self.expire_seq.get(value["cluster"], 0):
+                self.expire_seq[value["cluster"]] = value["seq"]
+                self.expired.append(value)
+                return value
+        elif value.get("type", "compaction") == "compaction":
+            prev = self.latest.get(value["cluster"])
+            if prev is None or value["seq"] > prev["seq"]:
+                self.latest[value["cluster"]] = value
+                self.directives.append(value)
+                self.count += 1
+        return None
+
+    def alert(self, value: dict[str, Any]) -> None:
+        self.alerts.append(value)
+        if value["state"] == "raised":
+            self.raised[value["id"]] = value
+        else:
+            self.raised.pop(value["id"], None)
+        if value["kind"] in ("pinned_bytes", "reader_age") and value.get("node"):
+            node_bands = self.bands.setdefault(value["node"], {})
+            if value["state"] == "raised":
+                node_bands[value["kind"]] = value
+            else:
+                node_bands.pop(value["kind"], None)
+
+    # -- drawing ------------------------------------------------------------------------------
+    def ts_text(self, ts: int | None) -> str:
+        if ts is None:
+            return "-"
+        if self.seconds_per_unit is None:
+            return str(ts)
+        when = dt.datetime.fromtimestamp(ts * self.seconds_per_unit, tz=dt.UTC)
+        return when.strftime("%H:%M:%S.%f")[:-3]
+
+    def lag_ms(self, safe_ts: int, now_ms: int) -> float | None:
+        """How far the safe point is behind now, in ms (None when the MVCC unit is not a time)."""
+        if self.seconds_per_unit is None:
+            return None
+        return now_ms - safe_ts * self.seconds_per_unit * 1000
+
+
+def _band_text(kind: str, alert: dict[str, Any]) -> str:
+    value = human_bytes(alert["value"]) if kind == "pinned_bytes" else human_ms(alert["value"])
+    return f"{kind} {alert['severity']} ({value})"
+
+
+def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
+    """The whole screen at ``now_ms`` (milliseconds since the epoch)."""
+    parts: list[Any] = [Text(f"{title}   {status}   directives seen: {state.count}", style="bold"), Text("")]
+    clusters = Table(box=None, pad_edge=False, expand=False)
+    times = state.seconds_per_unit is not None
+    for name, justify in (("cluster", "left"), ("seq", "right"), ("safe point (UTC)" if times else "safe_ts", "right"),
+                          ("lag now", "right"), ("catalog floor", "right"), ("held back by", "left")):
+        clusters.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for name, d in sorted(state.latest.items()):
+        b = d.get("blocker") or {}
+        blocker = " ".join(str(x) for x in (b.get("node"), b.get("kind"), b.get("id"), b.get("label")) if x)
+        if b.get("age_ms") is not None:
+            age = b["age_ms"] + max(0, now_ms - d["cluster_wall_ms"])  # as old as it is now
+            blocker += f", open {human_ms(age)}"
+        floor = d.get("catalog_floor")
+        clusters.add_row(name, str(d["seq"]), state.ts_text(d["safe_ts"]), human_ms(state.lag_ms(d["safe_ts"], now_ms)),
+                         "-" if floor is None else str(floor), blocker or "-")
+    parts.append(clusters if state.latest else Text("(waiting for the first directive: Spark starts, then every node "
+                                                    "reports within the discovery window)"))
+    noisy = {node: kinds for node, kinds in sorted(state.bands.items()) if kinds}
+    parts += [Text(""), Text("pressure bands (every node is normal unless listed)", style="bold")]
+    for node, kinds in noisy.items():
+        parts.append(Text(f"  {node}: " + ", ".join(_band_text(k, a) for k, a in sorted(kinds.items()))))
+    if state.expired:
+        parts += [Text(""), Text("forced expiries", style="bold")]
+        for e in list(state.expired)[::-1]:
+            at = e.get("cluster_wall_ms")
+            when = f" {human_ms(now_ms - at)} ago" if at is not None else ""
+            parts.append(Text(f"  {e['mode']} {e['node']} {e.get('reader_id') or e.get('tx_id')}{when}: {e['reason']}",
+                              overflow="ellipsis", no_wrap=True))
+    parts += [Text(""), Text("recent directives", style="bold")]
+    for d in list(state.directives)[::-1]:
+        floor = f", catalog floor {d['catalog_floor']}" if d.get("catalog_floor") is not None else ""
+        parts.append(Text(f"  {d['cluster']} seq {d['seq']}: safe point {state.ts_text(d['safe_ts'])}{floor}"))
+    parts += [Text(""), Text(f"active alerts: {len(state.raised)}   recent:", style="bold")]
+    for a in list(state.alerts)[::-1]:
+        parts.append(Text(f"  {a['state']} {a['severity']} {a['kind']}: {a['detail']}", overflow="ellipsis",
+                          no_wrap=True))
+    return Group(*parts)
+
+
+def render_text(group: Group, width: int) -> str:
+    """The screen as plain text ``width`` columns wide (for logs, tests and non-terminals)."""
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=False, color_system=None, soft_wrap=False).print(group)
+    return out.getvalue()
