@@ -76,26 +76,10 @@ def band_step(state: Band, spec: BandSpec, t: int, value: int) -> tuple[int, int
     """
     if state.quiet and value < spec.warning_enter and value < spec.critical_enter:
         return None  # normal and staying so, nothing breaching: the state is already canonical
-    if value >= spec.warning_enter:
-        if state.breach1 is None:
-            state.breach1 = t
-    else:
-        state.breach1 = None
-    if value < spec.warning_exit:
-        if state.recover1 is None:
-            state.recover1 = t
-    else:
-        state.recover1 = None
-    if value >= spec.critical_enter:
-        if state.breach2 is None:
-            state.breach2 = t
-    else:
-        state.breach2 = None
-    if value < spec.critical_exit:
-        if state.recover2 is None:
-            state.recover2 = t
-    else:
-        state.recover2 = None
+    state.breach1 = _since(state.breach1, value >= spec.warning_enter, t)
+    state.recover1 = _since(state.recover1, value < spec.warning_exit, t)
+    state.breach2 = _since(state.breach2, value >= spec.critical_enter, t)
+    state.recover2 = _since(state.recover2, value < spec.critical_exit, t)
     old = level = state.level
     since = None
     for up, began in ((2, state.breach2), (1, state.breach1)):
@@ -116,6 +100,13 @@ def band_step(state: Band, spec: BandSpec, t: int, value: int) -> tuple[int, int
     _canonical(state)
     assert since is not None
     return old, level, since
+
+
+def _since(began: int | None, holds: bool, t: int) -> int | None:
+    """When a condition that holds at ``t`` began (``t`` if it just did); None once it does not hold."""
+    if not holds:
+        return None
+    return t if began is None else began
 
 
 def _canonical(state: Band) -> None:

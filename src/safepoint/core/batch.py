@@ -31,8 +31,8 @@ from typing import Any, NamedTuple
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import APPLIED, DEADLETTERED, IGNORED, Position, StageOne, apply_stage, cluster_stage, parse_stage
 from safepoint.core.events import DEADLETTER_CODES, is_node_event
-from safepoint.core.node import NodeState
-from safepoint.core.outputs import Output
+from safepoint.core.node import NodeState, NodeUpdate
+from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
@@ -154,9 +154,6 @@ def encode_staged(partition: int, offset: int, item: StageOne) -> Staged:
 
 def decode_staged(cluster: str, tag: str, data: Any) -> StageOne:
     """The stage-one result a ``Staged`` item carries."""
-    from safepoint.core.node import NodeUpdate
-    from safepoint.core.outputs import DEADLETTER
-
     if tag == "u":
         return StageOne(cluster=cluster, outcome=APPLIED, update=NodeUpdate.from_json(data))
     if tag == "e":
