@@ -8,7 +8,9 @@ lower the minimum: the safe point is the same whether it was published or not. D
 thousands of short readers a second and a handful of long ones, so with ``Reporter(...,
 retention=R)`` a hold is published only when it can matter:
 
-- at once, when its ts is already below the bound of the last heartbeat sent (a historical read);
+- at once, when its ts is already below the bound of the last heartbeat sent (a historical read),
+  and at once before this reporter's first heartbeat (the job may still hold the previous
+  process's bound for the node; the heartbeat thread sends the first one at start);
 - before the heartbeat whose bound would pass its ts (it has lived long enough to matter);
 - when it is prepared (``tx_prepare`` needs its ``tx_begin``), or named in a snapshot.
 
@@ -52,9 +54,10 @@ class LazyPublishing:
         self.eager = retention is None
 
     def defer(self, ts: int) -> bool:
-        """Whether a hold opened now at ``ts`` can wait. Before the first heartbeat the job knows no
-        minimum for the node (its round aborts), so every hold can wait for that heartbeat."""
-        return not self.eager and (self.bound is None or ts >= self.bound)
+        """Whether a hold opened now at ``ts`` can wait: at or above the bound of a heartbeat this
+        reporter sent. Not before its first one: after a restart the job still holds the previous
+        process's bound for the node, which this reporter does not know."""
+        return not self.eager and self.bound is not None and ts >= self.bound
 
     def heartbeat_bound(self, mvcc_now: int) -> int | None:
         """The bound the heartbeat carrying ``mvcc_now`` sets: holds below it must be published
@@ -62,8 +65,11 @@ class LazyPublishing:
         if self.eager:
             return None
         assert self.retention is not None
-        self.bound = mvcc_now - self.retention
-        return self.bound
+        bound = mvcc_now - self.retention
+        # never lower: if the clock stepped back, the job may still hold the higher bound until this
+        # heartbeat arrives, and a hold between the two must not wait
+        self.bound = bound if self.bound is None else max(self.bound, bound)
+        return bound
 
     def job_retention(self, retention: int) -> bool:
         """The job's ``retention`` (from a directive). True when it is below ``R``: from now on

@@ -167,14 +167,18 @@ def events_of(sent: list[bytes]) -> list[dict[str, Any]]:
 def test_what_a_lazy_reporter_publishes_and_when() -> None:
     clock, sent = Clock(), []
     with reporters(1, clock, sent, R) as (rep,):
-        r = rep.reader(clock.mvcc() - 10).open()  # before the first heartbeat: it waits
-        assert sent == []
-        rep.heartbeat()  # bound mvcc - R: the reader is above it, still waiting
-        assert [e["type"] for e in events_of(sent)] == ["heartbeat"] and events_of(sent)[0]["active_readers"] == 1
+        early = rep.reader(clock.mvcc() - 10).open()  # before the first heartbeat: published at once
+        assert [e["type"] for e in events_of(sent)] == ["reader_open"]
+        early.close()
+        sent.clear()
+        rep.heartbeat()
+        r = rep.reader(clock.mvcc() - 10).open()  # above the heartbeat's bound mvcc - R: it waits
+        rep.heartbeat()
+        assert [e["type"] for e in events_of(sent)] == ["heartbeat", "heartbeat"] and events_of(sent)[1]["active_readers"] == 1
         opened_at = clock.wall
         clock.wall += R + 1
         rep.heartbeat()  # this bound passes the reader's ts: published first, with when it opened
-        first, hb = events_of(sent)[1:]
+        first, hb = events_of(sent)[2:]
         assert (first["type"], first["reader_id"], first["opened_wall_ms"], hb["type"]) == ("reader_open", r.reader_id,
                                                                                              opened_at, "heartbeat")
         r.close()
@@ -213,6 +217,43 @@ def test_a_reporter_retention_above_the_jobs_publishes_everything_and_says_so(ca
         assert len(warnings) == 1
         rep.reader().open()
         assert events_of(sent)[-1]["type"] == "reader_open", "from then on every hold is published"
+
+
+def test_after_a_restart_a_hold_opened_before_the_first_heartbeat_is_published() -> None:
+    """The job still holds the previous process's bound for the node; the new process does not
+    know it, so until its first heartbeat nothing waits."""
+    clock, sent = Clock(), [topology(2)]
+    engine = Engine(Policy(retention=R, node_lease_ms=10**9, directive_interval_ms=0, stall_ms=0))
+    with reporters(2, clock, sent, R) as (n0, n1):
+        n1.heartbeat()
+        clock.wall += 5_000
+        n0.heartbeat()  # the safe point is n1's bound, T0 - R; n0's is 5 s higher
+        n0.close(0.1)
+        restarted = Reporter("127.0.0.1:1", "n0", cluster="c1", incarnation=1, heartbeat_interval_s=None,
+                             mvcc_clock=clock.mvcc, wall_clock=lambda: clock.wall, retention=R, kafka_conf={"log_level": 0})
+        restarted._sender.produce = sent.append  # type: ignore[method-assign]
+        try:
+            reader = restarted.reader(T0 - R + 1_000).open()  # above the safe point, below n0's last bound
+            clock.wall += 5_000
+            n1.heartbeat()  # n1's bound passes the reader: only the reader itself can hold the safe point now
+            safe = [o.value["safe_ts"] for i, v in enumerate(sent) for o in engine.process(v, Position("events", 0, i))
+                    if o.channel == DIRECTIVES and o.value["type"] == "compaction"]
+            assert safe and max(safe) <= reader.read_ts, (safe, reader.read_ts)
+        finally:
+            restarted.close(0.1)
+
+
+def test_the_bound_a_hold_waits_above_never_goes_down() -> None:
+    """A clock that steps back lowers the heartbeat's bound, but the job may still hold the higher
+    one: a hold between the two is published at once."""
+    clock, sent = Clock(), []
+    with reporters(1, clock, sent, R) as (rep,):
+        rep.heartbeat()
+        clock.wall -= 1_000  # the node's clock steps back
+        rep.heartbeat()
+        sent.clear()
+        rep.reader(clock.mvcc() - R + 500).open()  # above the new bound, below the one the job may hold
+        assert [e["type"] for e in events_of(sent)] == ["reader_open"]
 
 
 def test_a_reporter_retention_at_or_below_the_jobs_stays_lazy() -> None:
