@@ -106,6 +106,14 @@ class _Handle:
         ts: int | None = getattr(self, self._TS_KEY)
         return ts
 
+    def _start(self, again: str) -> Self:
+        """Publish the open through the reporter, once; ``again`` is the error for a second time."""
+        if self._state != "new":
+            raise SafepointError(again)
+        self._reporter._open(self)  # type: ignore[arg-type]  # a _Handle is always a Reader or a Transaction
+        self._state = "open"
+        return self
+
     def _base_entry(self) -> dict[str, Any]:
         """The handle as it appears in a snapshot's readers or txs."""
         entry: dict[str, Any] = {self._ID_KEY: self._ident, self._TS_KEY: self._ts}
@@ -153,12 +161,7 @@ class Reader(_Handle):
 
     def open(self) -> Self:
         """Publish ``reader_open``. Raises ReaderRefused below the known safe point (nothing published)."""
-        if self._state != "new":
-            msg = f"reader {self.reader_id} was already opened; make a new one with reporter.reader()"
-            raise SafepointError(msg)
-        self._reporter._open(self)
-        self._state = "open"
-        return self
+        return self._start(f"reader {self.reader_id} was already opened; make a new one with reporter.reader()")
 
     def close(self) -> None:
         """Publish ``reader_close``. Idempotent; never raises for a reporter closed meanwhile."""
@@ -240,12 +243,7 @@ class Transaction(_Handle):
 
     def begin(self) -> Self:
         """Publish ``tx_begin``. Raises ReaderRefused below the known safe point (nothing published)."""
-        if self._state != "new":
-            msg = f"transaction {self.tx_id} was already begun; make a new one with reporter.transaction()"
-            raise SafepointError(msg)
-        self._reporter._open(self)
-        self._state = "open"
-        return self
+        return self._start(f"transaction {self.tx_id} was already begun; make a new one with reporter.transaction()")
 
     def prepare(self, coordinator: str, participants: Iterable[str]) -> None:
         """Publish ``tx_prepare``: two-phase commit, prepared, decision unknown (in doubt).
