@@ -4,6 +4,8 @@ Kafka container where a Docker engine exists (skipped with the reason where it d
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import docker_engine
+from doc_blocks import block
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker" / "compose.yaml"
@@ -56,3 +59,32 @@ def test_integration_suite_against_a_real_kafka_container() -> None:
                            "tests/integration/test_job_e2e.py", "tests/integration/test_parity.py"],
                           cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_readmes_compose_commands() -> None:
+    """Each line of the README's Docker block names the compose file and services that exist (checked
+    here on any machine); with a Docker engine the lines run as written, each to exit 0."""
+    lines = [ln.split("#", 1)[0].strip() for ln in block("README.md", "docker compose -f docker/compose.yaml build").text.splitlines()]
+    services = set(re.findall(r"^  ([a-z][a-z-]*):$", re.split(r"^services:$", COMPOSE.read_text(), flags=re.M)[1], re.M))
+    verbs = []
+    for line in filter(None, lines):
+        words = shlex.split(line)
+        assert words[:4] == ["docker", "compose", "-f", "docker/compose.yaml"], line
+        assert (ROOT / words[3]) == COMPOSE
+        verb, rest = words[4], [w for w in words[5:] if not w.startswith("-")]
+        verbs.append(verb)
+        unknown = set(rest) - services
+        assert not unknown, f"{line}: no service {sorted(unknown)} in {COMPOSE.name} ({sorted(services)})"
+    assert verbs == ["build", "up", "up", "run", "down"]
+    why = docker_engine()
+    if why:
+        pytest.skip(f"the README's compose lines are checked against the file but not run: {why}")
+    for line in filter(None, lines):
+        timeout = 1800 if " build" in line else 600
+        if " run " in line:  # the live view runs until Ctrl-C: give it 30 s to show a safe point
+            proc = subprocess.run(["timeout", "--signal=INT", "30", "bash", "-c", line], cwd=ROOT, capture_output=True,
+                                  text=True, check=False)
+            assert "safe" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-2000:]
+            continue
+        proc = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"

@@ -4,12 +4,10 @@ address replaced) with Debian's kcat and ``safepoint check-node``."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,16 +15,10 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core.events import parse
 from safepoint.tools.broker import EmbeddedBroker
 
+from doc_blocks import block
 from kafka_util import produce, read_topic
 
 pytestmark = pytest.mark.integration
-GUIDE = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
-
-
-def section_blocks(title: str) -> list[str]:
-    text = GUIDE.read_text(encoding="utf-8")
-    body = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```sh\n(.*?)```", body, re.S)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +34,9 @@ def run_block(block: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (scripts/setup.sh installs it as root)")
 def test_the_guides_kcat_and_check_node_blocks(kafka: EmbeddedBroker) -> None:
-    publish, latest, check = section_blocks("Publishing from another language")
+    publish = block("docs/operations.md", "echo '{\"v\":1,\"type\":\"heartbeat\"").text
+    latest = block("docs/operations.md", "kcat -C -b 127.0.0.1:9092").text
+    check = block("docs/operations.md", "safepoint check-node --bootstrap").text
     topics = {"events": "safepoint.events", "directives": "safepoint.directives", "alerts": "safepoint.alerts",
               "deadletter": "safepoint.deadletter"}
     ensure_topics({"bootstrap.servers": kafka.bootstrap}, topic_specs(topics, 2))

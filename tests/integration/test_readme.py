@@ -4,7 +4,6 @@ the user's database: its clock, its retention, and a record of what it was told 
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,8 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
 from safepoint.tools.broker import EmbeddedBroker
+
+from doc_blocks import block
 
 pytestmark = pytest.mark.integration
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -42,7 +43,7 @@ class ToyDB:
 
 
 def test_the_readme_node_example_runs_and_compacts(spark: Any, tmp_path: Path) -> None:
-    [block] = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    example = block("README.md", "from safepoint.connectors.reporter import Reporter").text
     db = ToyDB()
     with EmbeddedBroker() as kafka:  # its own broker: the example uses the default topic names
         settings = load_settings(flags={"bootstrap": kafka.bootstrap, "retention": ToyDB.gc_life_time,
@@ -53,7 +54,7 @@ def test_the_readme_node_example_runs_and_compacts(spark: Any, tmp_path: Path) -
             def run_the_query() -> None:  # the example's query: runs until the node has compacted once
                 assert db.done.wait(120), "no directive reached the node within 120 s"
 
-            code = block.replace('"kafka:9092"', repr(kafka.bootstrap))
+            code = example.replace('"kafka:9092"', repr(kafka.bootstrap))
             exec(compile(code, str(README), "exec"), {"db": db, "run_the_query": run_the_query})  # noqa: S102
         finally:
             query.stop()

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,6 +27,7 @@ import pytest
 
 from safepoint.tools.broker import free_port
 
+from doc_blocks import ROOT, block
 from test_faults import (
     CATCH_UP_TIMEOUT_S,
     JOB_START_TIMEOUT_S,
@@ -46,19 +47,6 @@ from test_faults import (
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 
-def spark_home() -> str:
-    import pyspark
-
-    return os.path.dirname(pyspark.__file__)
-
-
-def cluster_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEPOINT_")}
-    env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
-               SPARK_LOG_DIR=str(tmp / "logs"), SPARK_WORKER_DIR=str(tmp / "work"))
-    return env
-
-
 def kill_family(proc: subprocess.Popen[bytes]) -> int:
     """SIGKILL a process group and every descendant (pyspark daemons leave the group); how many died."""
     family = psutil.Process(proc.pid).children(recursive=True)
@@ -73,28 +61,40 @@ def kill_family(proc: subprocess.Popen[bytes]) -> int:
     return len(family)
 
 
-class Standalone:
-    """A Spark standalone master and workers, each in its own process group."""
+def guide_block() -> tuple[dict[str, str], list[str], list[str]]:
+    """The guide's "Running on a Spark cluster" block: the environment its ``export`` lines give
+    (evaluated by bash in the checkout), its ``spark-class`` lines, and its ``safepoint run`` line."""
+    lines = block("docs/operations.md", "export SPARK_HOME=").text.strip().splitlines()
+    exports = [ln for ln in lines if ln.startswith("export ")]
+    daemons = [ln.removesuffix("&").strip() for ln in lines if "/bin/spark-class " in ln]
+    [run] = [ln for ln in lines if " run " in ln]
+    assert len(exports) + len(daemons) + 1 == len(lines), lines
+    out = subprocess.run(["bash", "-c", "\n".join([*exports, "env -0"])], cwd=ROOT, capture_output=True, check=True)
+    env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
+    return env, daemons, shlex.split(run)
 
-    def __init__(self, tmp: Path, workers: int = 2) -> None:
+
+class Standalone:
+    """The guide's standalone master and workers (its lines, with free ports for 7077 and 8080),
+    each in its own process group."""
+
+    def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.port, self.ui = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.master = self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                             "--port", str(self.port), "--webui-port", str(self.ui)])
-        self.workers = [
-            self._start(f"worker{i}", ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                                       "--memory", "2g", "--webui-port", str(free_port()),
-                                       "--work-dir", str(self.tmp / f"work{i}"), self.url])
-            for i in range(workers)
-        ]
+        env, daemons, _ = guide_block()
+        self.env = {**env, "SPARK_LOG_DIR": str(tmp / "logs"), "SPARK_WORKER_DIR": str(tmp / "work")}
+        master, *workers = [ln.replace(":7077", f":{self.port}").replace("--port 7077", f"--port {self.port}")
+                            .replace("--webui-port 8080", f"--webui-port {self.ui}") for ln in daemons]
+        assert ".Master " in master and all(".Worker " in w for w in workers), daemons
+        self.master = self._start("master", master)
+        self.workers = [self._start(f"worker{i}", line) for i, line in enumerate(workers)]
 
-    def _start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def _start(self, name: str, line: str) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([os.path.join(spark_home(), "bin", "spark-class"), *args], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=cluster_env(self.tmp),
-                                start_new_session=True)
+        proc = subprocess.Popen(["bash", "-c", f"exec {line}"], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=self.env, cwd=ROOT, start_new_session=True)
         self.procs.append(proc)
         return proc
 
@@ -133,7 +133,12 @@ def test_the_job_on_a_standalone_cluster_survives_losing_a_worker(broker: Any, t
         send(broker.bootstrap, settings.events_topic, log)
         ckpt = tmp_path / "ckpt"
         started = time.monotonic()
-        job = JobProcess(job_flags(settings, ckpt, spark_master=cluster.url), tmp_path / "job.log")
+        _, _, run = guide_block()
+        assert run[:2] == [".venv/bin/safepoint", "run"], run
+        swap = {"--spark-master": cluster.url, "--bootstrap": broker.bootstrap, "--checkpoint": str(ckpt)}
+        assert run[2::2] == list(swap), run
+        flags = job_flags(settings, ckpt, **{k[2:].replace("-", "_"): v for k, v in swap.items()})
+        job = JobProcess(flags, tmp_path / "job.log")
         wait_for(lambda: len(_ids(ckpt, "commits")) >= 3, JOB_START_TIMEOUT_S, "three committed batches", job)
         running = [a for a in cluster.state().get("activeapps", [])]
         assert len(running) == 1 and running[0]["cores"] == 2, running

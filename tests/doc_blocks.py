@@ -1,0 +1,74 @@
+"""Every code block of the README and the operator guide, and the test that runs it.
+
+``blocks`` finds the blocks with the Markdown parser rich already brings (markdown-it-py), fenced
+and indented alike, so a block added to a doc without a test fails ``test_doc_blocks``. A test
+that runs a block takes its text from the doc with ``block(doc, first_line_prefix)``: what runs
+is what the reader copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "docs/operations.md", "docs/architecture.md")
+
+
+@dataclass(frozen=True)
+class Block:
+    doc: str
+    line: int  # 1-based line of the block's first line of code
+    text: str
+
+    @property
+    def first(self) -> str:
+        return self.text.lstrip().splitlines()[0] if self.text.strip() else ""
+
+
+def blocks(doc: str) -> list[Block]:
+    tokens = MarkdownIt("commonmark").parse((ROOT / doc).read_text(encoding="utf-8"))
+    found = []
+    for tok in tokens:
+        if tok.type in ("fence", "code_block") and tok.map:
+            line = tok.map[0] + (2 if tok.type == "fence" else 1)
+            found.append(Block(doc, line, tok.content))
+    return found
+
+
+def block(doc: str, prefix: str) -> Block:
+    """The one block of ``doc`` whose first line starts with ``prefix``."""
+    hits = [b for b in blocks(doc) if b.first.startswith(prefix)]
+    if len(hits) != 1:
+        raise LookupError(f"{len(hits)} blocks of {doc} start with {prefix!r}")
+    return hits[0]
+
+
+# (doc, prefix of the block's first line) -> where it runs: "path::test" for a test that takes the
+# block from the doc with ``block(doc, prefix)``, or "shown: why" for a block that is not a command
+# (a diagram, lines a command printed).
+CLAIMS: dict[tuple[str, str], str] = {
+    ("README.md", "./scripts/demo.sh --duration 120"):
+        "tests/integration/test_demo.py::test_the_readmes_demo_command_gives_directives_and_ends_soon_after_it_says_so",
+    ("README.md", "./scripts/test.sh"): "tests/unit/test_doc_blocks.py::test_ci_runs_the_readmes_test_command",
+    ("README.md", "from safepoint.connectors.reporter import Reporter"):
+        "tests/integration/test_readme.py::test_the_readme_node_example_runs_and_compacts",
+    ("README.md", "docker compose -f docker/compose.yaml build"):
+        "tests/integration/test_docker.py::test_the_readmes_compose_commands",
+    ("README.md", "spark-submit --master spark://master:7077"):
+        "tests/integration/test_submit.py::test_the_readmes_spark_submit_command",
+    ("README.md", ".venv/bin/safepoint bench"): "tests/integration/test_submit.py::test_the_readmes_bench_command",
+    ("docs/operations.md", "nodes --(safepoint.events"): "shown: the data flow diagram",
+    ("docs/operations.md", "export SPARK_HOME="):
+        "tests/integration/test_spark_cluster.py::test_the_job_on_a_standalone_cluster_survives_losing_a_worker",
+    ("docs/operations.md", "ERROR TaskSchedulerImpl: Lost executor"): "shown: lines of the job's log",
+    ("docs/operations.md", "echo '{\"v\":1,\"type\":\"heartbeat\""):
+        "tests/integration/test_kcat.py::test_the_guides_kcat_and_check_node_blocks",
+    ("docs/operations.md", "kcat -C -b 127.0.0.1:9092"):
+        "tests/integration/test_kcat.py::test_the_guides_kcat_and_check_node_blocks",
+    ("docs/operations.md", "safepoint check-node --bootstrap"):
+        "tests/integration/test_kcat.py::test_the_guides_kcat_and_check_node_blocks",
+    ("docs/architecture.md", "database node"): "shown: the data flow diagram",
+}
