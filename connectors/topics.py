@@ -14,14 +14,17 @@ __all__ = ["LIBRDKAFKA_LOGGER", "REACH_TIMEOUT_S", "check_reachable", "ensure_to
 
 
 def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic]:
-    """The contract's topics: events (delete), directives (compact), alerts and dead letters (delete)."""
+    """The contract's topics: events (delete), directives (compact), alerts and dead letters (delete),
+    and where set the accounting (delete) and status (compact) topics."""
     return [
         NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["directives"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}),
         NewTopic(topics["alerts"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["deadletter"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
     ] + ([NewTopic(topics["accounting"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})]
-         if topics.get("accounting") else [])
+         if topics.get("accounting") else []) + (
+        [NewTopic(topics["status"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})]
+        if topics.get("status") else [])
 
 
 REACH_TIMEOUT_S = 10.0

@@ -45,6 +45,22 @@ if ! command -v kcat >/dev/null 2>&1 && ! command -v kafkacat >/dev/null 2>&1; t
   fi
 fi
 
+# Debian's chromium and chromium-driver (the dashboard's browser test) and prometheus (the test
+# that scrapes /metrics with a real Prometheus)
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${missing[*]} with apt-get (the dashboard and Prometheus tests)" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
+      || echo "setup: ${missing[*]} could not be installed; their tests will be skipped" >&2
+  else
+    echo "setup: ${missing[*]} not found (apt-get install ${missing[*]}); their tests will be skipped" >&2
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

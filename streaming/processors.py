@@ -24,6 +24,7 @@ from safepoint.core.codec import encode
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
+from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
 
 __all__ = ["Router", "BucketProcessor", "ClusterProcessor", "ROUTED_SCHEMA", "STAGED_SCHEMA", "OUTPUT_SCHEMA",
@@ -149,6 +150,7 @@ class ClusterProcessor(StatefulProcessor):
             DIRECTIVES: self.topics["directives"],
             ALERTS: self.topics["alerts"],
             DEADLETTER: self.topics["deadletter"],
+            STATUS: self.topics.get("status", ""),
         }
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from safepoint import __version__
@@ -41,6 +40,7 @@ _POLICY_HELP = {
     "expire_grace_ms": "a graceful expiry turns hard after this",
     "max_expiries_per_window": "most expire directives per node per window",
     "expire_window_ms": "the window of max_expiries_per_window",
+    "status_holds": "oldest readers and transactions of each node kept in the status (0: no status)",
 }
 
 
@@ -76,6 +76,12 @@ def _kafka_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "deadletter-topic", "output topic of dead letters")
 
 
+def _status_flags(p: argparse.ArgumentParser) -> None:
+    _flag(p, "status-topic", "compacted topic of the status ('' = no status)")
+    _flag(p, "http-port", "serve the status API, /metrics and the dashboard on this port (0 = off)", int)
+    _flag(p, "http-host", "address the HTTP surface binds")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="safepoint", description="MVCC safe-point service for distributed databases.")
     parser.add_argument("--version", action="version", version=f"safepoint {__version__}")
@@ -101,12 +107,20 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "spark-ui", "serve Spark's web UI (its address is printed at start)", _bool)
     _flag(p, "events-partitions", "partitions of the events topic if the job creates it", int)
     _flag(p, "accounting-topic", "also write every input offset's outcome to this topic ('' = off)")
+    _status_flags(p)
     _common_job_flags(p)
+
+    p = sub.add_parser("serve", help="serve the status API, metrics and dashboard from the status topic alone")
+    _flag(p, "bootstrap", "Kafka bootstrap servers HOST:PORT")
+    _status_flags(p)
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
     p = sub.add_parser("replay", help="run the core over a JSONL file of events, without Spark or Kafka")
     p.add_argument("--input", required=True, help="events, one JSON object a line, in log order ('-' for stdin)")
     p.add_argument("--output", default=None, help="directives and alerts, one JSON object a line (default stdout)")
     p.add_argument("--deadletter-output", default=None, help="dead letters, one JSON object a line")
+    p.add_argument("--status", default=None, metavar="FILE",
+                   help="write each cluster's final status there (JSON, the shape of GET /api/v1/clusters)")
     _common_job_flags(p)
 
     p = sub.add_parser("simulate", help="publish a synthetic cluster's events")
@@ -178,7 +192,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from safepoint.replay import replay_file, summary_lines
+    from safepoint.replay import replay_file, replay_progress, summary_lines
 
     settings = _settings(args)
     out = sys.stdout if args.output in (None, "-") else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
@@ -196,30 +210,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
             dl.close()
     for line in summary_lines(engine):
         print(line, file=sys.stderr)
+    if args.status:
+        from safepoint.replay import final_status
+
+        with open(args.status, "w", encoding="utf-8") as f:
+            json.dump(final_status(engine), f, indent=1, sort_keys=True)
+            f.write("\n")
     return 0
-
-
-@contextlib.contextmanager
-def replay_progress(path: str, min_bytes: int = 5_000_000) -> Iterator[Callable[[int, int], None] | None]:
-    """A progress bar with the rate on stderr, for a long input read at a terminal (else None)."""
-    size = os.path.getsize(path) if path != "-" and os.path.isfile(path) else 0
-    if size < min_bytes or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    started = time.monotonic()
-    with Progress(TextColumn("replay"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=Console(stderr=True),
-                  transient=True) as bar:
-        task = bar.add_task("replay", total=size, rate="")
-
-        def update(done: int, messages: int) -> None:
-            rate = messages / max(time.monotonic() - started, 1e-3)
-            bar.update(task, completed=done, rate=f"{messages:,} messages, {rate:,.0f}/s")
-
-        yield update
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -242,6 +239,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from safepoint.connectors.topics import ensure_topics, topic_specs
     from safepoint.streaming.job import batch_accounting, build_query, messages_in
     from safepoint.streaming.session import build_session
+    from safepoint.tools.serve import JobSurface
 
     settings = _settings(args)
     if not settings.checkpoint:
@@ -255,6 +253,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)
     print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
+    surface = JobSurface(settings, query)
     stopping = False
 
     def _stop(signum: int, frame: object) -> None:
@@ -274,15 +273,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                 took = ((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
                 n = messages_in(progress)
                 print(f"batch {last}: {n} events, {n / took if took else 0:.0f}/s {counts}".rstrip(), flush=True)
+                surface.batch(progress, batch_accounting(progress), n)
         if not query.isActive and query.exception() is not None:
             print(f"safepoint run: the query failed: {query.exception()}", file=sys.stderr)
             return 1
     finally:
         if query.isActive:
             query.stop()
+        surface.close()
         spark.stop()
     print("safepoint run: stopped", flush=True)
     return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from safepoint.tools.serve import serve
+
+    return serve(_settings(args))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -356,7 +363,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rc: int = module.main(list(args.bench_args))
     return rc
 
-COMMANDS = {"view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
+COMMANDS = {"serve": cmd_serve, "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
@@ -13,8 +16,9 @@ from safepoint.core.codec import encode
 from safepoint.core.engine import Engine, Position
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
+from safepoint.core.status import assemble, cluster_status, node_status
 
-__all__ = ["replay_lines", "replay_file", "why_no_safe_point", "summary_lines"]
+__all__ = ["replay_progress", "replay_lines", "replay_file", "why_no_safe_point", "summary_lines", "final_status"]
 
 
 def replay_lines(lines: Iterable[bytes], policy: Policy, topic: str = "replay") -> Iterator[tuple[Output, Engine]]:
@@ -60,6 +64,17 @@ def replay_file(
     return engine
 
 
+def final_status(engine: Engine) -> dict[str, Any]:
+    """Every cluster's status at the end of the log, as ``GET /api/v1/clusters`` shows the job's
+    (``{"clusters": [...]}`` by name): the same parts the job publishes, joined the same way."""
+    policy = engine.policy
+    by_cluster: dict[str, list[dict[str, Any]]] = {}
+    for (cluster, _node), ns in sorted(engine.nodes.items()):
+        by_cluster.setdefault(cluster, []).append(node_status(ns, policy))
+    return {"clusters": [assemble(cluster_status(cs, policy), by_cluster.get(name, []))
+                         for name, cs in sorted(engine.clusters.items())]}
+
+
 def why_no_safe_point(state: ClusterState, policy: Policy) -> str | None:
     """Why a cluster has no safe point yet, in plain words (None when it has one)."""
     if state.safe_ts is not None:
@@ -90,3 +105,26 @@ def summary_lines(engine: Engine) -> list[str]:
     if dead:
         lines.append(f"replay: {sum(dead.values())} dead letter(s): " + ", ".join(f"{k} {v}" for k, v in dead.items()))
     return lines
+
+
+@contextlib.contextmanager
+def replay_progress(path: str, min_bytes: int = 5_000_000) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar with the rate on stderr, for a long input read at a terminal (else None)."""
+    size = os.path.getsize(path) if path != "-" and os.path.isfile(path) else 0
+    if size < min_bytes or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    started = time.monotonic()
+    with Progress(TextColumn("replay"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=Console(stderr=True),
+                  transient=True) as bar:
+        task = bar.add_task("replay", total=size, rate="")
+
+        def update(done: int, messages: int) -> None:
+            rate = messages / max(time.monotonic() - started, 1e-3)
+            bar.update(task, completed=done, rate=f"{messages:,} messages, {rate:,.0f}/s")
+
+        yield update

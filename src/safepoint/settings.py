@@ -45,6 +45,8 @@ class Settings:
     directives_topic: str = "safepoint.directives"
     alerts_topic: str = "safepoint.alerts"
     deadletter_topic: str = "safepoint.deadletter"
+    status_topic: str = "safepoint.status"
+    """Compacted topic of the status (what pins history), keyed by cluster and cluster/node; empty: no status."""
     accounting_topic: str = ""
     """If set, the job also writes every input offset's outcome there (applied, ignored:<why>, deadlettered:<class>)."""
     events_partitions: int = 4
@@ -64,7 +66,7 @@ class Settings:
     """State groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
     mvcc_unit: str = "none"
     """The unit of MVCC timestamps, for screens: ns, us, ms or s shows safe points as times and lags
-    in seconds; none (an opaque counter) shows the numbers."""
+    in seconds; counter (or none: an opaque counter) shows the numbers."""
     spark_ui: bool = False
     """Serve Spark's web UI (its address is printed at start); off by default and in tests."""
     spark_master: str = "local[2]"
@@ -89,6 +91,11 @@ class Settings:
     expire_grace_ms: int = _P.expire_grace_ms
     max_expiries_per_window: int = _P.max_expiries_per_window
     expire_window_ms: int = _P.expire_window_ms
+    status_holds: int = _P.status_holds
+    http_port: int = 0
+    """Serve the status API, metrics and dashboard on this port (0: off)."""
+    http_host: str = "127.0.0.1"
+    """Address the HTTP surface binds (loopback unless told otherwise)."""
     client: str = "confluent"
     """The node client's Kafka library (Reporter, DirectiveListener): confluent (librdkafka) or
     kafka-python (pure Python, for nodes without librdkafka's wheel). The job always uses confluent-kafka."""
@@ -96,7 +103,10 @@ class Settings:
     """Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed to every client."""
 
     def policy(self) -> Policy:
-        return Policy(**{name: getattr(self, name) for name in POLICY_KEYS})
+        values = {name: getattr(self, name) for name in POLICY_KEYS}
+        if not self.status_topic:
+            values["status_holds"] = 0  # no status topic: the stages build no status
+        return Policy(**values)
 
     def librdkafka(self, **extra: Any) -> dict[str, Any]:
         """The dotted librdkafka configuration for a client of this deployment."""
@@ -113,6 +123,7 @@ class Settings:
             "alerts": self.alerts_topic,
             "deadletter": self.deadletter_topic,
             "accounting": self.accounting_topic,
+            "status": self.status_topic,
         }
 
     def with_overrides(self, **values: Any) -> Settings:
@@ -217,8 +228,8 @@ def load_settings(
     if settings.client not in ("confluent", "kafka-python"):
         msg = f"client must be 'confluent' or 'kafka-python', got {settings.client!r}"
         raise ConfigError(msg)
-    if settings.mvcc_unit not in ("none", "ns", "us", "ms", "s"):
-        msg = f"mvcc_unit must be one of none, ns, us, ms, s, got {settings.mvcc_unit!r}"
+    if settings.mvcc_unit not in ("none", "counter", "ns", "us", "ms", "s"):
+        msg = f"mvcc_unit must be one of counter (or none), ns, us, ms, s, got {settings.mvcc_unit!r}"
         raise ConfigError(msg)
     if settings.starting_offsets not in ("earliest", "latest"):
         msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"

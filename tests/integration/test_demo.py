@@ -48,6 +48,7 @@ def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_it_says_s
     spark_lines = [x for x in lines if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO|ERROR) ", x)
                    or "TransformWithStateInPandas Python worker" in x]
     assert spark_lines == [], spark_lines[:5]
+    assert re.search(r"^demo: status API, metrics and dashboard at http://127\.0\.0\.1:\d+/$", text, re.M), text[:3000]
     named = re.search(r"its log: (\S+)\)", text)
     assert named, text[:2000]
     log = open(named.group(1), encoding="utf-8", errors="replace").read()

@@ -462,6 +462,7 @@ def job_flags(settings: Settings, ckpt: Path, **extra: Any) -> dict[str, Any]:
         "bootstrap": settings.bootstrap, "checkpoint": str(ckpt), "events_topic": settings.events_topic,
         "directives_topic": settings.directives_topic, "alerts_topic": settings.alerts_topic,
         "deadletter_topic": settings.deadletter_topic, "accounting_topic": settings.accounting_topic,
+        "status_topic": settings.status_topic,
         "retention": settings.retention, "node_lease_ms": settings.node_lease_ms,
         "trigger_ms": settings.trigger_ms, "max_offsets_per_trigger": settings.max_offsets_per_trigger,
         "shuffle_partitions": 2, "spark_master": "local[2]",
@@ -478,6 +479,7 @@ def make_settings(bootstrap: str, prefix: str, partitions: int, **values: Any) -
     settings = load_settings(flags={
         "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "accounting_topic": f"{tag}.acct",
+        "status_topic": f"{tag}.status",
         "stall_ms": 0, **values}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), partitions))
     return settings

@@ -189,7 +189,8 @@ def dead_letters(outs: Iterable[Output]) -> list[dict[str, Any]]:
 
 
 def two_node_cluster(run: Run, wall: int = 1_000, mvcc: int = 1_000, lease: int = 30_000) -> tuple[NodeClient, NodeClient]:
-    """n1 and n2 under a published topology, both heartbeating: the first directive is out."""
+    """n1 and n2 heartbeating, then a topology naming both (so no node is ever missing, and no
+    ``missing_node`` alert is raised): the first directive is out."""
     n1, n2 = NodeClient("n1"), NodeClient("n2")
-    run.feed(topology(1, wall, {"n1": [], "n2": []}), n1.hb(wall, mvcc), n2.hb(wall, mvcc))
+    run.feed(n1.hb(wall, mvcc), n2.hb(wall, mvcc), topology(1, wall, {"n1": [], "n2": []}))
     return n1, n2

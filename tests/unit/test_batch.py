@@ -21,12 +21,15 @@ from safepoint.core import Engine, Position
 from safepoint.core.batch import METRICS, Routed, bucket_of, counts_of, encode_staged, merge_log_order, route, stage_one_bucket
 from safepoint.core.engine import node_stage
 from safepoint.core.policy import Policy
+from safepoint.core.status import assemble
 from safepoint.errors import ConfigError
+from safepoint.replay import final_status
 from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
+from core_helpers import validator
 from local_job import LocalJob, Message
 
-TOPICS = {"events": "ev", "directives": "dir", "alerts": "al", "deadletter": "dl"}
+TOPICS = {"events": "ev", "directives": "dir", "alerts": "al", "deadletter": "dl", "status": "st"}
 JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "type": "heartbeat"}).encode(),
                    json.dumps({"v": 1, "type": "reader_open", "cluster": "c0"}).encode()]
 
@@ -68,7 +71,8 @@ def run(msgs: list[Message], splits: list[int], policy: Policy, accounting: bool
     return by_topic(written), job
 
 
-def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy) -> tuple[dict[str, list[Any]], list[dict[str, int]]]:
+def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
+                        ) -> tuple[dict[str, list[Any]], list[dict[str, int]], Engine]:
     """``Engine`` over each batch in the job's log order (per cluster: partitions merged by the
     stage-one ``wall_ms``, which a shadow ``node_stage`` computes); the accounting row of every
     message and the counters of every batch, as the job writes them."""
@@ -94,7 +98,14 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy) 
                 written += [(channel_topic[out.channel], out.key, json.dumps(out.value)) for out in outs]
         accounting.append(counts_of(labels))
         start = end
-    return by_topic(written), accounting
+    return by_topic(written), accounting, engine
+
+
+def final_status_of(rows: list[Any]) -> dict[str, Any]:
+    """The status a reader of the status topic ends with: the last part of every key, joined."""
+    last = dict(rows)
+    clusters = sorted(k for k in last if "/" not in k)
+    return {"clusters": [assemble(last[c], [v for k, v in last.items() if k.startswith(c + "/")]) for c in clusters]}
 
 
 def by_topic(written: list[tuple[str, str | None, str]]) -> dict[str, list[Any]]:
@@ -117,8 +128,13 @@ def test_job_batches_give_replays_outputs(seed: int) -> None:
     splits = sorted(rng.sample(range(1, len(msgs)), 12))
     policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, stall_ms=3_000,
                     reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000)
-    expected, accounting = replay_in_job_order(msgs, splits, policy)
+    expected, accounting, engine = replay_in_job_order(msgs, splits, policy)
     fast, fjob = run(msgs, splits, policy, accounting=True)
+    status = fast.pop("st")
+    assert len(status) > len({k for k, _ in status}), "parts are written again as they change"
+    for _key, part in status:
+        validator(part["type"]).validate(part)  # schemas/outputs/node_status.json, cluster_status.json
+    assert final_status_of(status) == final_status(engine)
     assert len(expected["dir"]) >= 8 and expected.get("dl") and expected.get("al"), "the log exercises directives, alerts, dead letters"
     assert "reader_age" in {a[1]["kind"] for a in expected["al"]}
     assert fast == expected
@@ -132,6 +148,7 @@ def test_job_batches_are_invariant_to_batch_splits_and_bucket_count() -> None:
     policy = Policy(retention=100_000, node_lease_ms=2_000)
     whole, _ = run(msgs, [], policy)
     split, _ = run(msgs, list(range(97, len(msgs), 97)), policy, buckets=3)
+    assert final_status_of(whole.pop("st")) == final_status_of(split.pop("st"))
     assert whole == split
     # one partition is the file order: replay of the same messages gives the same directives
     engine = Engine(policy)

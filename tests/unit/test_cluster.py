@@ -50,40 +50,37 @@ def test_global_minimum_is_over_topology_nodes_only() -> None:
 
 
 def test_topology_node_that_never_reported_aborts_the_round() -> None:
-    """CONTRACT Semantics: the round is aborted when a topology node has never reported.
+    """CONTRACT Semantics: the round is aborted when a topology node has never reported, and the
+    alert names the reason from the first aborted round on (no grace hides it).
 
     Seed 000 (Ignite): aborted when the logical topology is missing some node required by catalog.
     """
     run = Run(node_lease_ms=LEASE)
     n1 = NodeClient("n1")
     run.feed(topology(1, T0, {"n1": [], "n2": []}), n1.hb(T0, 1_000))
-    assert run.outputs == [], "aborted at once, but a node named by a new topology gets a lease before it is alerted"
-    run.feed(n1.hb(T0 + LEASE - 1, 1_000))
-    assert run.outputs == []
+    [a] = run.alerts("missing_node", "raised")
+    assert a["node"] == "n2" and "never reported" in a["detail"] and a["severity"] == "warning"
+    assert a["cluster"] == "default" and a["id"] == "default/missing_node/n2" and a["since_wall_ms"] == T0
     run.feed(n1.hb(T0 + LEASE, 1_000))
     assert run.directives() == []
-    [a] = run.alerts("missing_node", "raised")
-    assert a["node"] == "n2" and "never reported" in a["detail"]
-    assert a["cluster"] == "default" and a["id"] == "default/missing_node/n2"
+    assert len(run.alerts()) == 1, "raised once, not again on every event"
     n2 = NodeClient("n2")
     run.feed(n2.hb(T0 + LEASE + 1, 900))
     [c] = run.alerts("missing_node", "cleared")
-    assert c["node"] == "n2" and c["since_wall_ms"] == T0 + LEASE and c["cluster_wall_ms"] == T0 + LEASE + 1
+    assert c["node"] == "n2" and c["since_wall_ms"] == T0 and c["cluster_wall_ms"] == T0 + LEASE + 1
     assert [d["safe_ts"] for d in run.directives()] == [900]
 
 
-def test_never_reported_node_gets_a_lease_from_the_topology_before_it_is_alerted() -> None:
-    """Core rule (cluster.py ``_quiet``; CONTRACT is silent): a node a topology names before it said
-    anything aborts the round at once, but is alerted as missing only after node_lease_ms of cluster
-    time from the topology's arrival (cluster time then, not the topology's own wall_ms), like the
-    discovery window gives every node a lease."""
+def test_a_node_a_new_topology_adds_is_alerted_at_once() -> None:
+    """A node a topology names before it said anything aborts the round at once and is alerted at
+    once (``missing_node``, warning), at the cluster time the topology arrived."""
     run = Run(node_lease_ms=LEASE)
     n1 = NodeClient("n1")
     run.feed(n1.hb(T0, 1_000), n1.hb(T0 + 5_000, 1_000), topology(1, T0, {"n1": [], "late": []}))
-    run.feed(n1.hb(T0 + 5_000 + LEASE - 1, 1_000))
-    assert run.outputs == []
+    [a] = run.alerts("missing_node", "raised")
+    assert a["node"] == "late" and a["since_wall_ms"] == T0 + 5_000
     run.feed(n1.hb(T0 + 5_000 + LEASE, 1_000))
-    assert [a["node"] for a in run.alerts("missing_node", "raised")] == ["late"]
+    assert len(run.alerts()) == 1
     assert run.directives() == []
 
 

@@ -2,8 +2,8 @@
 
 - **Abort alerts** (``missing_node``, ``unknown_node_min``, ``missing_group``,
   ``awaiting_snapshot``): one per reason the round aborts (a ``Problem``), raised when it appears
-  and cleared when it is gone; a node the topology names but that never reported is alerted only
-  after a lease (``quiet_problems``).
+  and cleared when it is gone, from the first aborted round on: a node the topology names but
+  that never reported is alerted at once (every aborted round names its reason).
 - **stall**: the safe point has not advanced for ``stall_ms`` of cluster time.
 - **horizon_violation**: a hold below a ``safe_ts`` already sent (a reader or transaction that
   arrived too late, a node that joined, a clock or group that went back); cleared when it closes
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from safepoint.core.cluster import ClusterState
 
 __all__ = ["ABORT_KINDS", "Problem", "check_floor", "check_horizon", "check_join", "check_stall", "clear_violation",
-           "problems", "quiet_problems", "raise_violation", "stamp_alert", "stamp_signal", "sync_abort_alerts"]
+           "problems", "raise_violation", "stamp_alert", "stamp_signal", "sync_abort_alerts"]
 
 ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
 
@@ -41,22 +41,9 @@ class Problem(NamedTuple):
     detail: str
 
 
-def quiet_problems(state: ClusterState, policy: Policy) -> set[str]:
-    """Never-reported nodes abort the round at once, but are alerted only after a lease.
-
-    A topology names nodes before they have said anything; each gets ``node_lease_ms``
-    of cluster time from the topology's arrival to report before it is called missing.
-    """
-    now = state.cluster_time
-    since = state.topology_wall
-    if since is None or now is None or now >= since + policy.node_lease_ms:
-        return set()
-    return {join_id("missing_node", n) for n in state._never}
-
 def sync_abort_alerts(state: ClusterState,
     found: dict[str, Problem],
     out: list[Output],
-    quiet: set[str] | None = None,
 ) -> None:
     if not found and not state.raised:
         return
@@ -68,7 +55,7 @@ def sync_abort_alerts(state: ClusterState,
     # sorted: ``found`` comes partly from sets whose order depends on the hash seed and on how the
     # state was rebuilt, and replay, the job and every batch split must emit the same sequence
     for aid, (kind, node, value, threshold, detail) in sorted(found.items()):
-        if aid in state.raised or (quiet and aid in quiet):
+        if aid in state.raised:
             continue
         body = {
             "id": aid,

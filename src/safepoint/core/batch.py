@@ -35,6 +35,7 @@ from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
+from safepoint.core.status import STATUS, cluster_status, node_status, status_key
 from safepoint.errors import ConfigError
 
 __all__ = [
@@ -95,7 +96,8 @@ class Staged(NamedTuple):
     """One message after stage one, on its way to its cluster's round.
 
     ``tag`` says what ``data`` holds: ``u`` a node update (its JSON list), ``e`` a cluster event,
-    ``d`` a dead letter (``DeadLetterPayload``), ``i`` the reason it was ignored. ``wall_ms`` is
+    ``d`` a dead letter (``DeadLetterPayload``), ``i`` the reason it was ignored, ``s`` a node's
+    part of the status (``core/status.py``; position -1, after the node's events, not a message). ``wall_ms`` is
     what partitions are merged by (-1 for ignored messages and dead letters)."""
 
     partition: int
@@ -213,6 +215,12 @@ def stage_one_bucket(
             staged = encode_staged(partition, offset, apply_stage(nodes, payload, policy, gates))
         out.append(staged)
         labels.append(staged.label)
+    if policy.status_holds:  # each node this batch touched: its part of the status
+        touched = {(p["cluster"], node) for node, _, _, p in items if node and not isinstance(p, tuple)}
+        for key in sorted(touched):
+            seen = nodes.get(key)
+            if seen is not None:
+                out.append(Staged(-1, -1, -1, "", "s", node_status(seen, policy)))
     new_state = None
     if nodes or gates:
         new_state = json.dumps({"v": BUCKET_STATE_VERSION, "b": buckets, "nodes": [ns.to_json() for ns in nodes.values()],
@@ -288,7 +296,14 @@ def stage_two(
 ) -> tuple[str | None, list[Emitted]]:
     """One cluster's batch of staged items: (new state or None to leave it, outputs)."""
     state = ClusterState.from_json(json.loads(stored)) if stored is not None else None
+    parts = [s.data for s in items if s.tag == "s"]
+    if parts:
+        items = [s for s in items if s.tag != "s"]
     entries = ((s.partition, s.offset, s.label, decode_staged(cluster, s.tag, s.data)) for s in merge_log_order(items))
     state, touched, outputs = run_cluster(cluster, state, entries, policy, accounting, start)
+    if policy.status_holds:
+        outputs.extend((STATUS, status_key(cluster, p["node"]), p) for p in parts)
+        if state is not None and touched:
+            outputs.append((STATUS, status_key(cluster), cluster_status(state, policy)))
     new_state = json.dumps(state.to_json(), separators=(",", ":")) if state is not None and touched else None
     return new_state, outputs

@@ -21,7 +21,6 @@ from safepoint.core.alerts import (
     check_stall,
     clear_violation,
     problems,
-    quiet_problems,
     raise_violation,
     stamp_signal,
     sync_abort_alerts,
@@ -320,7 +319,7 @@ class ClusterState:
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         found = problems(self, policy)
-        sync_abort_alerts(self, found, out, quiet_problems(self, policy) if found else None)
+        sync_abort_alerts(self, found, out)
         self._round(found, now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
         check_stall(self, now, policy, out)

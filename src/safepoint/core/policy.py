@@ -61,6 +61,9 @@ class Policy:
     max_expiries_per_window: int = 5
     """At most this many expire directives per node in any expire_window_ms."""
     expire_window_ms: int = 60_000
+    # -- the status (``core/status.py``) --------------------------------------------------------
+    status_holds: int = 20
+    """Oldest readers and transactions of each node kept in the status (0: no status at all)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

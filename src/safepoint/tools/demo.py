@@ -17,6 +17,7 @@ from typing import Any
 from rich.console import Console, Group
 
 from safepoint.settings import Settings
+from safepoint.tools.serve import JobSurface
 from safepoint.tools.view import ViewState, render_text, screen
 
 __all__ = ["run_demo", "LiveView"]
@@ -113,9 +114,9 @@ def follow(settings: Settings, duration_s: float | None) -> int:
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None) -> int:
     from safepoint.connectors.topics import ensure_topics, topic_specs
-    from safepoint.streaming.job import build_query, messages_in
+    from safepoint.streaming.job import batch_accounting, build_query, messages_in
     from safepoint.streaming.session import build_session, check_java
-    from safepoint.tools.broker import EmbeddedBroker
+    from safepoint.tools.broker import EmbeddedBroker, free_port
     from safepoint.tools.simulate import SimConfig, run_simulator
 
     check_java()
@@ -132,6 +133,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     )
     print(f"broker ready at {broker.bootstrap}; retention {settings.retention} us, lease {settings.node_lease_ms} ms", flush=True)
     spark = query = view = None
+    surface: JobSurface | None = None
     sim_thread = None
     start = time.monotonic()
     try:
@@ -150,8 +152,10 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark (its log: {log_file}) ...", flush=True)
         spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file)
         query = build_query(spark, settings)
+        surface = JobSurface(replace(settings, http_port=settings.http_port or free_port()), query, "demo")
         view = LiveView(settings, expiries)
         last_print = 0.0
+        last_batch = None
         while duration_s is None or time.monotonic() - start < duration_s:
             view.poll(1.0)
             if not query.isActive:
@@ -162,6 +166,9 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
                 return 1
             prog = query.lastProgress
             job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
+            if prog and prog["batchId"] != last_batch:
+                last_batch = prog["batchId"]
+                surface.batch(prog, batch_accounting(prog), messages_in(prog))
             group = view.render(f"safepoint demo ({nodes} nodes, {rate:.0f} events/s)",
                                 f"t+{time.monotonic() - start:.0f}s   job: {job}")
             last_print = show(group, tty, last_print)
@@ -176,6 +183,8 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             view.close()
         if query is not None and query.isActive:
             query.stop()
+        if surface is not None:
+            surface.close()
         if spark is not None:
             spark.stop()
         broker.cleanup()

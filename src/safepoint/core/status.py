@@ -1,0 +1,171 @@
+"""What pins history, as one status per cluster: the job publishes it, ``replay --status`` writes it.
+
+The status comes in two parts, each computed from one stage's state on cluster time (no clock):
+
+* ``node_status`` (the node stage): one node's figures, its bands, the count of its open holds
+  by kind, its own floors (retention bound, groups' published times) and its ``status_holds``
+  oldest readers and transactions with their labels;
+* ``cluster_status`` (the cluster stage): the safe point, catalog floor and directive ``seq``,
+  the round (aborted or not, and every reason), the blocker, each node's lease and minimum, and
+  the active cluster alerts.
+
+The job writes each part to the compacted status topic when it changed in a micro-batch (key
+``cluster`` and ``cluster/node``); ``assemble`` joins a cluster's parts into the status the HTTP
+surface, ``safepoint view`` and ``replay --status`` show: the same function over the same parts,
+so the job's status and replay's are equal for the same log.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import Any
+
+from safepoint.core.alerts import problems
+from safepoint.core.cluster import ClusterState
+from safepoint.core.node import NodeState
+from safepoint.core.policy import Policy
+
+__all__ = ["LEVELS", "STATUS", "assemble", "cluster_status", "node_status", "status_key"]
+
+STATUS = "status"
+"""Output channel of the status parts."""
+LEVELS = ("normal", "warning", "critical")
+HOLD_ORDER = {"reader": 0, "tx": 1, "prepared_tx": 2, "retention": 3, "group": 4}
+
+
+def status_key(cluster: str, node: str | None = None) -> str:
+    return cluster if node is None else f"{cluster}/{node}"
+
+
+def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
+    """One node's part of its cluster's status (``policy.status_holds`` oldest holds)."""
+    lmin, unknown, _ = ns.local_min(policy)
+    held = [("reader", rid, h) for rid, h in ns.readers.items()]
+    held += [("prepared_tx" if h.prepared else "tx", tid, h) for tid, h in ns.txs.items()]
+    open_counts = {"reader": len(ns.readers), "tx": 0, "prepared_tx": 0}
+    for kind, _hid, _h in held[len(ns.readers):]:
+        open_counts[kind] += 1
+    oldest = heapq.nsmallest(policy.status_holds, held, key=lambda x: (x[2].ts, HOLD_ORDER[x[0]], x[1]))
+    floors: list[dict[str, Any]] = []
+    if ns.mvcc_now is not None:
+        floors.append({"kind": "retention", "id": None, "ts": ns.mvcc_now - policy.retention})
+    for gid, (leader, published) in sorted(ns.groups.items()):
+        floors.append({"kind": "group", "id": gid, "ts": published, "leader": bool(leader)})
+    return {
+        "v": 1,
+        "type": "node_status",
+        "cluster": ns.cluster,
+        "node": ns.node,
+        "incarnation": ns.incarnation,
+        "seq": ns.seq,
+        "wall_ms": ns.last_wall_ms,
+        "mvcc_now": ns.mvcc_now,
+        "pinned_bytes": ns.pinned_bytes,
+        "local_min": lmin,
+        "unknown": unknown,
+        "bands": {"pinned": LEVELS[ns.pinned_band.level], "age": LEVELS[ns.age_band.level]},
+        "in_doubt": sorted(ns.in_doubt),
+        "expiring": len(ns.expiries),
+        "open": open_counts,
+        "floors": floors,
+        "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label}
+                  for kind, hid, h in oldest],
+    }
+
+
+def _round(cs: ClusterState, policy: Policy) -> dict[str, Any]:
+    now = cs.cluster_time
+    if now is None or cs.first_wall is None:
+        return {"aborted": True, "reasons": [{"kind": "no_events", "node": None,
+                                              "detail": "no event of the cluster has been applied yet"}]}
+    if cs.topology is None and now < cs.first_wall + policy.node_lease_ms:
+        ends = cs.first_wall + policy.node_lease_ms
+        return {"aborted": True, "reasons": [{
+            "kind": "discovery", "node": None, "value": ends - now, "threshold": policy.node_lease_ms,
+            "detail": f"no topology yet and the discovery window has not ended: it ends in {ends - now} ms of "
+                      f"cluster time (node_lease_ms {policy.node_lease_ms})"}]}
+    reasons = [{"kind": p.kind, "node": p.node, "value": p.value, "threshold": p.threshold, "detail": p.detail}
+               for _, p in sorted(problems(cs, policy).items())]
+    if not reasons and not cs._members:
+        reasons.append({"kind": "no_nodes", "node": None, "value": None, "threshold": None,
+                        "detail": "no node of the cluster is live"})
+    return {"aborted": bool(reasons), "reasons": reasons}
+
+
+def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
+    """The cluster stage's part of a cluster's status."""
+    now = cs.cluster_time
+    blocker = None
+    if cs._mins:
+        _, gnode = cs._mins[0]
+        b = cs.nodes[gnode].blocker
+        if b is not None:
+            blocker = {"node": gnode, "kind": b.kind, "id": b.id, "ts": b.ts,
+                       "age_ms": now - b.opened_wall if now is not None and b.opened_wall is not None else None,
+                       "label": b.label}
+    lease = policy.node_lease_ms
+    topology = set(cs.topology or ())
+    nodes = {
+        name: {"incarnation": rec.incarnation, "seq": rec.seq, "local_min": rec.local_min, "unknown": rec.unknown,
+               "last_wall_ms": rec.last_wall,
+               "stale": now is not None and now - rec.last_wall > lease,
+               "member": name in cs._members, "in_topology": name in topology}
+        for name, rec in sorted(cs.nodes.items())
+    }
+    for name in sorted(topology - set(cs.nodes)):
+        nodes[name] = {"incarnation": None, "seq": None, "local_min": None, "unknown": "never reported",
+                       "last_wall_ms": None, "stale": True, "member": False, "in_topology": True}
+    alerts = [{k: a.get(k) for k in ("id", "kind", "node", "severity", "since", "detail")}
+              for _, a in sorted(cs.raised.items())]
+    return {
+        "v": 1,
+        "type": "cluster_status",
+        "cluster": cs.name,
+        "safe_ts": cs.safe_ts,
+        "catalog_floor": cs.catalog_floor,
+        "seq": cs.dseq,
+        "cluster_wall_ms": now,
+        "paused": False,
+        "round": _round(cs, policy),
+        "blocker": blocker,
+        "nodes": nodes,
+        "alerts": alerts,
+    }
+
+
+def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """A cluster's whole status from its two kinds of parts: holds ranked oldest first (ties by
+    node, kind, id), the lag, and each node's figures joined to its lease and minimum."""
+    now = cluster.get("cluster_wall_ms")
+    parts = {p["node"]: p for p in node_parts}
+    holds: list[dict[str, Any]] = []
+    counts = {"reader": 0, "tx": 0, "prepared_tx": 0, "retention": 0, "group": 0}
+    for name, p in parts.items():
+        for h in p["holds"]:
+            opened = h.get("opened_wall_ms")
+            holds.append({"node": name, "kind": h["kind"], "id": h["id"], "ts": h["ts"],
+                          "age_ms": now - opened if now is not None and opened is not None else None,
+                          "label": h.get("label")})
+        for f in p["floors"]:
+            if f["ts"] is not None:
+                counts[f["kind"]] += 1
+                holds.append({"node": name, "kind": f["kind"], "id": f["id"], "ts": f["ts"], "age_ms": None,
+                              "label": None})
+        for kind, n in p["open"].items():
+            counts[kind] += n
+    holds.sort(key=lambda h: (h["ts"], h["node"], HOLD_ORDER[h["kind"]], h["id"] or ""))
+    nows = [p["mvcc_now"] for p in parts.values() if p.get("mvcc_now") is not None]
+    safe = cluster.get("safe_ts")
+    lag = max(nows) - safe if nows and safe is not None else None
+    nodes = []
+    for name in sorted(set(cluster.get("nodes", {})) | set(parts)):
+        lease = cluster.get("nodes", {}).get(name, {})
+        p = parts.get(name, {})
+        nodes.append({
+            "node": name, **lease,
+            "mvcc_now": p.get("mvcc_now"), "pinned_bytes": p.get("pinned_bytes"), "bands": p.get("bands"),
+            "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0)})
+    out = {k: v for k, v in cluster.items() if k not in ("v", "type", "nodes")}
+    out.update(lag=lag, hold_counts=counts, holds=holds, nodes=nodes)
+    return out

@@ -1,0 +1,124 @@
+"""The HTTP surface: the status API, Prometheus metrics and the live dashboard (FastAPI + uvicorn).
+
+``safepoint serve`` runs it over the status topic alone; ``safepoint run --http-port`` runs it in
+the job's process, where ``/healthz`` also says whether the query is active and how far its input
+lags. Both read the status through a ``StatusStore``. JSON routes are described by the OpenAPI
+document at ``/openapi.json`` (interactive at ``/docs``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Path, Query
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+from safepoint import __version__
+from safepoint.tools.metrics import StatusCollector
+from safepoint.tools.status_store import StatusStore
+
+__all__ = ["make_app", "HttpServer"]
+
+CLUSTER = Annotated[str, Path(min_length=1, max_length=256, description="cluster id")]
+
+
+class ErrorOut(BaseModel):
+    error: str
+    cluster: str | None = None
+
+
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut, "description": "unknown cluster"}}
+
+
+def _unknown(cluster: str) -> JSONResponse:
+    return JSONResponse({"error": f"unknown cluster {cluster!r}", "cluster": cluster}, status_code=404)
+
+
+def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
+    """The app over ``store``; ``health()`` adds the job's own figures to ``/healthz``."""
+    app = FastAPI(title="safepoint", version=__version__,
+                  description="What pins MVCC history: each cluster's safe point, its round, its blocker and "
+                              "every hold, as the safepoint job publishes them.")
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(StatusCollector(store))
+    page = resources.files("safepoint.tools.dashboard").joinpath("index.html").read_text(encoding="utf-8")
+
+    @app.get("/healthz", summary="the process is up; the job's query and input lag where it runs here")
+    def healthz() -> dict[str, Any]:
+        out: dict[str, Any] = {"status": "ok", "clusters": len(store.clusters()), "status_messages": store.messages}
+        if store.error:
+            out["status_topic"] = store.error
+        if health is not None:
+            out["job"] = health()
+        elif store.job is not None:
+            out["job"] = store.job
+        return out
+
+    @app.get("/api/v1/clusters", summary="every cluster's status")
+    def clusters() -> dict[str, Any]:
+        return {"clusters": store.all()}
+
+    @app.get("/api/v1/clusters/{cluster}", summary="one cluster's status", responses=NOT_FOUND)
+    def cluster(cluster: CLUSTER) -> Any:
+        st = store.status(cluster)
+        return _unknown(cluster) if st is None else st
+
+    @app.get("/api/v1/clusters/{cluster}/holds", summary="the cluster's holds, oldest first", responses=NOT_FOUND)
+    def holds(cluster: CLUSTER, limit: Annotated[int, Query(ge=1, le=100_000)] = 100) -> Any:
+        st = store.status(cluster)
+        return _unknown(cluster) if st is None else {"holds": st["holds"][:limit], "counts": st["hold_counts"]}
+
+    @app.get("/api/v1/clusters/{cluster}/nodes", summary="the cluster's nodes", responses=NOT_FOUND)
+    def nodes(cluster: CLUSTER) -> Any:
+        st = store.status(cluster)
+        return _unknown(cluster) if st is None else {"nodes": st["nodes"]}
+
+    @app.get("/api/v1/clusters/{cluster}/history", summary="recent safe points and lags, oldest first",
+             responses=NOT_FOUND)
+    def history(cluster: CLUSTER) -> Any:
+        if store.status(cluster) is None:
+            return _unknown(cluster)
+        return {"points": store.history(cluster)}
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    def dashboard() -> HTMLResponse:
+        return HTMLResponse(page)
+
+    return app
+
+
+class HttpServer:
+    """uvicorn serving ``app`` in a daemon thread (for ``run`` and the demo, next to their main loop;
+    uvicorn installs no signal handlers outside the main thread, so the caller keeps its own)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        import uvicorn
+
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)
+        self.url = f"http://{host}:{port}/"
+
+    def start(self, timeout_s: float = 10.0) -> HttpServer:
+        self.thread.start()
+        deadline = threading.Event()
+        for _ in range(int(timeout_s / 0.05)):
+            if self.server.started or not self.thread.is_alive():
+                break
+            deadline.wait(0.05)
+        if not self.server.started:
+            msg = f"the HTTP server did not start on {self.url} (is the port free?)"
+            raise OSError(msg)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,105 @@
+"""Prometheus metrics of the status: computed from the ``StatusStore`` at each scrape.
+
+Names follow Prometheus conventions: the ``safepoint_`` prefix, base units (seconds, bytes; MVCC
+timestamps and lags in the database's own unit), ``_total`` for counters, labels ``cluster``,
+``node``, ``kind``, ``severity``, ``reason`` and ``outcome``, never one label value per hold. The
+metrics reference in docs/operations.md lists them all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from safepoint.tools.status_store import StatusStore
+
+__all__ = ["REASONS", "StatusCollector"]
+
+REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_min", "missing_group",
+           "awaiting_snapshot")
+"""Every reason kind a round can abort for (the label values of ``safepoint_round_aborted``)."""
+HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group")
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+class StatusCollector(Collector):
+    def __init__(self, store: StatusStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:  # noqa: C901, PLR0912, PLR0915 - one flat list of families
+        c = ["cluster"]
+        safe = _gauge("safepoint_safe_ts", "The cluster's safe point (MVCC units); absent before the first directive", c)
+        floor = _gauge("safepoint_catalog_floor", "The cluster's catalog floor (catalog version)", c)
+        seq = _gauge("safepoint_directive_seq", "seq of the cluster's last compaction directive", c)
+        wall = _gauge("safepoint_cluster_time_seconds", "The cluster's time (its nodes' newest wall_ms), Unix seconds", c)
+        lag = _gauge("safepoint_lag", "Largest mvcc_now a node reported minus safe_ts (MVCC units)", c)
+        age = _gauge("safepoint_blocker_age_seconds", "How long the hold at the safe point has been open (cluster time)", c)
+        aborted = _gauge("safepoint_round_aborted", "Reasons of this kind the cluster's round aborts for now (0: none)",
+                         ["cluster", "reason"])
+        holds = _gauge("safepoint_holds", "Holds of the cluster by kind (open readers and transactions, node floors)",
+                       ["cluster", "kind"])
+        alerts = _gauge("safepoint_alerts_active", "Active alerts by kind and severity (cluster alerts and node bands)",
+                        ["cluster", "kind", "severity"])
+        pinned = _gauge("safepoint_node_pinned_bytes", "Bytes of history the node reports pinned", ["cluster", "node"])
+        stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
+        for st in self.store.all():
+            name = st["cluster"]
+            if st.get("safe_ts") is not None:
+                safe.add_metric([name], st["safe_ts"])
+            if st.get("catalog_floor") is not None:
+                floor.add_metric([name], st["catalog_floor"])
+            seq.add_metric([name], st.get("seq") or 0)
+            if st.get("cluster_wall_ms") is not None:
+                wall.add_metric([name], st["cluster_wall_ms"] / 1000)
+            if st.get("lag") is not None:
+                lag.add_metric([name], st["lag"])
+            blocker = st.get("blocker") or {}
+            if blocker.get("age_ms") is not None:
+                age.add_metric([name], blocker["age_ms"] / 1000)
+            reasons = [r["kind"] for r in st["round"]["reasons"]]
+            for kind in REASONS:
+                aborted.add_metric([name, kind], reasons.count(kind))
+            for kind in HOLD_KINDS:
+                holds.add_metric([name, kind], st["hold_counts"].get(kind, 0))
+            active: dict[tuple[str, str], int] = {}
+            for a in st.get("alerts", []):
+                k = (a["kind"], a.get("severity") or "warning")
+                active[k] = active.get(k, 0) + 1
+            for n in st["nodes"]:
+                for band, kind in (("pinned", "pinned_bytes"), ("age", "reader_age")):
+                    level = (n.get("bands") or {}).get(band, "normal")
+                    if level != "normal":
+                        active[(kind, level)] = active.get((kind, level), 0) + 1
+                if n.get("in_doubt"):
+                    active[("in_doubt_tx", "warning")] = active.get(("in_doubt_tx", "warning"), 0) + len(n["in_doubt"])
+                if n.get("pinned_bytes") is not None:
+                    pinned.add_metric([name, n["node"]], n["pinned_bytes"])
+                stale.add_metric([name, n["node"]], 1 if n.get("stale") else 0)
+            for (kind, severity), count in sorted(active.items()):
+                alerts.add_metric([name, kind, severity], count)
+        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, stale)
+        yield from self._job(self.store.job)
+
+    def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:
+        messages = CounterMetricFamily("safepoint_input_messages", "Input messages by outcome since the job started",
+                                       labels=["outcome"])
+        batch = _gauge("safepoint_batch_duration_seconds", "Duration of the job's last micro-batch", [])
+        lag = _gauge("safepoint_input_lag_messages", "Messages of the events topic not yet read by the job", [])
+        active = _gauge("safepoint_query_active", "1 while the job's streaming query runs", [])
+        batches = CounterMetricFamily("safepoint_batches", "Micro-batches the job finished since it started", labels=[])
+        if job is not None:
+            for outcome, n in sorted((job.get("messages_total") or {}).items()):
+                messages.add_metric([outcome], n)
+            if job.get("batch_duration_ms") is not None:
+                batch.add_metric([], job["batch_duration_ms"] / 1000)
+            if job.get("input_lag_messages") is not None:
+                lag.add_metric([], job["input_lag_messages"])
+            active.add_metric([], 1 if job.get("active") else 0)
+            batches.add_metric([], job.get("batches", 0))
+        yield from (messages, batch, lag, active, batches)

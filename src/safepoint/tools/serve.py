@@ -1,0 +1,84 @@
+"""``safepoint serve`` and the HTTP surface of ``safepoint run --http-port``.
+
+Both serve ``tools/http_api.py`` over a ``StatusStore`` following the status topic; in the job's
+process ``/healthz`` also has the query's own figures (``tools/job_status.py``), which the job
+publishes to the status topic for ``serve``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Any
+
+from safepoint.connectors.producer import make_producer, producer_conf
+from safepoint.connectors.topics import check_reachable, quiet
+from safepoint.errors import SafepointError
+from safepoint.settings import Settings
+from safepoint.tools.http_api import HttpServer, make_app
+from safepoint.tools.job_status import JobStatus
+from safepoint.tools.status_store import StatusStore
+
+__all__ = ["JobSurface", "serve"]
+
+
+class JobSurface:
+    """What ``safepoint run`` shows of itself: its progress record (published to the status topic)
+    and, with ``http_port``, the HTTP surface in its process."""
+
+    def __init__(self, settings: Settings, query: Any, name: str = "safepoint run") -> None:
+        conf = quiet(producer_conf(settings.librdkafka(), linger_ms=50))
+        self.producer = make_producer("confluent", conf) if settings.status_topic else None
+        self.store: StatusStore | None = None
+        self.server: HttpServer | None = None
+        if settings.http_port:
+            self.store = StatusStore()
+            if settings.status_topic:
+                self.store.follow(settings.librdkafka(), settings.status_topic)
+        self.job = JobStatus(self.producer, settings.status_topic, self.store)
+        if self.store is not None:
+            app = make_app(self.store, health=lambda: self.job.health(bool(query.isActive)))
+            self.server = HttpServer(app, settings.http_host, settings.http_port).start()
+            print(f"{name}: status API, metrics and dashboard at {self.server.url}", flush=True)
+
+    def batch(self, progress: dict[str, Any], counts: dict[str, int], rows: int) -> None:
+        self.job.batch(progress, counts, rows)
+
+    def close(self) -> None:
+        self.job.stopped()
+        if self.producer is not None:
+            self.producer.flush(5)
+        if self.server is not None:
+            self.server.stop()
+        if self.store is not None:
+            self.store.close()
+
+
+def serve(settings: Settings) -> int:
+    """``safepoint serve``: the HTTP surface over the status topic, until SIGINT or SIGTERM."""
+    if not settings.http_port:
+        msg = "safepoint serve needs --http-port P (or SAFEPOINT_HTTP_PORT)"
+        raise SafepointError(msg)
+    if not settings.status_topic:
+        msg = "safepoint serve needs a status topic (--status-topic; the job's status_topic setting)"
+        raise SafepointError(msg)
+    check_reachable(settings.librdkafka())
+    store = StatusStore()
+    store.follow(settings.librdkafka(), settings.status_topic)
+    server = HttpServer(make_app(store), settings.http_host, settings.http_port).start()
+    print(f"safepoint serve: {server.url} (status from {settings.status_topic} at {settings.bootstrap}); Ctrl-C stops",
+          flush=True)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    try:
+        while not stopping.wait(0.5):
+            if not server.thread.is_alive():
+                print("safepoint serve: the HTTP server stopped", file=sys.stderr)
+                return 1
+    finally:
+        server.stop()
+        store.close()
+    print("safepoint serve: stopped", flush=True)
+    return 0

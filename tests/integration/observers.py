@@ -1,0 +1,97 @@
+"""The real observers of the HTTP surface: a headless Chromium driven by Selenium, and a Prometheus
+server scraping ``/metrics``. Both are Debian's packages (``scripts/setup.sh`` installs them as
+root); each helper says why it cannot run instead of pretending."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from safepoint.tools.broker import free_port
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+PROMETHEUS = shutil.which("prometheus")
+
+
+def browser_missing() -> str | None:
+    if CHROMIUM is None or CHROMEDRIVER is None:
+        return "Debian's chromium and chromium-driver are not installed (scripts/setup.sh installs them as root)"
+    return None
+
+
+def prometheus_missing() -> str | None:
+    return None if PROMETHEUS else "Debian's prometheus is not installed (scripts/setup.sh installs it as root)"
+
+
+def dashboard_text(url: str, wait_for: list[str], screenshot: Path, timeout_s: float = 60) -> dict[str, str]:
+    """Open the dashboard headless, wait until every string of ``wait_for`` is on the page, save a
+    screenshot; the page's text and its ``data-field`` figures as a person sees them."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = str(CHROMIUM)
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1400,1100"):
+        opts.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
+    try:
+        driver.get(url)
+        WebDriverWait(driver, timeout_s).until(
+            lambda d: all(s in d.find_element(By.ID, "clusters").text for s in wait_for))
+        driver.save_screenshot(str(screenshot))
+        figures = {el.get_attribute("data-field"): el.text for el in driver.find_elements(By.CSS_SELECTOR, "[data-field]")}
+        return {"page": driver.find_element(By.TAG_NAME, "body").text, **figures}
+    finally:
+        driver.quit()
+
+
+class Prometheus:
+    """A Prometheus server on 127.0.0.1 with the scrape configuration ``config_text``."""
+
+    def __init__(self, config_text: str, tmp: Path) -> None:
+        self.port = free_port()
+        config = tmp / "prometheus.yml"
+        config.write_text(config_text)
+        self.log = open(tmp / "prometheus.log", "wb")  # noqa: SIM115 - closed in stop
+        self.proc = subprocess.Popen([str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                                      f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+            data = json.loads(resp.read())
+        assert data["status"] == "success", data
+        result: list[dict[str, Any]] = data["data"]["result"]
+        return result
+
+    def value_of(self, expr: str, timeout_s: float = 60) -> float:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                result = self.query(expr)
+                if result:
+                    return float(result[0]["value"][1])
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"Prometheus gave no sample of {expr} in {timeout_s:.0f} s: "
+                                     + Path(self.log.name).read_text(errors="replace")[-2000:])
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()

@@ -1,0 +1,162 @@
+"""The status model (core/status.py), its store and the HTTP surface over it, without Kafka.
+
+The store is fed the parts the job would publish for the same log (``node_status`` of every node,
+``cluster_status`` of every cluster), so what the API shows here is what ``replay --status``
+writes; the job's side of that equality is test_batch.py (in one process) and test_status_http.py
+(through the broker and Spark)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+
+from safepoint.core.engine import Engine
+from safepoint.core.status import assemble, cluster_status, node_status
+from safepoint.replay import final_status
+from safepoint.tools.http_api import make_app
+from safepoint.tools.status_store import StatusStore
+
+from core_helpers import NodeClient, Run, topology
+
+T0 = 1_700_000_000_000
+LEASE = 10_000
+
+
+def store_of(engine: Engine) -> StatusStore:
+    store = StatusStore()
+    for (cluster, node), ns in engine.nodes.items():
+        store.apply(f"{cluster}/{node}", node_status(ns, engine.policy))
+    for name, cs in engine.clusters.items():
+        store.apply(name, cluster_status(cs, engine.policy))
+    return store
+
+
+def silent_n3() -> Run:
+    """n1 (a labelled reader) and n2 (a transaction) report; n3 is named by the topology, silent."""
+    run = Run(retention=100, node_lease_ms=LEASE)
+    n1, n2 = NodeClient("n1", "c1"), NodeClient("n2", "c1")
+    run.feed(topology(1, T0, {"n1": [], "n2": [], "n3": []}, cluster="c1"))
+    run.feed(n1.hb(T0, 1_000), n2.hb(T0 + 1, 1_000))
+    run.feed(n1.open("r1", 950, T0 + 10, label="nightly-report"), n2.begin("t1", 970, T0 + 20, label="etl"))
+    run.feed(n1.hb(T0 + 5_000, 2_000), n2.hb(T0 + 5_000, 2_100))
+    return run
+
+
+def test_the_status_names_the_silent_node_and_ranks_the_holds() -> None:
+    run = silent_n3()
+    [st] = final_status(run.engine)["clusters"]
+    assert st["cluster"] == "c1" and st["safe_ts"] is None and st["seq"] == 0
+    assert st["round"]["aborted"] is True
+    [reason] = st["round"]["reasons"]
+    assert reason["kind"] == "missing_node" and reason["node"] == "n3" and "never reported" in reason["detail"]
+    assert [(h["node"], h["kind"], h["id"], h["ts"], h["label"]) for h in st["holds"]] == [
+        ("n1", "reader", "r1", 950, "nightly-report"),
+        ("n2", "tx", "t1", 970, "etl"),
+        ("n1", "retention", None, 1_900, None),
+        ("n2", "retention", None, 2_000, None),
+    ]
+    assert st["holds"][0]["age_ms"] == 5_000 - 10, "age on cluster time: cluster_wall_ms - opened"
+    assert st["hold_counts"] == {"reader": 1, "tx": 1, "prepared_tx": 0, "retention": 2, "group": 0}
+    assert st["blocker"]["kind"] == "reader" and st["blocker"]["label"] == "nightly-report"
+    nodes = {n["node"]: n for n in st["nodes"]}
+    assert nodes["n3"]["unknown"] == "never reported" and nodes["n3"]["in_topology"] and nodes["n3"]["stale"]
+    assert nodes["n1"]["open"] == {"reader": 1, "tx": 0, "prepared_tx": 0} and nodes["n1"]["mvcc_now"] == 2_000
+    assert [a["kind"] for a in st["alerts"]] == ["missing_node"], "the reason is alerted from the first round"
+    assert st["lag"] is None, "no safe point yet, no lag"
+
+
+def test_status_when_the_round_passes_and_during_discovery() -> None:
+    run = Run(retention=100, node_lease_ms=LEASE)
+    n1 = NodeClient("n1", "c1")
+    run.feed(n1.hb(T0, 1_000))
+    [st] = final_status(run.engine)["clusters"]
+    assert [r["kind"] for r in st["round"]["reasons"]] == ["discovery"]
+    assert "discovery window" in st["round"]["reasons"][0]["detail"]
+    run.feed(n1.hb(T0 + LEASE, 5_000))
+    [st] = final_status(run.engine)["clusters"]
+    assert st["round"] == {"aborted": False, "reasons": []}
+    assert st["safe_ts"] == 4_900 and st["lag"] == 100 and st["seq"] == 1
+
+
+def test_holds_beyond_status_holds_are_counted_not_listed() -> None:
+    run = Run(retention=100, node_lease_ms=LEASE, status_holds=3)
+    n1 = NodeClient("n1", "c1")
+    run.feed(topology(1, T0, {"n1": []}, cluster="c1"), n1.hb(T0, 1_000))
+    run.feed(*[n1.open(f"r{i}", 960 - i, T0 + i) for i in range(10)])
+    [st] = final_status(run.engine)["clusters"]
+    assert [h["id"] for h in st["holds"] if h["kind"] == "reader"] == ["r9", "r8", "r7"], "the oldest three"
+    assert st["hold_counts"]["reader"] == 10
+
+
+def test_assemble_is_the_join_of_the_parts() -> None:
+    run = silent_n3()
+    policy = run.engine.policy
+    parts = [node_status(ns, policy) for ns in run.engine.nodes.values()]
+    cluster = cluster_status(run.engine.clusters["c1"], policy)
+    assert assemble(cluster, reversed(parts)) == final_status(run.engine)["clusters"][0], "order of parts is irrelevant"
+
+
+# -- the HTTP surface -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client() -> TestClient:
+    return TestClient(make_app(store_of(silent_n3().engine)))
+
+
+def test_the_json_routes(client: TestClient) -> None:
+    assert client.get("/healthz").json()["status"] == "ok"
+    [st] = client.get("/api/v1/clusters").json()["clusters"]
+    one = client.get("/api/v1/clusters/c1").json()
+    assert one == st and {"safe_ts", "seq", "round", "blocker"} <= set(one)
+    holds = client.get("/api/v1/clusters/c1/holds", params={"limit": 2}).json()["holds"]
+    assert [h["label"] for h in holds] == ["nightly-report", "etl"]
+    assert {"node", "kind", "id", "ts", "age_ms", "label"} <= set(holds[0])
+    assert [n["node"] for n in client.get("/api/v1/clusters/c1/nodes").json()["nodes"]] == ["n1", "n2", "n3"]
+
+
+def test_bad_input_is_a_4xx_with_a_json_error(client: TestClient) -> None:
+    missing = client.get("/api/v1/clusters/nope")
+    assert missing.status_code == 404 and missing.json()["error"] == "unknown cluster 'nope'"
+    assert client.get("/api/v1/clusters/nope/holds").status_code == 404
+    for bad in ("0", "-1", "x", "100001"):
+        r = client.get("/api/v1/clusters/c1/holds", params={"limit": bad})
+        assert r.status_code == 422 and "limit" in r.text
+    assert client.get("/api/v1/nothing").status_code == 404
+
+
+def test_metrics_in_prometheus_text(client: TestClient) -> None:
+    text = client.get("/metrics").text
+    assert re.search(r'^safepoint_round_aborted\{cluster="c1",reason="missing_node"\} 1\.0$', text, re.M)
+    assert re.search(r'^safepoint_holds\{cluster="c1",kind="reader"\} 1\.0$', text, re.M)
+    assert re.search(r'^safepoint_alerts_active\{cluster="c1",kind="missing_node",severity="warning"\} 1\.0$', text, re.M)
+    assert re.search(r'^safepoint_node_stale\{cluster="c1",node="n3"\} 1\.0$', text, re.M)
+    assert "safepoint_safe_ts{" not in text, "no safe point yet: no sample"
+    assert "# TYPE safepoint_input_messages_total counter" in text
+    labels = set(re.findall(r"^\w+\{([^}]*)\}", text, re.M))
+    assert not any("r1" in lab or "t1" in lab for lab in labels), "never one label value per hold"
+
+
+def test_the_dashboard_page(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "api/v1/clusters" in page.text
+
+
+def _fuzz_app() -> Any:
+    return make_app(store_of(silent_n3().engine))
+
+
+schema = schemathesis.openapi.from_asgi("/openapi.json", _fuzz_app())
+
+
+@schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_the_api_against_its_own_openapi_description(case: Any) -> None:
+    """schemathesis: no input gives a 5xx, every status code and content type is documented."""
+    case.call_and_validate()
