@@ -62,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--first-batch", type=int, default=10_000, help="events in the throughput runs' batch 0 (excluded)")
     p.add_argument("--trigger-ms", type=int, default=500, help="processing-time trigger of the job (the job's default)")
     p.add_argument("--masters", default="local[1],local[2]", help="Spark masters of the throughput runs")
+    p.add_argument("--status-off", default="local[2]",
+                   help="masters that get one more throughput run with the status off (status_topic empty), comma-separated")
     p.add_argument("--latency-master", default="local[2]")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of event time sent before pacing (first batch, excluded)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="most seconds to wait for the job to catch up after pacing")
@@ -162,6 +164,12 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"(3a) job {master}: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0 "
                     f"({tp['batches']} batches), RSS JVM+workers {mb(tp['jvm_plus_workers_rss_end'])}, state dir "
                     f"{mb(tp['state_dir_bytes'])}, {tp['directives']} directives")
+            for master in [m.strip() for m in args.status_off.split(",") if m.strip()]:
+                tag = "tp-nostatus-" + master.replace("[", "").replace("]", "").replace("*", "all")
+                say(f"(3a) job {master}, status off, over the backlog ...")
+                tp = run_spark_tp(args, work, bootstrap, wl.events, master, tag, holds, {"broker": broker_pid}, status=False)
+                res["spark_throughput"].append(tp)
+                say(f"(3a) job {master}, status off: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0")
 
         if "latency" in phases:
             res["latency"] = []

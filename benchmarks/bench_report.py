@@ -88,7 +88,7 @@ def build_report(res: dict[str, Any]) -> str:
     for tp in res.get("spark_throughput", []):
         s = tp["sustained_events_per_s"]
         cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted(tp["cpu_us_per_event"].items()))
-        L.append(f"| (3a) job {tp['master']}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
+        L.append(f"| (3a) job {tp['master']}{'' if tp.get('status', True) else ', status off'}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
                  f"{mb(tp['jvm_plus_workers_rss_end'])} (JVM {mb(tp['rss_end'].get('jvm'))} + {tp['rss_end'].get('workers_n')} "
                  f"workers {mb(tp['rss_end'].get('workers'))}; PSS {mb(tp['rss_end'].get('jvm_pss', 0) + tp['rss_end'].get('workers_pss', 0))}) | "
                  f"{tp['batches']} batches{' (feeder late ' + str(tp['feeder_late_chunks']) + 'x)' if tp.get('feeder_late_chunks') else ''}, "
@@ -182,7 +182,7 @@ def build_report(res: dict[str, Any]) -> str:
 def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     plain = (res.get("plain") or {}).get("events_per_s")
-    tps = {t["master"]: t for t in res.get("spark_throughput", []) }
+    tps = {t["master"]: t for t in res.get("spark_throughput", []) if t.get("status", True)}
     best = max((t["sustained_events_per_s"] or 0 for t in tps.values()), default=0) or None
     best_master = max(tps.values(), key=lambda t: t["sustained_events_per_s"] or 0)["master"] if tps else None
     r = best / plain if best and plain else None
@@ -217,13 +217,21 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "measured": f"{s:.2f}x ({fmt_rate(tps['local[1]']['sustained_events_per_s'])} -> "
                                 f"{fmt_rate(tps['local[2]']['sustained_events_per_s'])} ev/s)",
                     "ok": s >= TARGETS["scaling_2_vs_1"]})
+    for off in (t for t in res.get("spark_throughput", []) if not t.get("status", True)):
+        on = tps.get(off["master"])
+        if on and on["sustained_events_per_s"] and off["sustained_events_per_s"]:
+            cost = 1 - on["sustained_events_per_s"] / off["sustained_events_per_s"]
+            out.append({"target": f"the status costs <= 10% of the job's throughput ({off['master']})",
+                        "measured": f"{cost:+.1%} ({fmt_rate(on['sustained_events_per_s'])} ev/s with it, "
+                                    f"{fmt_rate(off['sustained_events_per_s'])} without; one run each, noisy)",
+                        "ok": cost <= 0.10})
     return out
 
 
 def findings(res: dict[str, Any]) -> list[str]:
     """Plain-language top findings from the numbers (the .md and the console)."""
     out: list[str] = []
-    tps = [t for t in res.get("spark_throughput", []) ]
+    tps = [t for t in res.get("spark_throughput", []) if t.get("status", True)]
     t2 = next((t for t in tps if t["master"] == "local[2]"), tps[-1] if tps else None)
     prof = res.get("profile", {})
     pp = prof.get("processors_local")

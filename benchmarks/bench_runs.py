@@ -173,7 +173,8 @@ def source_ignores_max_offsets() -> str | None:
 
 
 def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: list[tuple[int, str, bytes]], master: str,
-                 tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None) -> dict[str, Any]:
+                 tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None,
+                 status: bool = True) -> dict[str, Any]:
     topics = make_topics(bootstrap, tag, args.partitions)
     ckpt = work / f"ckpt-{tag}"
     total = len(events)
@@ -181,7 +182,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(ckpt), "master": master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
-        "timeout_s": args.timeout, "profile_rate": args.profile_rate,
+        "timeout_s": args.timeout, "profile_rate": args.profile_rate, "status": status,
     }
     feeder = Feeder(bootstrap, topics["events"], events, args.max_offsets, ckpt, args.first_batch)
     feeder.start()
@@ -202,6 +203,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         raise RuntimeError(f"spark run {tag} failed (exit {rc}; feeder {feeder.error}):\n{tail}")
     res = json.loads((work / f"{tag}.json").read_text())
     out = summarize_tp(res, holds)
+    out["status"] = status
     out["feeder_late_chunks"] = feeder.late
     out["directives"] = sum(1 for v in read_topic(bootstrap, topics["directives"]) if b'"compaction"' in v)
     return out

@@ -113,6 +113,7 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         directives_topic=t["directives"],
         alerts_topic=t["alerts"],
         deadletter_topic=t["deadletter"],
+        status_topic=t["status"] if spec.get("status", True) else "",
         max_offsets_per_trigger=spec["max_offsets"],
         trigger_ms=spec["trigger_ms"],
         spark_master=spec["master"],

@@ -171,6 +171,7 @@ def make_topics(bootstrap: str, tag: str, partitions: int) -> dict[str, str]:
         directives_topic=f"bench.{tag}.directives",
         alerts_topic=f"bench.{tag}.alerts",
         deadletter_topic=f"bench.{tag}.deadletter",
+        status_topic=f"bench.{tag}.status",
     )
     ensure_topics(s.librdkafka(), topic_specs(s.topics(), partitions))
     return s.topics()

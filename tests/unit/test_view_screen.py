@@ -78,3 +78,24 @@ def test_bands_in_human_units_and_forced_expiries_apart() -> None:
 def test_human_units() -> None:
     assert [human_ms(x) for x in (850, 49_000, 720_000, 7_560_000, None)] == ["850 ms", "49 s", "12 min", "2.1 h", "?"]
     assert [human_bytes(x) for x in (512, 2_400_000_000, 3_100_000)] == ["512 B", "2.4 GB", "3.1 MB"]
+
+
+def test_the_screen_shows_the_round_and_the_oldest_holds_from_the_status() -> None:
+    """The view reads the status parts (the model the HTTP surface serves): why the round aborts,
+    and the oldest holds with their labels and ages as of now."""
+    from safepoint.core.status import cluster_status, node_status
+
+    from core_helpers import NodeClient, Run, topology
+
+    run = Run(retention=100, node_lease_ms=10_000)
+    n1 = NodeClient("n1", "c1")
+    run.feed(topology(1, T, {"n1": [], "n3": []}, cluster="c1"), n1.hb(T, 1_000))
+    run.feed(n1.open("r1", 950, T + 10, label="nightly-report"), n1.hb(T + 1_000, 2_000))
+    state = ViewState("counter")
+    assert "round" not in text(state, T), "nothing before the first status part"
+    for (cluster, node), ns in run.engine.nodes.items():
+        state.status.apply(f"{cluster}/{node}", node_status(ns, run.engine.policy))
+    state.status.apply("c1", cluster_status(run.engine.clusters["c1"], run.engine.policy))
+    out = text(state, T + 31_000, width=160)
+    assert "cluster c1: round aborted: node n3 is in the topology but never reported" in out
+    assert "nightly-report" in out and "31 s" in out, "the oldest hold, open 31 s as of now"

@@ -24,7 +24,7 @@ __all__ = ["run_demo", "LiveView"]
 
 
 class LiveView:
-    """Follows the directives and alerts topics into a ``ViewState`` (``tools/view.py``)."""
+    """Follows the directives, alerts and status topics into a ``ViewState`` (``tools/view.py``)."""
 
     def __init__(self, settings: Settings, expiries: queue.Queue[tuple[str, str, str]] | None = None) -> None:
         from confluent_kafka import Consumer
@@ -41,7 +41,7 @@ class LiveView:
                 }
             )
         )
-        self.consumer.subscribe([settings.directives_topic, settings.alerts_topic])
+        self.consumer.subscribe([t for t in (settings.directives_topic, settings.alerts_topic, settings.status_topic) if t])
         self.state = ViewState(settings.mvcc_unit)
         self.expiries = expiries
 
@@ -61,6 +61,9 @@ class LiveView:
                 continue
             raw = msg.value()
             if raw is None:
+                continue
+            if msg.topic() == self.settings.status_topic:
+                self.state.status.apply_raw(msg.key(), raw)
                 continue
             value = json.loads(raw)
             if msg.topic() == self.settings.directives_topic:

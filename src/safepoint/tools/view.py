@@ -1,5 +1,7 @@
 """The live screen of ``safepoint view`` and ``safepoint demo``: what the job decided, read back from
-its directives and alerts topics, drawn with rich to the terminal's width.
+its directives, alerts and status topics, drawn with rich to the terminal's width. The status
+parts go into a ``StatusStore``, the model the HTTP surface serves: the screen shows each
+cluster's round (and why it aborts) and the oldest holds from it.
 
 ``ViewState`` takes the decoded messages and holds what the screen shows; ``screen`` draws it for
 a moment ``now_ms``: ages and lags are computed against now, not against the last directive, so
@@ -18,6 +20,8 @@ from typing import Any
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
+
+from safepoint.tools.status_store import StatusStore
 
 __all__ = ["MVCC_UNITS", "ViewState", "human_bytes", "human_ms", "render_text", "screen"]
 
@@ -61,6 +65,8 @@ class ViewState:
         self.bands: dict[str, dict[str, dict[str, Any]]] = {}  # node -> kind -> the raising alert
         self.expired: deque[dict[str, Any]] = deque(maxlen=4)
         self.expire_seq: dict[str, int] = {}
+        self.status = StatusStore(history=1)
+        """The status parts read from the status topic (``apply_raw`` each message)."""
 
     def directive(self, value: dict[str, Any]) -> dict[str, Any] | None:
         """Take one message of the directives topic; returns a new expiry (the demo's simulator
@@ -131,6 +137,7 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
                          "-" if floor is None else str(floor), blocker or "-")
     parts.append(clusters if state.latest else Text("(waiting for the first directive: Spark starts, then every node "
                                                     "reports within the discovery window)"))
+    parts += _status_parts(state, now_ms)
     noisy = {node: kinds for node, kinds in sorted(state.bands.items()) if kinds}
     parts += [Text(""), Text("pressure bands (every node is normal unless listed)", style="bold")]
     for node, kinds in noisy.items():
@@ -151,6 +158,35 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
         parts.append(Text(f"  {a['state']} {a['severity']} {a['kind']}: {a['detail']}", overflow="ellipsis",
                           no_wrap=True))
     return Group(*parts)
+
+
+def _status_parts(state: ViewState, now_ms: int, top: int = 5) -> list[Any]:
+    """Each cluster's round and its oldest holds, from the status (nothing before the first part)."""
+    statuses = state.status.all()
+    if not statuses:
+        return []
+    parts: list[Any] = [Text("")]
+    holds = Table(box=None, pad_edge=False, expand=False, title=None)
+    for name, justify in (("oldest holds: cluster", "left"), ("node", "left"), ("kind", "left"), ("id", "left"),
+                          ("label", "left"), ("ts", "right"), ("open", "right")):
+        holds.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    rows = 0
+    for st in statuses:
+        r = st["round"]
+        why = "; ".join(x["detail"] for x in r["reasons"][:3]) + (f" (+{len(r['reasons']) - 3} more)" if len(r["reasons"]) > 3 else "")
+        parts.append(Text(f"cluster {st['cluster']}: round " + (f"aborted: {why}" if r["aborted"] else "ok")
+                          + f"; holds {st['hold_counts']['reader']} readers, "
+                          + f"{st['hold_counts']['tx'] + st['hold_counts']['prepared_tx']} transactions",
+                          style="red" if r["aborted"] else "", overflow="fold"))
+        behind = max(0, now_ms - st["cluster_wall_ms"]) if st.get("cluster_wall_ms") is not None else 0
+        for h in [h for h in st["holds"] if h["kind"] not in ("retention", "group")][:top]:
+            age = None if h["age_ms"] is None else h["age_ms"] + behind
+            holds.add_row(st["cluster"], h["node"], h["kind"], h["id"] or "-", h["label"] or "-", state.ts_text(h["ts"]),
+                          human_ms(age))
+            rows += 1
+    if rows:
+        parts += [Text(""), holds]
+    return parts
 
 
 def render_text(group: Group, width: int) -> str:
