@@ -11,7 +11,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["EVENT_TYPES", "NODE_EVENT_TYPES", "CLUSTER_EVENT_TYPES", "OUTPUT_NAMES", "load"]
+__all__ = ["EVENT_TYPES", "NODE_EVENT_TYPES", "CLUSTER_EVENT_TYPES", "CONTROL_EVENT_TYPES", "OUTPUT_NAMES", "load"]
 
 NODE_EVENT_TYPES = (
     "reader_open",
@@ -22,7 +22,10 @@ NODE_EVENT_TYPES = (
     "heartbeat",
     "snapshot",
 )
-CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance")
+CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance", "service_hold", "service_release", "pause",
+                       "resume")
+CONTROL_EVENT_TYPES = ("service_hold", "service_release", "pause", "resume")
+"""Cluster events an operator publishes (``core/control.py``): no ``version``, ordered by ``wall_ms``."""
 EVENT_TYPES = NODE_EVENT_TYPES + CLUSTER_EVENT_TYPES
 OUTPUT_NAMES = ("compaction", "expire", "snapshot_request", "alert", "deadletter")
 

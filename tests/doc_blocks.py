@@ -71,6 +71,8 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/operations.md", "safepoint check-node --bootstrap"):
         "tests/integration/test_kcat.py::test_the_guides_kcat_and_check_node_blocks",
     ("docs/architecture.md", "database node"): "shown: the data flow diagram",
+    ("README.md", "from safepoint.connectors.service_hold import ServiceHold"):
+        "tests/integration/test_control_e2e.py::test_service_holds_pause_and_ttl_through_the_job",
     ("docs/operations.md", "scrape_configs:"):
         "tests/integration/test_status_http.py::test_the_job_serves_what_pins_history",
 }

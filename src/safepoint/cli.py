@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from safepoint import __version__
@@ -80,6 +81,12 @@ def _status_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "status-topic", "compacted topic of the status ('' = no status)")
     _flag(p, "http-port", "serve the status API, /metrics and the dashboard on this port (0 = off)", int)
     _flag(p, "http-host", "address the HTTP surface binds")
+
+
+def _control_flags(p: argparse.ArgumentParser) -> None:
+    for name, text in (("bootstrap", "Kafka bootstrap servers HOST:PORT"), ("events-topic", "input topic"), ("status-topic", "the status topic")):
+        _flag(p, name, text)
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--report", default=None, help=f"also write the report as JSON to this file [env {env_name('report')}]")
+
+    from safepoint.tools.control_cli import add_parsers
+
+    add_parsers(sub, _control_flags)
 
     # everything after "bench" goes to benchmarks/bench.py as is ("+" prefix: no "-" flag is taken here)
     p = sub.add_parser("bench", help="benchmark: raw consume, plain consumer and the job (see README, Benchmark)",
@@ -286,10 +297,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    from safepoint.tools.serve import serve
-
-    return serve(_settings(args))
+def _tool(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+    """A command whose code lives in ``module``: ``func(args, settings)``, imported when it runs."""
+    return lambda args: int(getattr(importlib.import_module(module), func)(args, _settings(args)))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -363,7 +373,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rc: int = module.main(list(args.bench_args))
     return rc
 
-COMMANDS = {"serve": cmd_serve, "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
+_CONTROL = _tool("safepoint.tools.control_cli", "run_args")
+COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.tools.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

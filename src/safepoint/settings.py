@@ -92,10 +92,13 @@ class Settings:
     max_expiries_per_window: int = _P.max_expiries_per_window
     expire_window_ms: int = _P.expire_window_ms
     status_holds: int = _P.status_holds
+    leak_window_ms: int = _P.leak_window_ms
     http_port: int = 0
     """Serve the status API, metrics and dashboard on this port (0: off)."""
     http_host: str = "127.0.0.1"
     """Address the HTTP surface binds (loopback unless told otherwise)."""
+    admin_token: str = ""
+    """Bearer token the HTTP surface's POST actions require (a ``Secret``: never printed); empty: every POST is 403."""
     client: str = "confluent"
     """The node client's Kafka library (Reporter, DirectiveListener): confluent (librdkafka) or
     kafka-python (pure Python, for nodes without librdkafka's wheel). The job always uses confluent-kafka."""
@@ -167,7 +170,7 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     if not isinstance(raw, str):
         msg = f"setting {where} must be a string, got {raw!r}"
         raise ConfigError(msg)
-    return raw
+    return Secret(raw) if name == "admin_token" else raw
 
 
 RETIRED = {

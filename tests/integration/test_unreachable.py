@@ -11,6 +11,7 @@ import pytest
 
 from safepoint.connectors.topics import REACH_TIMEOUT_S
 from safepoint.tools.broker import EmbeddedBroker, free_port
+from safepoint.tools.control_cli import CONTROL_REACH_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +27,11 @@ def safepoint(*args: str, timeout_s: float = 60.0) -> tuple[int, str, float]:
     ["run", "--checkpoint", "/tmp/safepoint-unreachable-ckpt"],
     ["view", "--duration", "30"],
     ["simulate", "--duration", "30"],
+    ["hold", "set", "c1", "backup", "--ts", "5", "--ttl", "1h"],
+    ["hold", "list", "c1"],
+    ["pause", "c1", "--reason", "restore"],
+    ["resume", "c1"],
+    ["serve", "--http-port", "1"],
 ])
 def test_an_unreachable_broker_is_one_line_within_a_bound(command: list[str]) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
@@ -33,6 +39,8 @@ def test_an_unreachable_broker_is_one_line_within_a_bound(command: list[str]) ->
     lines = [x for x in err.splitlines() if x.strip()]
     assert rc == 2, err
     assert took < REACH_TIMEOUT_S + 15, f"gave up after {took:.0f} s"
+    if command[0] in ("hold", "pause", "resume"):
+        assert took < CONTROL_REACH_TIMEOUT_S + 5, f"an operator's action gave up after {took:.0f} s"
     assert len(lines) == 1, err
     assert f"cannot reach the Kafka broker at {bootstrap}" in lines[0] and lines[0].startswith(f"safepoint {command[0]}:")
 

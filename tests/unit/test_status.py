@@ -7,6 +7,7 @@ writes; the job's side of that equality is test_batch.py (in one process) and te
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -16,6 +17,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
 from safepoint.core.engine import Engine
+from safepoint.core.events import parse
 from safepoint.core.status import assemble, cluster_status, node_status
 from safepoint.replay import final_status
 from safepoint.tools.http_api import make_app
@@ -61,7 +63,7 @@ def test_the_status_names_the_silent_node_and_ranks_the_holds() -> None:
         ("n2", "retention", None, 2_000, None),
     ]
     assert st["holds"][0]["age_ms"] == 5_000 - 10, "age on cluster time: cluster_wall_ms - opened"
-    assert st["hold_counts"] == {"reader": 1, "tx": 1, "prepared_tx": 0, "retention": 2, "group": 0}
+    assert st["hold_counts"] == {"reader": 1, "tx": 1, "prepared_tx": 0, "retention": 2, "group": 0, "service": 0}
     assert st["blocker"]["kind"] == "reader" and st["blocker"]["label"] == "nightly-report"
     nodes = {n["node"]: n for n in st["nodes"]}
     assert nodes["n3"]["unknown"] == "never reported" and nodes["n3"]["in_topology"] and nodes["n3"]["stale"]
@@ -160,3 +162,39 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", _fuzz_app())
 def test_the_api_against_its_own_openapi_description(case: Any) -> None:
     """schemathesis: no input gives a 5xx, every status code and content type is documented."""
     case.call_and_validate()
+
+
+# -- admin actions ----------------------------------------------------------------------------------
+
+
+def admin_client(token: str = "s3cret") -> tuple[TestClient, list[dict[str, Any]]]:
+    published: list[dict[str, Any]] = []  # what would go to the events topic (the integration test sends it)
+    return TestClient(make_app(store_of(silent_n3().engine), publish=published.append, admin_token=token)), published
+
+
+def test_admin_actions_are_off_without_a_token() -> None:
+    c, published = admin_client(token="")
+    r = c.post("/api/v1/clusters/c1/pause", json={"reason": "restore"}, headers={"Authorization": "Bearer x"})
+    assert r.status_code == 403 and "admin_token" in r.json()["error"] and published == []
+
+
+def test_admin_actions_need_the_bearer_token_and_publish_events() -> None:
+    c, published = admin_client()
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic s3cret"}):
+        r = c.post("/api/v1/clusters/c1/pause", json={"reason": "restore"}, headers=headers)
+        assert r.status_code == 401 and r.headers["WWW-Authenticate"] == "Bearer"
+    ok = {"Authorization": "Bearer s3cret"}
+    r = c.post("/api/v1/clusters/c1/service-holds/backup", json={"ts": 900, "ttl_ms": 60_000, "label": "nightly"},
+               headers=ok)
+    assert r.status_code == 202
+    assert c.post("/api/v1/clusters/c1/service-holds/backup/release", headers=ok).status_code == 202
+    assert c.post("/api/v1/clusters/c1/pause", json={"reason": "restore"}, headers=ok).status_code == 202
+    assert c.post("/api/v1/clusters/c1/resume", headers=ok).status_code == 202
+    assert [(e["type"], e.get("holder"), e.get("reason")) for e in published] == [
+        ("service_hold", "backup", None), ("service_release", "backup", None), ("pause", None, "restore"), ("resume", None, None)]
+    assert published[0]["ts"] == 900 and published[0]["ttl_ms"] == 60_000 and published[0]["label"] == "nightly"
+    for e in published:  # each is a valid event of the contract
+        assert isinstance(parse(json.dumps(e), 1 << 20), dict), e
+    bad = c.post("/api/v1/clusters/c1/service-holds/backup", json={"ts": 900, "ttl_ms": 0}, headers=ok)
+    assert bad.status_code == 422 and len(published) == 4
+    assert "s3cret" not in c.get("/openapi.json").text

@@ -240,7 +240,11 @@ def stamp_signal(state: ClusterState, node: str, signal: list[Any], out: list[Ou
     now = state.cluster_time
     assert now is not None
     kind, body = signal
-    if kind == "expire":
+    if kind == "snapshot_request":
+        state.eseq += 1
+        out.append(Output(DIRECTIVES, join_id(state.name, node), {**body, "cluster": state.name, "seq": state.eseq,
+                                                                  "cluster_wall_ms": now}))
+    elif kind == "expire":
         state.eseq += 1
         kind_, hid = ("reader", body["reader_id"]) if "reader_id" in body else ("tx", body["tx_id"])
         value = {**body, "cluster": state.name, "seq": state.eseq, "cluster_wall_ms": now}

@@ -25,6 +25,15 @@ from safepoint.core.alerts import (
     stamp_signal,
     sync_abort_alerts,
 )
+from safepoint.core.compaction import catalog_floor_at, compaction_directive
+from safepoint.core.control import (
+    CONTROL_TYPES,
+    apply_control,
+    count_ignored,
+    expire_service_holds,
+    paused,
+    service_min,
+)
 from safepoint.core.ids import join_id, split_id
 from safepoint.core.leases import LastWalls
 from safepoint.core.node import NodeUpdate
@@ -69,6 +78,7 @@ class ClusterState:
         "_never",
         "_awaiting",
         "_floor_alerts",
+        "control",
     )
 
     def __init__(self, name: str) -> None:
@@ -94,6 +104,8 @@ class ClusterState:
         """Set after a start on empty state (``core/recovery.py``): ``expected`` nodes (the last
         directive's basis), ``complete`` nodes (sent a snapshot since), ``requested`` node -> the
         cluster time of its last snapshot request."""
+        self.control: dict[str, Any] = {}
+        """Service holds, pause and what control events could not do (``core/control.py``)."""
         self._rebuild()
 
     # -- persistence ------------------------------------------------------------------
@@ -122,6 +134,7 @@ class ClusterState:
                 "complete": sorted(self.recovery["complete"]),
                 "requested": self.recovery["requested"],
             },
+            **({"control": self.control} if self.control else {}),
         }
 
     @classmethod
@@ -144,6 +157,7 @@ class ClusterState:
         state.topology_wall = data["topology_wall"]
         state.eseq = data.get("eseq", 0)
         state.last_advance_wall = data.get("last_advance_wall")
+        state.control = data.get("control", {})
         recovery = data.get("recovery")
         if recovery is not None:
             state.recovery = {"expected": set(recovery["expected"]), "complete": set(recovery["complete"]),
@@ -265,6 +279,9 @@ class ClusterState:
             check_horizon(self, u.node, out)
             check_floor(self, u.node, u.floor, out)
         for signal in u.signals:
+            if self.control and paused(self) and (signal[0] == "expire" or signal[1].get("kind") == "forced_expiry"):
+                count_ignored(self, "expiry_while_paused")
+                continue
             stamp_signal(self, u.node, signal, out)
         if self.recovery is not None:
             recover_node(self, u, policy, out)
@@ -284,6 +301,10 @@ class ClusterState:
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
         """Apply a validated cluster event. Returns why it was ignored, or None."""
         kind = event["type"]
+        if kind in CONTROL_TYPES:
+            apply_control(self, event, out)
+            self.evaluate(policy, out)
+            return None
         version = event["version"]
         if version <= self.versions.get(kind, -1):
             return IGNORED_STALE_VERSION
@@ -316,6 +337,8 @@ class ClusterState:
         now = self.cluster_time
         if now is None or self.first_wall is None:
             return
+        if self.control:
+            expire_service_holds(self, now, out)
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         found = problems(self, policy)
@@ -326,8 +349,8 @@ class ClusterState:
 
     def _round(self, found: dict[str, Problem], now: int, policy: Policy, out: list[Output]) -> None:
         """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances."""
-        if found or not self.dirty:
-            return
+        if found or not self.dirty or (self.control and paused(self)):
+            return  # a pause keeps the cluster dirty: what it held back goes out after resume
         if (
             policy.directive_interval_ms
             and self.last_directive_wall is not None
@@ -338,8 +361,11 @@ class ClusterState:
         if not self._members or len(self._mins) != len(self._members):
             return
         global_min, gnode = self._mins[0]
+        service = service_min(self) if self.control else None
+        if service is not None and service[0] < global_min:
+            global_min, gnode = service[0], ""  # "": the blocker is a service hold of the cluster
         safe = global_min if self.safe_ts is None else max(self.safe_ts, global_min)
-        floor = self._floor(safe)
+        floor = catalog_floor_at(self, safe)
         if safe == self.safe_ts and floor == self.catalog_floor:
             return
         self.safe_ts = safe
@@ -348,47 +374,4 @@ class ClusterState:
         self.last_directive_wall = now
         self.last_advance_wall = now
         clear_violation(self, "stall/-", out)
-        out.append(Output(DIRECTIVES, self.name, self._directive(gnode, now, policy.retention)))
-
-    def _floor(self, safe: int) -> int | None:
-        eligible = [v for v, at in self.catalogs.items() if at <= safe]
-        if not eligible:
-            return self.catalog_floor
-        candidate = max(eligible)
-        pins = list(self.index_builds.values()) + list(self.rebalances.values())
-        if pins:
-            candidate = min(candidate, min(pins))
-        if self.catalog_floor is not None and candidate < self.catalog_floor:
-            return self.catalog_floor
-        for v in [v for v in self.catalogs if v < candidate]:
-            del self.catalogs[v]  # dropped versions are never needed again
-        return candidate
-
-    def _directive(self, gnode: str, now: int, retention: int) -> dict[str, Any]:
-        blocker = self.nodes[gnode].blocker
-        blocker_out = None
-        if blocker is not None:
-            blocker_out = {
-                "node": gnode,
-                "kind": blocker.kind,
-                "id": blocker.id,
-                "ts": blocker.ts,
-                "age_ms": now - blocker.opened_wall if blocker.opened_wall is not None else None,
-                "label": blocker.label,
-            }
-        basis = {
-            n: {"incarnation": self.nodes[n].incarnation, "seq": self.nodes[n].seq, "local_min": self.nodes[n].local_min}
-            for n in sorted(self._members)
-        }
-        return {
-            "v": 1,
-            "type": "compaction",
-            "cluster": self.name,
-            "seq": self.dseq,
-            "safe_ts": self.safe_ts,
-            "catalog_floor": self.catalog_floor,
-            "cluster_wall_ms": now,
-            "blocker": blocker_out,
-            "basis": basis,
-            "retention": retention,
-        }
+        out.append(Output(DIRECTIVES, self.name, compaction_directive(self, gnode, now, policy.retention)))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from safepoint.core.cluster import IGNORED_STALE_VERSION, ClusterState
+from safepoint.core.control import CONTROL_TYPES
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import Output, dead_letter
@@ -93,7 +94,7 @@ def apply_stage(
     """The second half of ``node_stage``: apply one validated event to its node (or gate)."""
     cluster = event["cluster"]
     if not is_node_event(event):
-        if gates is not None:
+        if gates is not None and event["type"] not in CONTROL_TYPES:  # those order themselves (core/control.py)
             versions = gates.setdefault(cluster, {})
             if event["version"] <= versions.get(event["type"], -1):
                 return StageOne(cluster=cluster, outcome=IGNORED, reason=IGNORED_STALE_VERSION)

@@ -12,6 +12,7 @@ from typing import Any
 
 from safepoint.core.bands import Band
 from safepoint.core.ids import join_id
+from safepoint.core.leaks import check_leaks
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import apply_pressure
 from safepoint.core.records import FLOOR_KINDS, Blocker, Expiry, Floor, Hold, HoldRef, OpenedHold
@@ -104,6 +105,7 @@ class NodeState:
         "in_doubt",
         "expiries",
         "expire_walls",
+        "leak",
     )
 
     def __init__(self, cluster: str, node: str) -> None:
@@ -124,6 +126,7 @@ class NodeState:
         self.in_doubt: list[str] = []  # prepared tx ids alerted as in doubt
         self.expiries: dict[str, Expiry] = {}  # join_id(kind, id) -> its expiry
         self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
+        self.leak: dict[str, Any] | None = None  # since when the job holds more than the node reports (core/leaks.py)
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -139,7 +142,7 @@ class NodeState:
             ("pinned_band", None if self.pinned_band.quiet else self.pinned_band.to_json()),
             ("age_band", None if self.age_band.quiet else self.age_band.to_json()),
             ("in_doubt", self.in_doubt), ("expiries", {k: e.to_json() for k, e in self.expiries.items()}),
-            ("expire_walls", self.expire_walls),
+            ("expire_walls", self.expire_walls), ("leak", self.leak),
         )
         for key, value in optional:
             if value is not None and value != [] and value != {}:
@@ -170,6 +173,7 @@ class NodeState:
         state.in_doubt = data.get("in_doubt") or []
         state.expiries = {k: Expiry.from_json(e) for k, e in (data.get("expiries") or {}).items()}
         state.expire_walls = data.get("expire_walls") or []
+        state.leak = data.get("leak")
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -254,6 +258,8 @@ class NodeState:
         update = self._update(wall, opened, closed, groups_changed, policy)
         update.snapshot = kind == "snapshot"
         apply_pressure(self, kind == "heartbeat" and "pinned_bytes" in event, closed, policy, update.signals)
+        if self.leak is not None or kind in ("heartbeat", "snapshot"):
+            check_leaks(self, event, policy, update.signals)
         return update
 
     def _restart(self, incarnation: int, closed: list[HoldRef]) -> None:

@@ -61,6 +61,9 @@ class Policy:
     max_expiries_per_window: int = 5
     """At most this many expire directives per node in any expire_window_ms."""
     expire_window_ms: int = 60_000
+    # -- leaked holds (``core/leaks.py``) --------------------------------------------------------
+    leak_window_ms: int = 60_000
+    """The job holding more readers or transactions than a node reports this long (node clock) is a leak (0: off)."""
     # -- the status (``core/status.py``) --------------------------------------------------------
     status_holds: int = 20
     """Oldest readers and transactions of each node kept in the status (0: no status at all)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
+from safepoint.core.control import paused
 from safepoint.core.node import NodeState
 from safepoint.core.policy import Policy
 
@@ -31,7 +32,7 @@ __all__ = ["LEVELS", "STATUS", "assemble", "cluster_status", "node_status", "sta
 STATUS = "status"
 """Output channel of the status parts."""
 LEVELS = ("normal", "warning", "critical")
-HOLD_ORDER = {"reader": 0, "tx": 1, "prepared_tx": 2, "retention": 3, "group": 4}
+HOLD_ORDER = {"reader": 0, "tx": 1, "prepared_tx": 2, "retention": 3, "group": 4, "service": 5}
 
 
 def status_key(cluster: str, node: str | None = None) -> str:
@@ -116,6 +117,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     for name in sorted(topology - set(cs.nodes)):
         nodes[name] = {"incarnation": None, "seq": None, "local_min": None, "unknown": "never reported",
                        "last_wall_ms": None, "stale": True, "member": False, "in_topology": True}
+    pause = paused(cs)
     alerts = [{k: a.get(k) for k in ("id", "kind", "node", "severity", "since", "detail")}
               for _, a in sorted(cs.raised.items())]
     return {
@@ -126,7 +128,13 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         "catalog_floor": cs.catalog_floor,
         "seq": cs.dseq,
         "cluster_wall_ms": now,
-        "paused": False,
+        "paused": pause is not None,
+        "pause": pause,
+        "service_holds": [{"holder": holder, "ts": h["ts"], "ttl_ms": h["ttl_ms"], "label": h.get("label"),
+                           "renewed_wall_ms": h["wall_ms"], "expires_after_ms": h["wall_ms"] + h["ttl_ms"],
+                           "since_wall_ms": h["since_wall_ms"]}
+                          for holder, h in sorted(cs.control.get("holds", {}).items())],
+        "control_ignored": dict(sorted(cs.control.get("ignored", {}).items())),
         "round": _round(cs, policy),
         "blocker": blocker,
         "nodes": nodes,
@@ -140,7 +148,11 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
     now = cluster.get("cluster_wall_ms")
     parts = {p["node"]: p for p in node_parts}
     holds: list[dict[str, Any]] = []
-    counts = {"reader": 0, "tx": 0, "prepared_tx": 0, "retention": 0, "group": 0}
+    counts = {"reader": 0, "tx": 0, "prepared_tx": 0, "retention": 0, "group": 0, "service": 0}
+    for sh in cluster.get("service_holds", []):
+        counts["service"] += 1
+        holds.append({"node": None, "kind": "service", "id": sh["holder"], "ts": sh["ts"],
+                      "age_ms": now - sh["since_wall_ms"] if now is not None else None, "label": sh.get("label")})
     for name, p in parts.items():
         for h in p["holds"]:
             opened = h.get("opened_wall_ms")
@@ -154,7 +166,7 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
                               "label": None})
         for kind, n in p["open"].items():
             counts[kind] += n
-    holds.sort(key=lambda h: (h["ts"], h["node"], HOLD_ORDER[h["kind"]], h["id"] or ""))
+    holds.sort(key=lambda h: (h["ts"], h["node"] or "", HOLD_ORDER[h["kind"]], h["id"] or ""))
     nows = [p["mvcc_now"] for p in parts.values() if p.get("mvcc_now") is not None]
     safe = cluster.get("safe_ts")
     lag = max(nows) - safe if nows and safe is not None else None

@@ -8,17 +8,21 @@ document at ``/openapi.json`` (interactive at ``/docs``).
 
 from __future__ import annotations
 
+import hmac
 import threading
+import time
 from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Query
+from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from safepoint import __version__
+from safepoint.errors import SafepointError
 from safepoint.tools.metrics import StatusCollector
 from safepoint.tools.status_store import StatusStore
 
@@ -39,8 +43,31 @@ def _unknown(cluster: str) -> JSONResponse:
     return JSONResponse({"error": f"unknown cluster {cluster!r}", "cluster": cluster}, status_code=404)
 
 
-def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
-    """The app over ``store``; ``health()`` adds the job's own figures to ``/healthz``."""
+class ServiceHoldIn(BaseModel):
+    ts: int = Field(ge=-(1 << 63), le=(1 << 63) - 1, description="the MVCC timestamp the safe point must not pass")
+    ttl_ms: int = Field(ge=1, le=31_536_000_000, description="how long it lasts without a renewal")
+    label: str | None = Field(default=None, max_length=256)
+
+
+class PauseIn(BaseModel):
+    reason: str = Field(min_length=1, max_length=1024)
+
+
+ADMIN: dict[int | str, dict[str, Any]] = {
+    202: {"description": "the control event was published to the events topic"},
+    400: {"model": ErrorOut, "description": "the body is not JSON"},
+    401: {"model": ErrorOut, "description": "no or a wrong bearer token"},
+    403: {"model": ErrorOut, "description": "admin actions are off (no admin_token configured)"},
+    503: {"model": ErrorOut, "description": "the broker did not acknowledge the event"},
+}
+HOLDER = Annotated[str, Path(min_length=1, max_length=256, description="who holds history: backup, cdc-feed-7, ...")]
+
+
+def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None,
+             publish: Callable[[dict[str, Any]], None] | None = None, admin_token: str = "") -> FastAPI:
+    """The app over ``store``; ``health()`` adds the job's own figures to ``/healthz``; ``publish``
+    sends a control event to the events topic for the POST actions, which need ``admin_token``
+    as a bearer token (none configured: every POST is 403)."""
     app = FastAPI(title="safepoint", version=__version__,
                   description="What pins MVCC history: each cluster's safe point, its round, its blocker and "
                               "every hold, as the safepoint job publishes them.")
@@ -85,6 +112,49 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
             return _unknown(cluster)
         return {"points": store.history(cluster)}
 
+    def admin(authorization: Annotated[str | None, Header()] = None) -> None:
+        if not admin_token or publish is None:
+            raise HTTPException(403, "admin actions are off: set the admin_token setting to turn them on")
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), admin_token.encode()):
+            raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+
+    def act(kind: str, cluster: str, **fields: Any) -> JSONResponse:
+        event = {"v": 1, "type": kind, "cluster": cluster, "wall_ms": time.time_ns() // 1_000_000,
+                 **{k: v for k, v in fields.items() if v is not None}}
+        assert publish is not None
+        try:
+            publish(event)
+        except SafepointError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=503)
+        return JSONResponse({"published": event}, status_code=202)
+
+    admin_dep = [Depends(admin)]
+
+    @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}", status_code=202, responses=ADMIN,
+              dependencies=admin_dep, summary="set or renew a service hold (publishes service_hold)")
+    def set_hold(cluster: CLUSTER, holder: HOLDER, body: ServiceHoldIn) -> JSONResponse:
+        return act("service_hold", cluster, holder=holder, ts=body.ts, ttl_ms=body.ttl_ms, label=body.label)
+
+    @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}/release", status_code=202, responses=ADMIN,
+              dependencies=admin_dep, summary="release a service hold (publishes service_release)")
+    def release_hold(cluster: CLUSTER, holder: HOLDER) -> JSONResponse:
+        return act("service_release", cluster, holder=holder)
+
+    @app.post("/api/v1/clusters/{cluster}/pause", status_code=202, responses=ADMIN, dependencies=admin_dep,
+              summary="pause the cluster's safe point (publishes pause)")
+    def pause(cluster: CLUSTER, body: PauseIn) -> JSONResponse:
+        return act("pause", cluster, reason=body.reason)
+
+    @app.post("/api/v1/clusters/{cluster}/resume", status_code=202, responses=ADMIN, dependencies=admin_dep,
+              summary="resume a paused cluster (publishes resume)")
+    def resume(cluster: CLUSTER) -> JSONResponse:
+        return act("resume", cluster)
+
+    @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException and Starlette's (404, bad body)
+    def http_error(_request: Any, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -116,7 +186,7 @@ class HttpServer:
             deadline.wait(0.05)
         if not self.server.started:
             msg = f"the HTTP server did not start on {self.url} (is the port free?)"
-            raise OSError(msg)
+            raise SafepointError(msg)
         return self
 
     def stop(self) -> None:

@@ -21,7 +21,7 @@ __all__ = ["REASONS", "StatusCollector"]
 REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_min", "missing_group",
            "awaiting_snapshot")
 """Every reason kind a round can abort for (the label values of ``safepoint_round_aborted``)."""
-HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group")
+HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group", "service")
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -48,6 +48,9 @@ class StatusCollector(Collector):
                         ["cluster", "kind", "severity"])
         pinned = _gauge("safepoint_node_pinned_bytes", "Bytes of history the node reports pinned", ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
+        paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
+        ignored = CounterMetricFamily("safepoint_control_ignored", "Control events that changed nothing, by reason",
+                                      labels=["cluster", "reason"])
         for st in self.store.all():
             name = st["cluster"]
             if st.get("safe_ts") is not None:
@@ -83,7 +86,10 @@ class StatusCollector(Collector):
                 stale.add_metric([name, n["node"]], 1 if n.get("stale") else 0)
             for (kind, severity), count in sorted(active.items()):
                 alerts.add_metric([name, kind, severity], count)
-        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, stale)
+            paused_.add_metric([name], 1 if st.get("paused") else 0)
+            for reason, n in sorted((st.get("control_ignored") or {}).items()):
+                ignored.add_metric([name, reason], n)
+        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, stale, paused_, ignored)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:

@@ -15,12 +15,20 @@ from typing import Any
 from safepoint.connectors.producer import make_producer, producer_conf
 from safepoint.connectors.topics import check_reachable, quiet
 from safepoint.errors import SafepointError
-from safepoint.settings import Settings
+from safepoint.settings import Secret, Settings
+from safepoint.tools.control_cli import publish_control
 from safepoint.tools.http_api import HttpServer, make_app
 from safepoint.tools.job_status import JobStatus
 from safepoint.tools.status_store import StatusStore
 
-__all__ = ["JobSurface", "serve"]
+__all__ = ["JobSurface", "serve", "serve_args"]
+
+
+def admin_of(settings: Settings) -> dict[str, Any]:
+    """The POST actions' publisher and token (``make_app``'s keywords)."""
+    token = settings.admin_token
+    return {"publish": lambda event: publish_control(settings, event),
+            "admin_token": token.get() if isinstance(token, Secret) else str(token)}
 
 
 class JobSurface:
@@ -38,7 +46,7 @@ class JobSurface:
                 self.store.follow(settings.librdkafka(), settings.status_topic)
         self.job = JobStatus(self.producer, settings.status_topic, self.store)
         if self.store is not None:
-            app = make_app(self.store, health=lambda: self.job.health(bool(query.isActive)))
+            app = make_app(self.store, health=lambda: self.job.health(bool(query.isActive)), **admin_of(settings))
             self.server = HttpServer(app, settings.http_host, settings.http_port).start()
             print(f"{name}: status API, metrics and dashboard at {self.server.url}", flush=True)
 
@@ -55,6 +63,10 @@ class JobSurface:
             self.store.close()
 
 
+def serve_args(args: Any, settings: Settings) -> int:
+    return serve(settings)
+
+
 def serve(settings: Settings) -> int:
     """``safepoint serve``: the HTTP surface over the status topic, until SIGINT or SIGTERM."""
     if not settings.http_port:
@@ -66,7 +78,7 @@ def serve(settings: Settings) -> int:
     check_reachable(settings.librdkafka())
     store = StatusStore()
     store.follow(settings.librdkafka(), settings.status_topic)
-    server = HttpServer(make_app(store), settings.http_host, settings.http_port).start()
+    server = HttpServer(make_app(store, **admin_of(settings)), settings.http_host, settings.http_port).start()
     print(f"safepoint serve: {server.url} (status from {settings.status_topic} at {settings.bootstrap}); Ctrl-C stops",
           flush=True)
     stopping = threading.Event()

@@ -1,0 +1,162 @@
+"""Pull the levers from a shell: ``safepoint hold set|release|list`` and ``safepoint pause|resume``.
+
+Every action is a control event published to the events topic (key: the cluster id), so it is
+audited, replayed by ``safepoint replay`` and applied by the job like any other event; nothing
+changes behind the log's back. ``hold list`` reads the cluster's service holds from the status
+topic. An unreachable broker fails within a few seconds with one line and exit code 1.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from safepoint.connectors.topics import check_reachable, quiet
+from safepoint.core.codec import encode
+from safepoint.errors import BrokerError, SafepointError
+from safepoint.settings import Settings
+
+__all__ = ["run_args", "add_parsers", "CONTROL_REACH_TIMEOUT_S", "control_event", "parse_duration_ms", "publish_control", "service_holds_of"]
+
+CONTROL_REACH_TIMEOUT_S = 5.0
+_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """``1h``, ``30m``, ``90s``, ``500ms``, ``2d`` or a number of milliseconds."""
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|min|h|d)?\s*", text)
+    if not m:
+        msg = f"not a duration: {text!r} (use e.g. 1h, 30m, 90s, 500ms or milliseconds)"
+        raise SafepointError(msg)
+    value = int(m.group(1)) * _UNITS[m.group(2) or "ms"]
+    if value < 1:
+        msg = f"a duration must be at least 1 ms, got {text!r}"
+        raise SafepointError(msg)
+    return value
+
+
+def control_event(kind: str, cluster: str, **fields: Any) -> dict[str, Any]:
+    event = {"v": 1, "type": kind, "cluster": cluster, "wall_ms": time.time_ns() // 1_000_000}
+    event.update({k: v for k, v in fields.items() if v is not None})
+    return event
+
+
+def publish_control(settings: Settings, event: dict[str, Any]) -> None:
+    """Publish one control event to the events topic and wait for the broker's acknowledgement."""
+    from confluent_kafka import Producer
+
+    from safepoint.core.events import parse
+
+    checked = parse(encode(event), settings.max_message_bytes)
+    if not isinstance(checked, dict):
+        msg = f"invalid {event['type']} event: {checked.error}"
+        raise SafepointError(msg)
+    conf = settings.librdkafka()
+    check_reachable(conf, CONTROL_REACH_TIMEOUT_S)
+    producer = Producer(quiet({**conf, "enable.idempotence": True, "message.timeout.ms": 10_000}))
+    errors: list[str] = []
+    producer.produce(settings.events_topic, key=event["cluster"].encode(), value=encode(event).encode(),
+                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
+    if producer.flush(15) != 0 or errors:
+        msg = f"the {event['type']} event was not acknowledged by {settings.bootstrap}: {errors or 'timed out'}"
+        raise BrokerError(msg)
+    time.sleep(0.002)  # the next action of this process gets a later wall_ms (control events order by it)
+
+
+def service_holds_of(settings: Settings, cluster: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
+    """The cluster's status read from the status topic up to its end (None: the job has not
+    published one)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from safepoint.tools.status_store import StatusStore
+
+    conf = settings.librdkafka()
+    check_reachable(conf, CONTROL_REACH_TIMEOUT_S)
+    store = StatusStore(history=1)
+    consumer = Consumer(quiet({**conf, "group.id": f"safepoint-hold-list-{time.time_ns()}", "enable.auto.commit": False}))
+    try:
+        meta = consumer.list_topics(settings.status_topic, timeout=CONTROL_REACH_TIMEOUT_S).topics.get(settings.status_topic)
+        if meta is None or meta.error is not None:
+            return None
+        parts = sorted(meta.partitions)
+        ends = {p: int(consumer.get_watermark_offsets(TopicPartition(settings.status_topic, p), timeout=5)[1] or 0)
+                for p in parts}
+        consumer.assign([TopicPartition(settings.status_topic, p, OFFSET_BEGINNING) for p in parts])
+        seen = {p: 0 for p in parts}
+        deadline = time.monotonic() + timeout_s
+        while any(seen[p] < ends[p] for p in parts) and time.monotonic() < deadline:
+            for msg in consumer.consume(1000, 0.5):
+                part, offset = msg.partition(), msg.offset()
+                if msg.error() is None and part is not None and offset is not None:
+                    store.apply_raw(msg.key(), msg.value())
+                    seen[part] = offset + 1
+    finally:
+        consumer.close()
+    return store.status(cluster)
+
+
+def add_parsers(sub: Any, bootstrap_flag: Any) -> None:
+    """``hold set|release|list``, ``pause`` and ``resume`` (``bootstrap_flag(p)`` adds the Kafka flags)."""
+    p = sub.add_parser("hold", help="service holds: set or renew, release, list (a backup's or CDC's pin on history)")
+    actions = p.add_subparsers(dest="hold_action", required=True)
+    s = actions.add_parser("set", help="set or renew the named hold of CLUSTER at --ts for --ttl")
+    s.add_argument("cluster")
+    s.add_argument("holder")
+    s.add_argument("--ts", type=int, required=True, help="the MVCC timestamp the safe point must not pass")
+    s.add_argument("--ttl", required=True, help="how long without a renewal it lasts: 1h, 30m, 90s, 500ms")
+    s.add_argument("--label", default=None, help="what it is for, shown in the status")
+    r = actions.add_parser("release", help="release the named hold")
+    r.add_argument("cluster")
+    r.add_argument("holder")
+    lst = actions.add_parser("list", help="the cluster's service holds, from the status topic")
+    lst.add_argument("cluster")
+    lst.add_argument("--json", action="store_true", help="print them as JSON")
+    for q in (s, r, lst):
+        bootstrap_flag(q)
+    p = sub.add_parser("pause", help="pause CLUSTER: no directive advances, no forced expiry, until resume")
+    p.add_argument("cluster")
+    p.add_argument("--reason", required=True, help="why (an incident, a restore): shown in the status and the alert")
+    bootstrap_flag(p)
+    p = sub.add_parser("resume", help="resume a paused CLUSTER")
+    p.add_argument("cluster")
+    bootstrap_flag(p)
+
+
+def run_args(args: Any, settings: Settings) -> int:
+    return run(args.command, args, settings)
+
+
+def run(command: str, args: Any, settings: Settings) -> int:
+    import json
+
+    if command in ("pause", "resume"):
+        event = control_event(command, args.cluster, reason=getattr(args, "reason", None))
+        publish_control(settings, event)
+        print(f"safepoint {command}: published to {settings.events_topic} for cluster {args.cluster}")
+        return 0
+    if args.hold_action == "set":
+        event = control_event("service_hold", args.cluster, holder=args.holder, ts=args.ts,
+                              ttl_ms=parse_duration_ms(args.ttl), label=args.label)
+        publish_control(settings, event)
+        print(f"safepoint hold set: {args.holder} at ts {args.ts} for {event['ttl_ms']} ms published for cluster "
+              f"{args.cluster} (renew before it runs out; the job refuses a ts below the safe point: see `hold list`)")
+        return 0
+    if args.hold_action == "release":
+        publish_control(settings, control_event("service_release", args.cluster, holder=args.holder))
+        print(f"safepoint hold release: {args.holder} published for cluster {args.cluster}")
+        return 0
+    status = service_holds_of(settings, args.cluster)
+    if status is None:
+        msg = f"no status of cluster {args.cluster!r} in {settings.status_topic} (is the job running with the status on?)"
+        raise SafepointError(msg)
+    holds = status.get("service_holds", [])
+    if args.json:
+        print(json.dumps({"cluster": args.cluster, "safe_ts": status.get("safe_ts"), "service_holds": holds,
+                          "refused_or_ignored": status.get("control_ignored", {})}, indent=1))
+        return 0
+    print(f"cluster {args.cluster}: safe_ts {status.get('safe_ts')}, {len(holds)} service hold(s)")
+    for h in holds:
+        print(f"  {h['holder']}: ts {h['ts']}, ttl {h['ttl_ms']} ms, expires after cluster time {h['expires_after_ms']}"
+              + (f", label {h['label']}" if h.get("label") else ""))
+    return 0

@@ -1,0 +1,221 @@
+"""The operator's levers (core/control.py): service holds with a TTL, pause and resume, through the
+event log: each rule, bad input counted, the job's batches equal replay, and properties."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_pressure import CRIT_AT, EXPIRE_AT, GIB, critical, expired, pressure_run
+
+from safepoint.core import Engine, Position
+from safepoint.core.policy import Policy
+from safepoint.replay import final_status
+
+from core_helpers import NodeClient, Run, topology
+from local_job import LocalJob
+
+T0 = 1_700_000_000_000
+
+
+def hold(holder: str, ts: int, ttl_ms: int, wall: int, label: str | None = None, cluster: str = "c1") -> dict[str, Any]:
+    ev = {"v": 1, "type": "service_hold", "cluster": cluster, "wall_ms": wall, "holder": holder, "ts": ts, "ttl_ms": ttl_ms}
+    return ev if label is None else {**ev, "label": label}
+
+
+def release(holder: str, wall: int) -> dict[str, Any]:
+    return {"v": 1, "type": "service_release", "cluster": "c1", "wall_ms": wall, "holder": holder}
+
+
+def pause(wall: int, reason: str = "restore") -> dict[str, Any]:
+    return {"v": 1, "type": "pause", "cluster": "c1", "wall_ms": wall, "reason": reason}
+
+
+def resume(wall: int) -> dict[str, Any]:
+    return {"v": 1, "type": "resume", "cluster": "c1", "wall_ms": wall}
+
+
+def cluster_of_two(**policy: Any) -> tuple[Run, NodeClient, NodeClient]:
+    run = Run(node_lease_ms=10_000, **policy)
+    n1, n2 = NodeClient("n1", "c1"), NodeClient("n2", "c1")
+    run.feed(n1.hb(T0, 1_000), n2.hb(T0, 1_000), topology(1, T0, {"n1": [], "n2": []}, cluster="c1"))
+    return run, n1, n2
+
+
+def beat(run: Run, n1: NodeClient, n2: NodeClient, wall: int, mvcc: int) -> None:
+    run.feed(n1.hb(wall, mvcc), n2.hb(wall, mvcc))
+
+
+def ignored(run: Run) -> dict[str, int]:
+    return dict(run.engine.clusters["c1"].control.get("ignored", {}))
+
+
+def test_a_service_hold_keeps_the_safe_point_below_its_ts_until_released() -> None:
+    run, n1, n2 = cluster_of_two()
+    run.feed(hold("backup", 1_500, 3_600_000, T0 + 1, label="nightly backup"))
+    beat(run, n1, n2, T0 + 1_000, 5_000)
+    d = run.directives()[-1]
+    assert d["safe_ts"] == 1_500
+    assert d["blocker"] == {"node": None, "kind": "service", "id": "backup", "ts": 1_500, "age_ms": 999,
+                            "label": "nightly backup"}
+    beat(run, n1, n2, T0 + 2_000, 9_000)
+    assert run.last_safe_ts() == 1_500, "nodes advance, the hold does not let the safe point pass"
+    run.feed(release("backup", T0 + 2_001))
+    assert run.last_safe_ts() == 9_000, "released: the next round advances"
+    [st] = final_status(run.engine)["clusters"]
+    assert st["service_holds"] == [] and st["hold_counts"]["service"] == 0
+
+
+def test_ttl_expiry_at_the_millisecond_with_an_alert() -> None:
+    run, n1, n2 = cluster_of_two()
+    run.feed(hold("cdc", 1_500, 10_000, T0 + 5, label="changefeed 7"))
+    beat(run, n1, n2, T0 + 10_005, 4_000)  # cluster time == wall + ttl: still held
+    assert run.last_safe_ts() == 1_500 and run.alerts("service_hold_expired") == []
+    beat(run, n1, n2, T0 + 10_006, 4_000)  # one ms past: expired, and the same round advances
+    [a] = run.alerts("service_hold_expired", "raised")
+    assert "cdc (changefeed 7)" in a["detail"] and a["value"] == 1 and a["threshold"] == 10_000
+    assert run.last_safe_ts() == 4_000
+    run.feed(hold("cdc", 1_800, 10_000, T0 + 10_004))  # sent before the expiry, arrived after: the hold is gone
+    assert ignored(run) == {"expired": 1}
+    run.feed(hold("cdc", 4_100, 10_000, T0 + 10_007))  # set again, at or above the safe point
+    assert run.alerts("service_hold_expired", "cleared")
+    beat(run, n1, n2, T0 + 11_000, 8_000)
+    assert run.last_safe_ts() == 4_100
+
+
+def test_renewals_push_the_expiry_out() -> None:
+    run, n1, n2 = cluster_of_two()
+    for i in range(5):
+        run.feed(hold("backup", 1_500, 10_000, T0 + i * 8_000))
+        beat(run, n1, n2, T0 + i * 8_000 + 7_000, 5_000 + i)
+    assert run.last_safe_ts() == 1_500 and run.alerts("service_hold_expired") == []
+    [st] = final_status(run.engine)["clusters"]
+    assert st["service_holds"][0]["expires_after_ms"] == T0 + 32_000 + 10_000
+    assert st["service_holds"][0]["since_wall_ms"] == T0, "since the first set, not the last renewal"
+
+
+def test_a_hold_below_the_safe_point_is_refused_with_an_alert() -> None:
+    run, n1, n2 = cluster_of_two()
+    beat(run, n1, n2, T0 + 1_000, 5_000)
+    assert run.last_safe_ts() == 5_000
+    run.feed(hold("late-backup", 4_999, 60_000, T0 + 1_001))
+    [a] = run.alerts("service_hold_refused", "raised")
+    assert a["value"] == 4_999 and a["threshold"] == 5_000 and "refused" in a["detail"]
+    assert ignored(run) == {"below_safe_ts": 1}
+    beat(run, n1, n2, T0 + 2_000, 9_000)
+    assert run.last_safe_ts() == 9_000, "a refused hold holds nothing"
+    run.feed(hold("late-backup", 9_000, 60_000, T0 + 2_001))  # at the safe point: protected (inclusive)
+    assert run.alerts("service_hold_refused", "cleared")
+    beat(run, n1, n2, T0 + 3_000, 12_000)
+    assert run.last_safe_ts() == 9_000
+
+
+def test_pause_holds_the_safe_point_and_resume_releases_it() -> None:
+    run, n1, n2 = cluster_of_two()
+    beat(run, n1, n2, T0 + 1_000, 5_000)
+    run.feed(pause(T0 + 1_001, reason="restore of orders"))
+    [a] = run.alerts("paused", "raised")
+    assert "restore of orders" in a["detail"]
+    before = len(run.directives())
+    beat(run, n1, n2, T0 + 2_000, 9_000)
+    assert len(run.directives()) == before, "paused: no directive advances"
+    [st] = final_status(run.engine)["clusters"]
+    assert st["paused"] is True and st["pause"] == {"reason": "restore of orders", "since_wall_ms": T0 + 1_001}
+    outs = run.feed(resume(T0 + 2_001))
+    assert [o.value["safe_ts"] for o in outs if o.value.get("type") == "compaction"] == [9_000], "released at resume"
+    assert run.alerts("paused", "cleared")
+
+
+def test_pause_suspends_forced_expiry() -> None:
+    run, n1 = pressure_run(max_reader_lifetime_ms=0)
+    run.feed(n1.open("r1", 9_000, T0))
+    critical(run, n1, T0 + 10_000, CRIT_AT)
+    run.feed({k: v for k, v in pause(CRIT_AT + 1).items() if k != "cluster"})  # the default cluster, as n1's
+    run.feed(n1.hb(EXPIRE_AT, 10_000, pinned_bytes=25 * GIB), n1.hb(EXPIRE_AT + 50_000, 10_000, pinned_bytes=25 * GIB))
+    assert expired(run) == [], "no forced expiry while paused"
+    state = run.engine.clusters["default"]
+    assert state.control["ignored"]["expiry_while_paused"] >= 1
+
+
+def test_bad_control_input_is_counted_or_dead_lettered() -> None:
+    run, n1, n2 = cluster_of_two()
+    run.feed(release("nobody", T0 + 1), resume(T0 + 2))
+    run.feed(hold("backup", 1_500, 60_000, T0 + 3), hold("backup", 1_500, 60_000, T0 + 3))  # a repeated delivery
+    assert ignored(run) == {"unknown_holder": 1, "not_paused": 1, "older": 1}
+    outs = run.feed({"v": 1, "type": "service_hold", "cluster": "c1", "wall_ms": T0, "holder": "x", "ttl_ms": 5})
+    assert [o.channel for o in outs] == ["deadletter"] and "ts" in outs[0].value["error"]
+    outs = run.feed({"v": 1, "type": "pause", "cluster": "c1", "wall_ms": T0})
+    assert [o.channel for o in outs] == ["deadletter"]
+    outs = run.feed(hold("y", 1, 0, T0 + 9))
+    assert [o.channel for o in outs] == ["deadletter"], "ttl_ms must be at least 1"
+
+
+def control_log(seed: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """Two nodes advancing with service holds set, renewed, released and expiring, a pause and a
+    resume, spread over three partitions (cluster events on their own)."""
+    rng = random.Random(seed)
+    n1, n2 = NodeClient("n1", "c1"), NodeClient("n2", "c1")
+    events: list[tuple[int, dict[str, Any]]] = [(0, topology(1, T0, {"n1": [], "n2": []}, cluster="c1"))]
+    mvcc = 1_000
+    for i in range(120):
+        wall = T0 + i * 500
+        mvcc += rng.randint(0, 300)
+        events += [(1, n1.hb(wall, mvcc)), (2, n2.hb(wall + 1, mvcc))]
+        r = rng.random()
+        if i in (40, 80):
+            events.append((0, pause(wall + 2)))
+        elif i in (60, 81, 100):
+            events.append((0, resume(wall + 2)))
+        elif r < 0.15:  # mostly at the nodes' time (accepted), some below the safe point (refused)
+            ts = mvcc - rng.choice([0, 0, 0, 400])
+            events.append((0, hold(rng.choice(["backup", "cdc"]), ts, rng.choice([2_000, 8_000]), wall + 2)))
+        elif r < 0.2:
+            events.append((0, release(rng.choice(["backup", "cdc"]), wall + 2)))
+    offsets = [0, 0, 0]
+    msgs = []
+    for part, ev in events:
+        msgs.append((part, offsets[part], (ev.get("node") or "c1").encode(), json.dumps(ev).encode()))
+        offsets[part] += 1
+    return msgs
+
+
+def test_the_jobs_batches_give_replays_outputs_with_control_events() -> None:
+    from test_batch import TOPICS, by_topic, final_status_of, replay_in_job_order
+
+    msgs = control_log(7)
+    policy = Policy(node_lease_ms=5_000)
+    splits = list(range(40, len(msgs), 53))
+    expected, _acct, engine = replay_in_job_order(msgs, splits, policy)
+    job = LocalJob(policy.to_dict(), TOPICS, buckets=4)
+    written = []
+    start = 0
+    for end in [*splits, len(msgs)]:
+        written += job.run_batch(msgs[start:end])
+        start = end
+    got = by_topic(written)
+    assert final_status_of(got.pop("st")) == final_status(engine)
+    expected.pop("acct")
+    assert got == expected
+    kinds = {a["kind"] for _, a in expected["al"]}
+    assert {"service_hold_expired", "paused"} <= kinds, kinds
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=10_000))
+def test_the_safe_point_never_passes_a_live_service_hold(seed: int) -> None:
+    msgs = control_log(seed)
+    engine = Engine(Policy(node_lease_ms=5_000))
+    last = None
+    for p, o, k, v in sorted(msgs, key=lambda m: json.loads(m[3] or b"{}")["wall_ms"]):
+        outs = engine.process(v, Position("ev", p, o, k))
+        state = engine.clusters.get("c1")
+        for out in outs:
+            if out.value.get("type") == "compaction":
+                assert last is None or out.value["safe_ts"] > last or out.value["catalog_floor"] is not None
+                last = out.value["safe_ts"]
+        if state is not None and state.safe_ts is not None:
+            for holder, h in state.control.get("holds", {}).items():
+                assert h["ts"] >= state.safe_ts, f"{holder} at {h['ts']} passed by safe_ts {state.safe_ts}"
