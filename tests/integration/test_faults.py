@@ -409,7 +409,7 @@ def job_env() -> dict[str, str]:
 class JobProcess:
     """``safepoint run`` in its own session (process group), so its JVM can be killed with it."""
 
-    def __init__(self, flags: dict[str, Any], log_path: Path) -> None:
+    def __init__(self, flags: dict[str, Any], log_path: Path, env: dict[str, str] | None = None) -> None:
         cmd = [sys.executable, "-m", "safepoint.cli", "run"]
         for k, v in flags.items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
@@ -418,7 +418,7 @@ class JobProcess:
             log.write(f"\n=== {' '.join(cmd)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=job_env(), start_new_session=True)
+                                         env={**job_env(), **(env or {})}, start_new_session=True)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

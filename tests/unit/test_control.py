@@ -219,3 +219,23 @@ def test_the_safe_point_never_passes_a_live_service_hold(seed: int) -> None:
         if state is not None and state.safe_ts is not None:
             for holder, h in state.control.get("holds", {}).items():
                 assert h["ts"] >= state.safe_ts, f"{holder} at {h['ts']} passed by safe_ts {state.safe_ts}"
+
+
+def test_a_service_hold_outlives_a_lost_checkpoint() -> None:
+    """Directives carry the service holds; a job that lost its checkpoint seeds them from the
+    directives topic (core/recovery.py), so the recovered safe point does not pass a backup."""
+    from safepoint.core.recovery import StartPlan, seeds_from_directives
+
+    run, n1, n2 = cluster_of_two()
+    run.feed(hold("backup", 1_500, 3_600_000, T0 + 1, label="nightly"))
+    beat(run, n1, n2, T0 + 1_000, 5_000)
+    assert run.directives()[-1]["service_holds"]["backup"]["ts"] == 1_500
+    seeds = seeds_from_directives(o.value for o in run.outputs if o.channel == "directives")
+    again = Run(node_lease_ms=10_000, start=StartPlan(seeds))
+    again.feed(topology(2, T0 + 2_000, {"n1": [], "n2": []}, cluster="c1"),
+               n1.snapshot(T0 + 2_000, [], []), n2.snapshot(T0 + 2_000, [], []))
+    beat(again, n1, n2, T0 + 3_000, 9_000)
+    assert again.engine.clusters["c1"].safe_ts == 1_500 and again.directives() == [], "still held after the loss"
+    again.feed(release("backup", T0 + 3_001))
+    beat(again, n1, n2, T0 + 4_000, 9_500)
+    assert again.last_safe_ts() == 9_500

@@ -42,6 +42,7 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
             "age_ms": now - blocker.opened_wall if blocker.opened_wall is not None else None,
             "label": blocker.label,
         }
+    holds = state.control.get("holds")  # carried so that a job that lost its checkpoint keeps them (core/recovery.py)
     basis = {
         n: {"incarnation": state.nodes[n].incarnation, "seq": state.nodes[n].seq, "local_min": state.nodes[n].local_min}
         for n in sorted(state._members)
@@ -57,4 +58,5 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
         "blocker": blocker_out,
         "basis": basis,
         "retention": retention,
+        **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
     }

@@ -51,15 +51,17 @@ class Seed:
     """Highest ``seq`` of the per-node directives (``expire``, ``snapshot_request``)."""
     nodes: tuple[str, ...] = ()
     """The nodes the newest compaction directive was computed over (its ``basis``)."""
+    service_holds: Mapping[str, Any] = field(default_factory=dict)
+    """The service holds the newest compaction directive carried (holder -> hold)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"safe_ts": self.safe_ts, "catalog_floor": self.catalog_floor, "seq": self.seq,
-                "node_seq": self.node_seq, "nodes": list(self.nodes)}
+                "node_seq": self.node_seq, "nodes": list(self.nodes), "service_holds": dict(self.service_holds)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Seed:
         return cls(data.get("safe_ts"), data.get("catalog_floor"), int(data.get("seq") or 0),
-                   int(data.get("node_seq") or 0), tuple(data.get("nodes") or ()))
+                   int(data.get("node_seq") or 0), tuple(data.get("nodes") or ()), dict(data.get("service_holds") or {}))
 
 
 def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed]:
@@ -91,6 +93,7 @@ def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed
             seq=d["seq"],
             node_seq=node_seq.get(cluster, 0),
             nodes=tuple(sorted(basis)) if isinstance(basis, Mapping) else (),
+            service_holds=dict(d["service_holds"]) if isinstance(d.get("service_holds"), Mapping) else {},
         )
     return seeds
 
@@ -116,6 +119,8 @@ class StartPlan:
         if seed is not None or self.recover_all:
             seed = seed or Seed()
             state.start_recovery(seed.safe_ts, seed.catalog_floor, seed.seq, seed.node_seq, seed.nodes)
+            if seed.service_holds:  # a backup's hold outlives the checkpoint (its TTL still runs)
+                state.control["holds"] = {h: dict(v) for h, v in seed.service_holds.items()}
         return state
 
     def to_json(self) -> dict[str, Any]:
