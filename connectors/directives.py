@@ -44,6 +44,16 @@ class Directive:
     blocker: dict[str, Any] | None
     basis: dict[str, Any]
     raw: dict[str, Any] = field(repr=False, compare=False)
+    namespace_safe_ts: int | None = None
+    """The bound of a namespace without holds of its own (None: the cluster has no namespaced holds)."""
+    namespaces: dict[str, int] = field(default_factory=dict)
+    """The bound of each namespace with holds of its own."""
+
+    def bound(self, namespace: str | None) -> int:
+        """What a hold of ``namespace`` may compact up to (``safe_ts`` for no namespace)."""
+        if namespace is None or self.namespace_safe_ts is None:
+            return self.safe_ts
+        return self.namespaces.get(namespace, self.namespace_safe_ts)
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Directive:
@@ -56,6 +66,8 @@ class Directive:
             blocker=obj["blocker"],
             basis=obj["basis"],
             raw=obj,
+            namespace_safe_ts=obj.get("namespace_safe_ts"),
+            namespaces=dict(obj.get("namespaces") or {}),
         )
 
 
@@ -90,18 +102,18 @@ class ExpireDirective:
         )
 
 
-def compact_up_to(directive: Directive | Mapping[str, Any] | int, oldest_local_hold: int | None) -> int:
+def compact_up_to(directive: Directive | Mapping[str, Any] | int, oldest_local_hold: int | None,
+                  namespace: str | None = None) -> int:
     """The contract's apply rule: compact up to min(``safe_ts``, the node's own oldest local hold).
 
     ``oldest_local_hold`` is the smallest ``read_ts``/``begin_ts`` the node itself still serves
     (None when it has none). A node never compacts past its own holds, whatever the directive says.
+    With ``namespace``, the bound is that namespace's (``namespaces[ns]``, else ``namespace_safe_ts``,
+    else ``safe_ts``): pass the namespace's own oldest local hold then.
     """
-    if isinstance(directive, Directive):
-        safe_ts = directive.safe_ts
-    elif isinstance(directive, int):
-        safe_ts = directive
-    else:
-        safe_ts = int(directive["safe_ts"])
+    if isinstance(directive, Mapping):
+        directive = Directive.from_json(dict(directive))
+    safe_ts = directive if isinstance(directive, int) else directive.bound(namespace)
     if oldest_local_hold is None:
         return safe_ts
     return min(safe_ts, oldest_local_hold)

@@ -345,11 +345,13 @@ ExpireCallback = Callable[[Handle, "ExpireDirective"], object]
 """``on_expire(handle, directive)``: cancel the handle's running work now (see :meth:`Reporter.expire`)."""
 
 
-def refuse_below_safe(safe: int | None, what: str, ident: str, ts: int) -> None:
-    """Refuse (``ReaderRefused``) a hold below the newest safe point the node learnt of."""
+def refuse_below_safe(safe: int | None, what: str, ident: str, ts: int, namespace: str | None = None) -> None:
+    """Refuse (``ReaderRefused``) a hold below the newest bound the node learnt of: the cluster's
+    safe point, or with ``namespace`` that namespace's bound."""
     if safe is not None and ts < safe:
+        whose = "the cluster's safe point" if namespace is None else f"the bound of namespace {namespace!r}"
         msg = (
-            f"{what} {ident} at {ts} refused: it is below the cluster's safe point {safe}, so versions it "
+            f"{what} {ident} at {ts} refused: it is below {whose} {safe}, so versions it "
             f"needs may already be compacted; retry with a timestamp >= {safe}"
         )
         raise ReaderRefused(msg)

@@ -322,7 +322,8 @@ class DirectiveListener(NodeDirectivesMixin):
         self._catalog_floor = directive.catalog_floor
         self._counts["delivered"] += 1
         if self._reporter is not None:
-            self._reporter.observe_safe_ts(self._safe_ts, directive.raw.get("retention"))
+            self._reporter.observe_safe_ts(self._safe_ts, directive.raw.get("retention"), directive.namespace_safe_ts,
+                                           directive.namespaces)
         return directive
 
     def _invalid(self, msg: Message, reason: str) -> Directive | None:

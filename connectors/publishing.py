@@ -94,6 +94,7 @@ class HoldsMixin:
     _readers: dict[str, Reader]
     _txs: dict[str, Transaction]
     _safe_ts: int | None
+    _ns_bounds: tuple[int, dict[str, int]] | None
     _closed: bool
     _lazy: LazyPublishing
     _sender: Sender
@@ -101,6 +102,14 @@ class HoldsMixin:
     _wall_clock: Callable[[], int]
     _check_open: Callable[[], None]
     _send: Callable[[str, dict[str, Any]], int]
+
+    def _bound_of(self, namespace: str | None) -> int | None:
+        """The newest bound a hold of ``namespace`` is protected at (the safe point without one)."""
+        if namespace is None or self._ns_bounds is None:
+            return self._safe_ts
+        base, bounds = self._ns_bounds
+        own = bounds.get(namespace, base)
+        return own if self._safe_ts is None else max(own, self._safe_ts)
 
     def _open(self, handle: Handle) -> None:
         """Publish a handle's open (``reader_open`` or ``tx_begin``) and start holding it."""
@@ -114,7 +123,7 @@ class HoldsMixin:
             if handle._ts is None:
                 setattr(handle, handle._TS_KEY, check_ts("mvcc_clock()", self._mvcc_clock()))
             assert handle._ts is not None
-            refuse_below_safe(self._safe_ts, what, handle._ident, handle._ts)
+            refuse_below_safe(self._bound_of(handle.namespace), what, handle._ident, handle._ts, handle.namespace)
             if self._lazy.defer(handle._ts):
                 handle.opened_wall_ms = self._wall_clock()
             else:

@@ -138,6 +138,8 @@ class Reporter(ExpiryMixin, HoldsMixin):
 
         self._lock = threading.RLock()
         self._safe_ts: int | None = None
+        self._ns_bounds: tuple[int, dict[str, int]] | None = None
+        """The newest directive's ``namespace_safe_ts`` and ``namespaces``, or None."""
         self._readers: dict[str, Reader] = {}
         self._txs: dict[str, Transaction] = {}
         self._closed = False
@@ -206,13 +208,17 @@ class Reporter(ExpiryMixin, HoldsMixin):
         """
         return Transaction(self, begin_ts, tx_id, label, groups, namespace, on_expire)
 
-    def observe_safe_ts(self, safe_ts: int, retention: int | None = None) -> None:
-        """Record the cluster's safe point (from a directive; it only moves forward) and the job's
-        ``retention`` the directive announces (lazy registration checks its own against it)."""
+    def observe_safe_ts(self, safe_ts: int, retention: int | None = None, namespace_safe_ts: int | None = None,
+                        namespaces: Mapping[str, int] | None = None) -> None:
+        """Record the cluster's safe point (from a directive; it only moves forward), the namespaces'
+        bounds when the cluster has namespaced holds, and the job's ``retention`` the directive
+        announces (lazy registration checks its own against it)."""
         check_ts("safe_ts", safe_ts)
         with self._lock:
             if self._safe_ts is None or safe_ts > self._safe_ts:
                 self._safe_ts = safe_ts
+            if namespace_safe_ts is not None:
+                self._ns_bounds = (namespace_safe_ts, dict(namespaces or {}))
             if retention is not None and self._lazy.job_retention(retention) and not self._closed:
                 self._publish_waiting(None)
 

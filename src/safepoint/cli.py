@@ -136,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 200]")
     p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
     p.add_argument("--clusters", type=int, default=None, help=f"database clusters [env {env_name('clusters')}; default 1]")
+    p.add_argument("--namespaces", type=int, default=None, help=f"tenants t0..tN-1 [env {env_name('namespaces')}; default 0]")
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=None, help=f"seconds, default until Ctrl-C [env {env_name('duration')}]")
     p.add_argument("--nodes", type=int, default=None, help=f"simulated nodes [env {env_name('nodes')}; default 5]")
     p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 300]")
+    p.add_argument("--namespaces", type=int, default=None, help=f"simulated tenants [env {env_name('namespaces')}; default 3]")
     p.add_argument("--checkpoint", default=None, help=f"checkpoint directory [env {env_name('checkpoint')}; default: temporary]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
@@ -234,7 +236,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from safepoint.tools.simulate import SimConfig, run_simulator
 
     settings = _settings(args)
-    cfg = SimConfig(nodes=_env_or(args, "nodes", 3, int), rate=_env_or(args, "rate", 200.0, float))
+    cfg = SimConfig(_env_or(args, "nodes", 3, int), _env_or(args, "rate", 200.0, float), namespaces=_env_or(args, "namespaces", 0, int))
     return run_simulator(
         settings.bootstrap,
         settings.events_topic,
@@ -312,6 +314,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         nodes=_env_or(args, "nodes", 5, int),
         rate=_env_or(args, "rate", 300.0, float),
         checkpoint=args.checkpoint,
+        namespaces=_env_or(args, "namespaces", 3, int),
     )
 
 

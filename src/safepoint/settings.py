@@ -93,6 +93,7 @@ class Settings:
     expire_window_ms: int = _P.expire_window_ms
     status_holds: int = _P.status_holds
     leak_window_ms: int = _P.leak_window_ms
+    max_namespaces: int = _P.max_namespaces
     http_port: int = 0
     """Serve the status API, metrics and dashboard on this port (0: off)."""
     http_host: str = "127.0.0.1"

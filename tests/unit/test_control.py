@@ -16,7 +16,6 @@ from safepoint.core.policy import Policy
 from safepoint.replay import final_status
 
 from core_helpers import NodeClient, Run, topology
-from local_job import LocalJob
 
 T0 = 1_700_000_000_000
 
@@ -183,23 +182,11 @@ def control_log(seed: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
 
 
 def test_the_jobs_batches_give_replays_outputs_with_control_events() -> None:
-    from test_batch import TOPICS, by_topic, final_status_of, replay_in_job_order
+    from test_batch import job_equals_replay
 
     msgs = control_log(7)
-    policy = Policy(node_lease_ms=5_000)
-    splits = list(range(40, len(msgs), 53))
-    expected, _acct, engine = replay_in_job_order(msgs, splits, policy)
-    job = LocalJob(policy.to_dict(), TOPICS, buckets=4)
-    written = []
-    start = 0
-    for end in [*splits, len(msgs)]:
-        written += job.run_batch(msgs[start:end])
-        start = end
-    got = by_topic(written)
-    assert final_status_of(got.pop("st")) == final_status(engine)
-    expected.pop("acct")
-    assert got == expected
-    kinds = {a["kind"] for _, a in expected["al"]}
+    got = job_equals_replay(msgs, list(range(40, len(msgs), 53)), Policy(node_lease_ms=5_000), buckets=4)
+    kinds = {a["kind"] for _, a in got["al"]}
     assert {"service_hold_expired", "paused"} <= kinds, kinds
 
 

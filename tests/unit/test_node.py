@@ -342,7 +342,7 @@ def test_node_state_local_min_directly() -> None:
     u = state.apply(base | {"type": "heartbeat", "seq": 1, "mvcc_now": 100}, policy)
     assert isinstance(u, NodeUpdate) and not u.changed, "nothing changed: the cluster stage need not re-evaluate"
     u = state.apply(base | {"type": "reader_open", "seq": 2, "reader_id": "r", "read_ts": 40}, policy)
-    assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.opened == [("reader", "r", 40)] and u.changed
+    assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.opened == [("reader", "r", 40, None)] and u.changed
     assert state.apply(base | {"type": "reader_close", "seq": 2, "reader_id": "r"}, policy) == "duplicate"
     assert state.apply(base | {"type": "reader_close", "seq": 1, "reader_id": "r"}, policy) == "older_seq"
     u = state.apply(base | {"type": "reader_close", "seq": 3, "reader_id": "r"}, policy)

@@ -99,3 +99,11 @@ def test_the_screen_shows_the_round_and_the_oldest_holds_from_the_status() -> No
     out = text(state, T + 31_000, width=160)
     assert "cluster c1: round aborted: node n3 is in the topology but never reported" in out
     assert "nightly-report" in out and "31 s" in out, "the oldest hold, open 31 s as of now"
+
+
+def test_the_screen_shows_each_namespaces_bound() -> None:
+    state = ViewState("counter")
+    d = directive(3, 7, T)
+    state.directive({**d, "namespace_safe_ts": 19_000, "namespaces": {"t0": 9_500}})
+    out = text(state, T, width=160)
+    assert "cluster c1 per namespace: t0 9500; every other namespace 19000" in out

@@ -41,6 +41,7 @@ from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import FLOOR_KINDS, NodeRecord
 from safepoint.core.recovery import recover_node
+from safepoint.core.tenants import check_ns_violation, tenant_round
 
 __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
 
@@ -79,6 +80,8 @@ class ClusterState:
         "_awaiting",
         "_floor_alerts",
         "control",
+        "tenants",
+        "_ns_nodes",
     )
 
     def __init__(self, name: str) -> None:
@@ -106,6 +109,8 @@ class ClusterState:
         cluster time of its last snapshot request."""
         self.control: dict[str, Any] = {}
         """Service holds, pause and what control events could not do (``core/control.py``)."""
+        self.tenants: dict[str, Any] = {}
+        """The namespaces' bounds once a namespaced hold was seen (``core/tenants.py``)."""
         self._rebuild()
 
     # -- persistence ------------------------------------------------------------------
@@ -135,6 +140,7 @@ class ClusterState:
                 "requested": self.recovery["requested"],
             },
             **({"control": self.control} if self.control else {}),
+            **({"tenants": self.tenants} if self.tenants else {}),
         }
 
     @classmethod
@@ -158,6 +164,7 @@ class ClusterState:
         state.eseq = data.get("eseq", 0)
         state.last_advance_wall = data.get("last_advance_wall")
         state.control = data.get("control", {})
+        state.tenants = data.get("tenants", {})
         recovery = data.get("recovery")
         if recovery is not None:
             state.recovery = {"expected": set(recovery["expected"]), "complete": set(recovery["complete"]),
@@ -173,6 +180,7 @@ class ClusterState:
         self._unknown: dict[str, str] = {}
         self._missing_groups: dict[str, list[str]] = {}
         self._never: set[str] = {n for n in self._members if n not in self.nodes}
+        self._ns_nodes: set[str] = {n for n, rec in self.nodes.items() if rec.ns is not None}
         self._awaiting: set[str] = set()
         self._floor_alerts: dict[str, str] = {}  # node -> its raised retention/group violation
         for aid in self.raised:
@@ -271,10 +279,15 @@ class ClusterState:
             holds.pop(join_id(kind, hid), None)
             if self.raised:
                 clear_violation(self, join_id("horizon_violation", u.node, kind, hid), out)
-        for kind, hid, ts in u.opened:
+        if u.ns is not None or rec.ns is not None:
+            rec.ns = u.ns
+            (self._ns_nodes.add if u.ns is not None else self._ns_nodes.discard)(u.node)
+        for kind, hid, ts, ns in u.opened:
             holds[join_id(kind, hid)] = ts
             if self.safe_ts is not None and ts < self.safe_ts:
                 raise_violation(self, u.node, kind, hid, ts, out)
+            elif ns is not None and self.tenants:
+                check_ns_violation(self, u.node, kind, hid, ts, ns, out)
         if member:
             check_horizon(self, u.node, out)
             check_floor(self, u.node, u.floor, out)
@@ -366,7 +379,8 @@ class ClusterState:
             global_min, gnode = service[0], ""  # "": the blocker is a service hold of the cluster
         safe = global_min if self.safe_ts is None else max(self.safe_ts, global_min)
         floor = catalog_floor_at(self, safe)
-        if safe == self.safe_ts and floor == self.catalog_floor:
+        tenants_moved = tenant_round(self, safe, now, policy, out) if (self._ns_nodes or self.tenants) else False
+        if safe == self.safe_ts and floor == self.catalog_floor and not tenants_moved:
             return
         self.safe_ts = safe
         self.catalog_floor = floor

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from safepoint.core.control import service_blocker
+from safepoint.core.tenants import directive_fields
 
 if TYPE_CHECKING:
     from safepoint.core.cluster import ClusterState
@@ -59,4 +60,5 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
         "basis": basis,
         "retention": retention,
         **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
+        **directive_fields(state),
     }

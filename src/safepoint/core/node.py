@@ -7,7 +7,6 @@ needs to know comes out as a ``NodeUpdate``: a compact summary, never the whole 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from safepoint.core.bands import Band
@@ -15,7 +14,7 @@ from safepoint.core.ids import join_id
 from safepoint.core.leaks import check_leaks
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import apply_pressure
-from safepoint.core.records import FLOOR_KINDS, Blocker, Expiry, Floor, Hold, HoldRef, OpenedHold
+from safepoint.core.records import FLOOR_KINDS, Blocker, Expiry, Hold, HoldRef, NodeUpdate, OpenedHold
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
            "NODE_STATE_KEYS"]
@@ -25,53 +24,6 @@ IGNORED_OLDER_SEQ = "older_seq"
 IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
-
-
-@dataclass(slots=True)
-class NodeUpdate:
-    """What the cluster stage learns from one applied node event."""
-
-    node: str
-    wall_ms: int
-    incarnation: int
-    seq: int
-    local_min: int | None
-    unknown: str | None
-    blocker: Blocker | None
-    groups: list[str] | None  # groups the node reports holding, when they changed
-    opened: list[OpenedHold]  # holds added by this event
-    closed: list[HoldRef]  # holds removed by this event
-    changed: bool  # local_min, unknown or groups changed
-    signals: list[list[Any]] = field(default_factory=list)
-    """Pressure outputs decided on the node's clock: ["alert", body] or ["expire", body]."""
-    snapshot: bool = False
-    """The event was a snapshot: the node's complete set of readers and transactions."""
-    floor: Floor | None = None
-    """The lowest of the node's retention bound and group published times."""
-
-    def to_json(self) -> list[Any]:
-        return [
-            self.node,
-            self.wall_ms,
-            self.incarnation,
-            self.seq,
-            self.local_min,
-            self.unknown,
-            self.blocker,
-            self.groups,
-            self.opened,
-            self.closed,
-            self.changed,
-            self.signals,
-            self.snapshot,
-            self.floor,
-        ]
-
-    @classmethod
-    def from_json(cls, data: list[Any]) -> NodeUpdate:
-        node, wall, inc, seq, lmin, unknown, blocker, groups, opened, closed, changed, signals, snapshot, floor = data
-        return cls(node, wall, inc, seq, lmin, unknown, Blocker.of(blocker), groups, [OpenedHold(*o) for o in opened],
-                   [HoldRef(*c) for c in closed], changed, signals, snapshot, Floor.of(floor))
 
 
 NODE_STATE_VERSION = 2
@@ -211,8 +163,10 @@ class NodeState:
             rid = event["reader_id"]
             if rid in self.readers:
                 closed.append(HoldRef("reader", rid))
-            self.readers[rid] = Hold(event["read_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation)
-            opened.append(OpenedHold("reader", rid, event["read_ts"]))
+            ns = event.get("namespace")
+            self.readers[rid] = Hold(event["read_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
+                                     namespace=ns)
+            opened.append(OpenedHold("reader", rid, event["read_ts"], ns))
         elif kind == "reader_close":
             if self.readers.pop(event["reader_id"], None) is not None:
                 closed.append(HoldRef("reader", event["reader_id"]))
@@ -220,8 +174,10 @@ class NodeState:
             tid = event["tx_id"]
             if tid in self.txs:
                 closed.append(HoldRef("tx", tid))
-            self.txs[tid] = Hold(event["begin_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation)
-            opened.append(OpenedHold("tx", tid, event["begin_ts"]))
+            ns = event.get("namespace")
+            self.txs[tid] = Hold(event["begin_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
+                                 namespace=ns)
+            opened.append(OpenedHold("tx", tid, event["begin_ts"], ns))
         elif kind == "tx_prepare":
             tx = self.txs.get(event["tx_id"])
             if tx is not None:
@@ -287,7 +243,8 @@ class NodeState:
                 continue  # listed twice: the lower entry holds (the safer reading)
             old = self.readers.get(r["reader_id"])
             opened_wall = r.get("opened_wall_ms", old.opened_wall if old else wall)
-            readers[r["reader_id"]] = Hold(r["read_ts"], opened_wall, r.get("label"), incarnation)
+            readers[r["reader_id"]] = Hold(r["read_ts"], opened_wall, r.get("label"), incarnation,
+                                           namespace=r.get("namespace"))
         txs: dict[str, Hold] = {}
         for t in event["txs"]:
             twin = txs.get(t["tx_id"])
@@ -301,14 +258,15 @@ class NodeState:
             prep_wall = old.prepared_wall if old else None  # wall_ms 0 is a time, not "unset"
             if prep_wall is None and prepared:
                 prep_wall = wall
-            txs[t["tx_id"]] = Hold(t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall)
+            txs[t["tx_id"]] = Hold(t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall,
+                                   t.get("namespace", old.namespace if old else None))
         for kind, old_map, new_map in (("reader", self.readers, readers), ("tx", self.txs, txs)):
             for hid, hold in old_map.items():
                 if hid not in new_map or new_map[hid].ts != hold.ts:
                     closed.append(HoldRef(kind, hid))
             for hid, hold in new_map.items():
                 if hid not in old_map or old_map[hid].ts != hold.ts:
-                    opened.append(OpenedHold(kind, hid, hold.ts))
+                    opened.append(OpenedHold(kind, hid, hold.ts, hold.namespace))
         self.readers = readers
         self.txs = txs
 
@@ -330,25 +288,38 @@ class NodeState:
 
     def local_min(self, policy: Policy) -> tuple[int | None, str | None, Blocker | None]:
         """(local_min, why unknown, blocker)."""
-        floor, best = self._lowest(policy)
+        floor, best, _ns = self._lowest(policy)
         if isinstance(floor, str):
             return None, floor, None
         assert best is not None
         return best.ts, None, best
 
-    def _lowest(self, policy: Policy) -> tuple[Blocker | str, Blocker | None]:
-        """(the node's own floor or why it is unknown, its lowest hold of all)."""
+    def _lowest(self, policy: Policy) -> tuple[Blocker | str, Blocker | None, list[Any] | None]:
+        """(the node's own floor or why it is unknown, its lowest hold of all, and with namespaced
+        holds [the lowest of what pins every namespace, {namespace: its lowest hold}])."""
         floor = self.floor_hold(policy)
         if isinstance(floor, str):
-            return floor, None
+            return floor, None, None
         best = floor
+        base = floor.ts
+        mins: dict[str, int] | None = None
         for rid, h in self.readers.items():
             if h.ts <= best.ts and (h.ts < best.ts or best.kind in FLOOR_KINDS):
                 best = Blocker("reader", rid, h.ts, h.opened_wall, h.label)
+            if h.namespace is None:
+                base = min(base, h.ts)
+            else:
+                mins = {} if mins is None else mins
+                mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
         for tid, h in self.txs.items():
             if h.ts < best.ts or (h.ts == best.ts and best.kind in FLOOR_KINDS):
                 best = Blocker("prepared_tx" if h.prepared else "tx", tid, h.ts, h.opened_wall, h.label)
-        return floor, best
+            if h.namespace is None:
+                base = min(base, h.ts)
+            else:
+                mins = {} if mins is None else mins
+                mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
+        return floor, best, None if mins is None else [base, dict(sorted(mins.items()))]
 
     def _update(
         self,
@@ -358,9 +329,9 @@ class NodeState:
         groups_changed: bool,
         policy: Policy,
     ) -> NodeUpdate:
-        floor, blocker = self._lowest(policy)
+        floor, blocker, ns = self._lowest(policy)
         lmin, unknown = (None, floor) if isinstance(floor, str) else (blocker.ts if blocker else None, None)
-        summary = (lmin, unknown)
+        summary = (lmin, unknown) if ns is None else (lmin, unknown, ns)
         changed = groups_changed or summary != self._summary
         self._summary = summary
         return NodeUpdate(
@@ -376,6 +347,7 @@ class NodeState:
             closed=closed,
             changed=changed,
             floor=None if floor is None or isinstance(floor, str) else floor.floor,
+            ns=ns,
         )
 
     def group_list(self) -> list[str]:

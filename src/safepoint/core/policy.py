@@ -61,6 +61,9 @@ class Policy:
     max_expiries_per_window: int = 5
     """At most this many expire directives per node in any expire_window_ms."""
     expire_window_ms: int = 60_000
+    # -- tenants (``core/tenants.py``) -------------------------------------------------------------
+    max_namespaces: int = 64
+    """Namespaces with their own bound per cluster; holds of further namespaces pin all namespaces."""
     # -- leaked holds (``core/leaks.py``) --------------------------------------------------------
     leak_window_ms: int = 60_000
     """The job holding more readers or transactions than a node reports this long (node clock) is a leak (0: off)."""

@@ -7,10 +7,10 @@ optional ones left out), so the layout of each is written down here and nowhere 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Blocker", "Expiry", "Floor", "Hold", "HoldRef", "NodeRecord", "OpenedHold"]
+__all__ = ["Blocker", "Expiry", "Floor", "Hold", "HoldRef", "NodeRecord", "NodeUpdate", "OpenedHold"]
 
 FLOOR_KINDS = ("retention", "group")
 """Blocker kinds that are a node's own bound, not a reader or transaction."""
@@ -34,9 +34,13 @@ class Hold:
     participants: list[str] | None = None
     prepared_wall: int | None = None
     """When it was first seen prepared (the in-doubt clock)."""
+    namespace: str | None = None
+    """The tenant it belongs to: it pins that namespace only (None: every namespace)."""
 
     def to_json(self) -> list[Any]:
         head = [self.ts, self.opened_wall, self.label, self.incarnation]
+        if self.namespace is not None:
+            return [*head, self.prepared, self.coordinator, self.participants, self.prepared_wall, self.namespace]
         if not self.prepared and self.coordinator is None and self.participants is None and self.prepared_wall is None:
             return head  # a reader, or a transaction never prepared
         return [*head, self.prepared, self.coordinator, self.participants, self.prepared_wall]
@@ -99,11 +103,12 @@ class Floor(NamedTuple):
 
 
 class OpenedHold(NamedTuple):
-    """A hold an event opened: (kind, id, ts)."""
+    """A hold an event opened: (kind, id, ts[, namespace])."""
 
     kind: str
     id: str
     ts: int
+    namespace: str | None = None
 
 
 class HoldRef(NamedTuple):
@@ -130,14 +135,69 @@ class NodeRecord:
     holds: dict[str, int]
     """The node's open readers and transactions, join_id(kind, id) -> ts (to alert them all when
     it joins the topology)."""
+    ns: list[Any] | None = None
+    """With namespaced holds: [the minimum of what pins every namespace, {namespace: its lowest
+    hold}] (``core/tenants.py``); None: ``local_min`` pins every namespace."""
 
     def to_json(self) -> list[Any]:
         blocker = None if self.blocker is None else list(self.blocker)
-        return [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
-                self.first_wall, self.holds]
+        out = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
+               self.first_wall, self.holds]
+        return out if self.ns is None else [*out, self.ns]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> NodeRecord:
         inc, seq, lmin, unknown, blocker, groups, last, first, *rest = data
         # written before holds were kept: those open then are not known here
-        return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first, rest[0] if rest else {})
+        return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first, rest[0] if rest else {},
+                   rest[1] if len(rest) > 1 else None)
+
+
+@dataclass(slots=True)
+class NodeUpdate:
+    """What the cluster stage learns from one applied node event."""
+
+    node: str
+    wall_ms: int
+    incarnation: int
+    seq: int
+    local_min: int | None
+    unknown: str | None
+    blocker: Blocker | None
+    groups: list[str] | None  # groups the node reports holding, when they changed
+    opened: list[OpenedHold]  # holds added by this event
+    closed: list[HoldRef]  # holds removed by this event
+    changed: bool  # local_min, unknown or groups changed
+    signals: list[list[Any]] = field(default_factory=list)
+    """Pressure outputs decided on the node's clock: ["alert", body] or ["expire", body]."""
+    snapshot: bool = False
+    """The event was a snapshot: the node's complete set of readers and transactions."""
+    floor: Floor | None = None
+    """The lowest of the node's retention bound and group published times."""
+    ns: list[Any] | None = None
+    """With namespaced holds: [the lowest of what pins every namespace, {namespace: its lowest hold}]."""
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.node,
+            self.wall_ms,
+            self.incarnation,
+            self.seq,
+            self.local_min,
+            self.unknown,
+            self.blocker,
+            self.groups,
+            self.opened,
+            self.closed,
+            self.changed,
+            self.signals,
+            self.snapshot,
+            self.floor,
+            *([] if self.ns is None else [self.ns]),
+        ]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> NodeUpdate:
+        node, wall, inc, seq, lmin, unknown, blocker, groups, opened, closed, changed, signals, snapshot, floor, *ns = data
+        return cls(node, wall, inc, seq, lmin, unknown, Blocker.of(blocker), groups, [OpenedHold(*o) for o in opened],
+                   [HoldRef(*c) for c in closed], changed, signals, snapshot, Floor.of(floor), ns[0] if ns else None)

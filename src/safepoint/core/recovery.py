@@ -53,15 +53,19 @@ class Seed:
     """The nodes the newest compaction directive was computed over (its ``basis``)."""
     service_holds: Mapping[str, Any] = field(default_factory=dict)
     """The service holds the newest compaction directive carried (holder -> hold)."""
+    tenants: Mapping[str, Any] = field(default_factory=dict)
+    """Its ``namespace_safe_ts`` and ``namespaces`` as ``{"base": ..., "bounds": {...}}`` (empty: none)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"safe_ts": self.safe_ts, "catalog_floor": self.catalog_floor, "seq": self.seq,
-                "node_seq": self.node_seq, "nodes": list(self.nodes), "service_holds": dict(self.service_holds)}
+                "node_seq": self.node_seq, "nodes": list(self.nodes), "service_holds": dict(self.service_holds),
+                "tenants": dict(self.tenants)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Seed:
         return cls(data.get("safe_ts"), data.get("catalog_floor"), int(data.get("seq") or 0),
-                   int(data.get("node_seq") or 0), tuple(data.get("nodes") or ()), dict(data.get("service_holds") or {}))
+                   int(data.get("node_seq") or 0), tuple(data.get("nodes") or ()), dict(data.get("service_holds") or {}),
+                   dict(data.get("tenants") or {}))
 
 
 def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed]:
@@ -94,6 +98,8 @@ def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed
             node_seq=node_seq.get(cluster, 0),
             nodes=tuple(sorted(basis)) if isinstance(basis, Mapping) else (),
             service_holds=dict(d["service_holds"]) if isinstance(d.get("service_holds"), Mapping) else {},
+            tenants={"base": d["namespace_safe_ts"], "bounds": dict(d.get("namespaces") or {})}
+            if isinstance(d.get("namespace_safe_ts"), int) else {},
         )
     return seeds
 
@@ -121,6 +127,8 @@ class StartPlan:
             state.start_recovery(seed.safe_ts, seed.catalog_floor, seed.seq, seed.node_seq, seed.nodes)
             if seed.service_holds:  # a backup's hold outlives the checkpoint (its TTL still runs)
                 state.control["holds"] = {h: dict(v) for h, v in seed.service_holds.items()}
+            if seed.tenants:  # every namespace's bound keeps going forward only
+                state.tenants = {"base": seed.tenants["base"], "bounds": dict(seed.tenants["bounds"])}
         return state
 
     def to_json(self) -> dict[str, Any]:

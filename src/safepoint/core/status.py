@@ -70,7 +70,8 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         "expiring": len(ns.expiries),
         "open": open_counts,
         "floors": floors,
-        "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label}
+        "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label,
+                   **({"namespace": h.namespace} if h.namespace is not None else {})}
                   for kind, hid, h in oldest],
     }
 
@@ -135,6 +136,8 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
                            "since_wall_ms": h["since_wall_ms"]}
                           for holder, h in sorted(cs.control.get("holds", {}).items())],
         "control_ignored": dict(sorted(cs.control.get("ignored", {}).items())),
+        **({"namespace_safe_ts": cs.tenants.get("base"), "namespaces": dict(sorted(cs.tenants.get("bounds", {}).items()))}
+           if cs.tenants else {}),
         "round": _round(cs, policy),
         "blocker": blocker,
         "nodes": nodes,
@@ -152,18 +155,19 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
     for sh in cluster.get("service_holds", []):
         counts["service"] += 1
         holds.append({"node": None, "kind": "service", "id": sh["holder"], "ts": sh["ts"],
-                      "age_ms": now - sh["since_wall_ms"] if now is not None else None, "label": sh.get("label")})
+                      "age_ms": now - sh["since_wall_ms"] if now is not None else None, "label": sh.get("label"),
+                      "namespace": None})
     for name, p in parts.items():
         for h in p["holds"]:
             opened = h.get("opened_wall_ms")
             holds.append({"node": name, "kind": h["kind"], "id": h["id"], "ts": h["ts"],
                           "age_ms": now - opened if now is not None and opened is not None else None,
-                          "label": h.get("label")})
+                          "label": h.get("label"), "namespace": h.get("namespace")})
         for f in p["floors"]:
             if f["ts"] is not None:
                 counts[f["kind"]] += 1
                 holds.append({"node": name, "kind": f["kind"], "id": f["id"], "ts": f["ts"], "age_ms": None,
-                              "label": None})
+                              "label": None, "namespace": None})
         for kind, n in p["open"].items():
             counts[kind] += n
     holds.sort(key=lambda h: (h["ts"], h["node"] or "", HOLD_ORDER[h["kind"]], h["id"] or ""))
@@ -180,4 +184,7 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
             "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0)})
     out = {k: v for k, v in cluster.items() if k not in ("v", "type", "nodes")}
     out.update(lag=lag, hold_counts=counts, holds=holds, nodes=nodes)
+    if "namespaces" in cluster:  # each namespace's bound and what sets it (its lowest hold, or one that pins all)
+        out["namespace_blockers"] = {
+            ns: next((h for h in holds if h["namespace"] in (ns, None)), None) for ns in cluster["namespaces"]}
     return out

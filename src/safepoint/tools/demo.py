@@ -115,7 +115,8 @@ def follow(settings: Settings, duration_s: float | None) -> int:
     return 0
 
 
-def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None) -> int:
+def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None,
+             namespaces: int = 3) -> int:
     from safepoint.connectors.topics import ensure_topics, topic_specs
     from safepoint.streaming.job import batch_accounting, build_query, messages_in
     from safepoint.streaming.session import build_session, check_java
@@ -142,7 +143,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     try:
         ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
         expiries: queue.Queue[tuple[str, str, str]] = queue.Queue()
-        sim_cfg = SimConfig(nodes=nodes, rate=rate, stuck_reader_every_ms=60_000)
+        sim_cfg = SimConfig(nodes=nodes, rate=rate, stuck_reader_every_ms=60_000, namespaces=namespaces)
         sim_thread = threading.Thread(
             target=run_simulator,
             args=(broker.bootstrap, settings.events_topic, sim_cfg, duration_s, 0),

@@ -96,9 +96,14 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
         return _unknown(cluster) if st is None else st
 
     @app.get("/api/v1/clusters/{cluster}/holds", summary="the cluster's holds, oldest first", responses=NOT_FOUND)
-    def holds(cluster: CLUSTER, limit: Annotated[int, Query(ge=1, le=100_000)] = 100) -> Any:
+    def holds(cluster: CLUSTER, limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
+              namespace: Annotated[str | None, Query(max_length=1024, description="only the holds that pin this "
+                                                     "namespace: its own and those of every namespace")] = None) -> Any:
         st = store.status(cluster)
-        return _unknown(cluster) if st is None else {"holds": st["holds"][:limit], "counts": st["hold_counts"]}
+        if st is None:
+            return _unknown(cluster)
+        held = st["holds"] if namespace is None else [h for h in st["holds"] if h.get("namespace") in (namespace, None)]
+        return {"holds": held[:limit], "counts": st["hold_counts"]}
 
     @app.get("/api/v1/clusters/{cluster}/nodes", summary="the cluster's nodes", responses=NOT_FOUND)
     def nodes(cluster: CLUSTER) -> Any:

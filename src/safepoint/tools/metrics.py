@@ -49,6 +49,9 @@ class StatusCollector(Collector):
         pinned = _gauge("safepoint_node_pinned_bytes", "Bytes of history the node reports pinned", ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
+        ns_safe = _gauge("safepoint_namespace_safe_ts", "Bound of a namespace without holds of its own (MVCC units)", c)
+        ns_bound = _gauge("safepoint_namespace_bound", "Bound of a namespace with holds of its own (at most "
+                          "max_namespaces per cluster)", ["cluster", "namespace"])
         ignored = CounterMetricFamily("safepoint_control_ignored", "Control events that changed nothing, by reason",
                                       labels=["cluster", "reason"])
         for st in self.store.all():
@@ -87,9 +90,14 @@ class StatusCollector(Collector):
             for (kind, severity), count in sorted(active.items()):
                 alerts.add_metric([name, kind, severity], count)
             paused_.add_metric([name], 1 if st.get("paused") else 0)
+            if st.get("namespace_safe_ts") is not None:
+                ns_safe.add_metric([name], st["namespace_safe_ts"])
+            for ns, b in sorted((st.get("namespaces") or {}).items()):
+                ns_bound.add_metric([name, ns], b)
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
-        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, stale, paused_, ignored)
+        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, stale, paused_, ignored, ns_safe,
+                    ns_bound)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:

@@ -41,6 +41,9 @@ class SimConfig:
     stuck_reader_ms: int = 180_000
     bad_rate: float = 0.0
     """Share of extra bad messages published by ``run_simulator`` (see ``bad_message``; 0: none)."""
+    namespaces: int = 0
+    """Tenants ``t0`` .. ``t<n-1>``: each reader and transaction belongs to one (0: none, as before);
+    the stuck reader belongs to ``t0``, so ``t0`` is held back while the others are not."""
 
 
 @dataclass
@@ -92,6 +95,10 @@ class ClusterSim:
 
     def _mvcc(self) -> int:
         return self.now * 1000
+
+    def _tenant(self) -> dict[str, str]:
+        """A random tenant's namespace (no draw at all without namespaces: the same log as before)."""
+        return {"namespace": f"t{self.rng.randrange(self.cfg.namespaces)}"} if self.cfg.namespaces else {}
 
     def _id(self, prefix: str) -> str:
         self._ids += 1
@@ -166,7 +173,8 @@ class ClusterSim:
             n = rng.choice(self.nodes)
             rid = self._id("stuck-")
             n.readers[rid] = (self._mvcc(), self.now + cfg.stuck_reader_ms)
-            out.append(self._node_event(n, "reader_open", reader_id=rid, read_ts=self._mvcc(), label="stuck-report"))
+            out.append(self._node_event(n, "reader_open", reader_id=rid, read_ts=self._mvcc(), label="stuck-report",
+                                        **({"namespace": "t0"} if cfg.namespaces else {})))
         # New work: each opening is followed by a close later, so ~2 events per opening.
         self._carry += cfg.rate * dt_ms / 1000 / 2.2
         while self._carry >= 1:
@@ -178,7 +186,7 @@ class ClusterSim:
                 life = rng.randint(20, 500)
                 prepared = rng.random() < cfg.prepare_share
                 n.txs[tid] = (ts, self.now + life, prepared)
-                out.append(self._node_event(n, "tx_begin", tx_id=tid, begin_ts=ts, label="oltp"))
+                out.append(self._node_event(n, "tx_begin", tx_id=tid, begin_ts=ts, label="oltp", **self._tenant()))
                 if prepared:
                     others = [m.name for m in rng.sample(self.nodes, min(2, len(self.nodes)))]
                     out.append(
@@ -191,7 +199,8 @@ class ClusterSim:
                 long = rng.random() < cfg.long_reader_share
                 lo, hi = cfg.long_reader_ms if long else cfg.short_reader_ms
                 n.readers[rid] = (ts, self.now + rng.randint(lo, hi))
-                out.append(self._node_event(n, "reader_open", reader_id=rid, read_ts=ts, label="report-job" if long else "query"))
+                out.append(self._node_event(n, "reader_open", reader_id=rid, read_ts=ts, label="report-job" if long else "query",
+                                            **self._tenant()))
         return out
 
 

@@ -137,6 +137,11 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
                          "-" if floor is None else str(floor), blocker or "-")
     parts.append(clusters if state.latest else Text("(waiting for the first directive: Spark starts, then every node "
                                                     "reports within the discovery window)"))
+    for name, d in sorted(state.latest.items()):
+        if d.get("namespace_safe_ts") is not None:
+            own = ", ".join(f"{ns} {state.ts_text(b)}" for ns, b in sorted(d.get("namespaces", {}).items()))
+            parts.append(Text(f"cluster {name} per namespace: {own + '; ' if own else ''}every other namespace "
+                              f"{state.ts_text(d['namespace_safe_ts'])}", overflow="fold"))
     parts += _status_parts(state, now_ms)
     noisy = {node: kinds for node, kinds in sorted(state.bands.items()) if kinds}
     parts += [Text(""), Text("pressure bands (every node is normal unless listed)", style="bold")]

@@ -1,0 +1,205 @@
+"""Tenants (core/tenants.py): a namespace's long reader holds back only that namespace."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from safepoint.core import Engine, Position
+from safepoint.core.policy import Policy
+from safepoint.replay import final_status
+
+from core_helpers import NodeClient, Run, topology
+
+T0 = 1_700_000_000_000
+R = 1_000  # retention
+
+
+def cluster(**policy: Any) -> tuple[Run, NodeClient, NodeClient]:
+    run = Run(retention=R, node_lease_ms=60_000, **policy)
+    n1, n2 = NodeClient("n1", "c1"), NodeClient("n2", "c1")
+    run.feed(n1.hb(T0, 10_000), n2.hb(T0, 10_000), topology(1, T0, {"n1": [], "n2": []}, cluster="c1"))
+    return run, n1, n2
+
+
+def beat(run: Run, n1: NodeClient, n2: NodeClient, wall: int, mvcc: int) -> None:
+    run.feed(n1.hb(wall, mvcc), n2.hb(wall, mvcc))
+
+
+def test_a_tenants_long_reader_holds_back_only_its_namespace() -> None:
+    run, n1, n2 = cluster()
+    assert "namespace_safe_ts" not in run.directives()[-1], "no namespace seen yet: directives as before"
+    run.feed(n1.open("report", 9_500, T0 + 1, label="six-hour report", namespace="a"))
+    for i in range(1, 6):
+        beat(run, n1, n2, T0 + i * 1_000, 10_000 + i * 1_000)
+    d = run.directives()[-1]
+    assert (d["safe_ts"], d["namespace_safe_ts"], d["namespaces"]) == (9_500, 14_000, {"a": 9_500})
+    beat(run, n1, n2, T0 + 9_000, 20_000)
+    d = run.directives()[-1]
+    assert d["safe_ts"] == 9_500, "every namespace may compact up to safe_ts, which the reader holds"
+    assert d["namespace_safe_ts"] == 19_000, "a namespace without holds follows the retention bound"
+    assert d["namespaces"] == {"a": 9_500}
+    run.feed(n1.close("report", T0 + 9_001))
+    beat(run, n1, n2, T0 + 10_000, 21_000)
+    d = run.directives()[-1]
+    assert d["safe_ts"] == d["namespace_safe_ts"] == 20_000 and d["namespaces"] == {}
+    [st_] = final_status(run.engine)["clusters"]
+    assert st_["namespace_safe_ts"] == 20_000
+
+
+def test_a_hold_without_namespace_pins_every_namespace() -> None:
+    run, n1, n2 = cluster()
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"), n2.open("all", 9_200, T0 + 2))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    d = run.directives()[-1]
+    assert (d["safe_ts"], d["namespace_safe_ts"], d["namespaces"]) == (9_200, 9_200, {"a": 9_200})
+
+
+def test_a_new_hold_below_its_namespaces_bound_is_a_violation_naming_it() -> None:
+    run, n1, n2 = cluster()
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    assert run.directives()[-1]["namespace_safe_ts"] == 29_000
+    run.feed(n2.open("late", 20_000, T0 + 5_001, namespace="b"))  # above safe_ts 9_500, below b's bound 29_000
+    [v] = run.alerts("horizon_violation", "raised")
+    assert "namespace b" in v["detail"] and v["threshold"] == 29_000 and v["value"] == 20_000
+    run.feed(n2.close("late", T0 + 5_002))
+    assert run.alerts("horizon_violation", "cleared")
+    run.feed(n2.open("fine", 29_000, T0 + 5_003, namespace="b"))  # at the bound: protected (inclusive)
+    assert len(run.alerts("horizon_violation", "raised")) == 1
+
+
+def test_namespaces_beyond_max_namespaces_pin_all_with_an_alert() -> None:
+    run, n1, n2 = cluster(max_namespaces=1)
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"), n2.open("b1", 9_700, T0 + 2, namespace="b"))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    d = run.directives()[-1]
+    assert d["namespaces"] == {"a": 9_500} and d["namespace_safe_ts"] == 9_700, "b pins all namespaces"
+    [a] = run.alerts("namespace_limit", "raised")
+    assert "b" in a["detail"]
+    run.feed(n2.close("b1", T0 + 5_001))
+    beat(run, n1, n2, T0 + 6_000, 31_000)
+    assert run.alerts("namespace_limit", "cleared") and run.directives()[-1]["namespace_safe_ts"] == 30_000
+
+
+# -- generated logs -------------------------------------------------------------------------------
+
+
+def tenant_log(seed: int, namespaces: tuple[str | None, ...] = (None, "a", "b", "c")) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    nodes = [NodeClient(f"n{i}", "c1") for i in range(3)]
+    events: list[dict[str, Any]] = [topology(1, T0, {n.node: [] for n in nodes}, cluster="c1")]
+    open_: dict[str, tuple[NodeClient, str]] = {}
+    mvcc, wall = 10_000, T0
+    for i in range(150):
+        wall += rng.randint(1, 300)
+        mvcc += rng.randint(0, 400)
+        n = rng.choice(nodes)
+        r = rng.random()
+        if r < 0.35:
+            rid = f"r{i}"
+            ns = rng.choice(namespaces)
+            ts = mvcc - rng.randint(0, 3 * R)
+            fields = {} if ns is None else {"namespace": ns}
+            events.append(n.open(rid, ts, wall, **fields))
+            open_[rid] = (n, rid)
+        elif r < 0.6 and open_:
+            rid = rng.choice(sorted(open_))
+            owner, _ = open_.pop(rid)
+            events.append(owner.close(rid, wall))
+        else:
+            events.append(n.hb(wall, mvcc))
+    return events
+
+
+def effective(d: dict[str, Any], ns: str | None) -> int:
+    if ns is None or "namespace_safe_ts" not in d:
+        return d["safe_ts"]
+    return d["namespaces"].get(ns, d["namespace_safe_ts"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=100_000))
+def test_namespace_bounds_are_monotonic_and_never_pass_a_protected_hold(seed: int) -> None:
+    run = Run(retention=R, node_lease_ms=60_000)
+    protected: dict[str, tuple[int, str | None]] = {}  # reader -> (ts, namespace), open and protected when opened
+    last: dict[str, Any] | None = None
+    for ev in tenant_log(seed):
+        outs = run.feed(ev)
+        if ev["type"] == "reader_open" and (last is None or ev["read_ts"] >= effective(last, ev.get("namespace"))):
+            protected[ev["reader_id"]] = (ev["read_ts"], ev.get("namespace"))
+        elif ev["type"] == "reader_close":
+            protected.pop(ev["reader_id"], None)
+        for d in (o.value for o in outs if o.value.get("type") == "compaction"):
+            if "namespace_safe_ts" in d:
+                assert d["namespace_safe_ts"] >= d["safe_ts"]
+                assert all(b >= d["safe_ts"] and b <= d["namespace_safe_ts"] for b in d["namespaces"].values())
+            if last is not None:
+                for ns in {None, "a", "b", "c"}:
+                    assert effective(d, ns) >= effective(last, ns), f"bound of {ns} went back"
+            for rid, (ts, ns) in protected.items():
+                assert effective(d, ns) <= ts, f"{rid} of {ns} at {ts} passed by {effective(d, ns)}"
+            last = d
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=0, max_value=100_000))
+def test_namespaces_do_not_change_the_clusters_safe_point(seed: int) -> None:
+    """The regression property: the same log with its namespaces removed gives the same safe_ts
+    sequence, and then directives without any namespace field (exactly the earlier shape)."""
+    with_ns, without = Run(retention=R, node_lease_ms=60_000), Run(retention=R, node_lease_ms=60_000)
+    for ev in tenant_log(seed):
+        with_ns.feed(ev)
+        without.feed({k: v for k, v in ev.items() if k != "namespace"})
+    plain = without.directives()
+    assert all("namespace_safe_ts" not in d and "namespaces" not in d for d in plain)
+    # with namespaces a directive also comes when only a namespace's bound moved: compare the advances
+    advances = [d["safe_ts"] for i, d in enumerate(with_ns.directives())
+                if i == 0 or d["safe_ts"] != with_ns.directives()[i - 1]["safe_ts"]]
+    assert advances == [d["safe_ts"] for d in plain]
+
+
+def test_the_jobs_batches_equal_replay_with_namespaces() -> None:
+    from test_batch import job_equals_replay
+
+    msgs = []
+    offsets = [0, 0]
+    for ev in tenant_log(11):
+        part = 0 if ev.get("node") in ("n0", None) else 1
+        msgs.append((part, offsets[part], (ev.get("node") or "c1").encode(), json.dumps(ev).encode()))
+        offsets[part] += 1
+    got = job_equals_replay(msgs, list(range(17, len(msgs), 23)), Policy(retention=R, node_lease_ms=60_000), buckets=3)
+    assert any("namespaces" in d for _, d in got["dir"]), "the log exercises namespaces"
+
+
+def test_engine_and_file_order_agree_on_namespace_bounds() -> None:
+    engine = Engine(Policy(retention=R, node_lease_ms=60_000))
+    for i, ev in enumerate(tenant_log(5)):
+        engine.process(json.dumps(ev), Position("ev", 0, i, None))
+    t = engine.clusters["c1"].tenants
+    assert t and t["base"] >= engine.clusters["c1"].safe_ts
+
+
+def test_namespace_bounds_outlive_a_lost_checkpoint() -> None:
+    """A job that lost its checkpoint seeds each namespace's bound from the newest directive, so
+    none goes back (core/recovery.py)."""
+    from safepoint.core.recovery import StartPlan, seeds_from_directives
+
+    run, n1, n2 = cluster()
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    last = run.directives()[-1]
+    seeds = seeds_from_directives(o.value for o in run.outputs if o.channel == "directives")
+    again = Run(retention=R, node_lease_ms=60_000, start=StartPlan(seeds))
+    m1, m2 = NodeClient("n1", "c1", incarnation=1), NodeClient("n2", "c1", incarnation=1)
+    again.feed(topology(2, T0 + 6_000, {"n1": [], "n2": []}, cluster="c1"),
+               m1.snapshot(T0 + 6_000, [], []), m2.snapshot(T0 + 6_000, [], []))
+    again.feed(m1.open("a2", 20_000, T0 + 6_001, namespace="a"))  # below a's bound? no: a's bound was 9_500
+    again.feed(m1.hb(T0 + 7_000, 30_500), m2.hb(T0 + 7_000, 30_500))
+    d = again.directives()[-1]
+    assert d["namespace_safe_ts"] >= last["namespace_safe_ts"] and d["namespaces"]["a"] >= last["namespaces"]["a"]
+    assert d["namespaces"]["a"] == 20_000
