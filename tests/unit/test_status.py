@@ -198,3 +198,14 @@ def test_admin_actions_need_the_bearer_token_and_publish_events() -> None:
     bad = c.post("/api/v1/clusters/c1/service-holds/backup", json={"ts": 900, "ttl_ms": 0}, headers=ok)
     assert bad.status_code == 422 and len(published) == 4
     assert "s3cret" not in c.get("/openapi.json").text
+
+
+def test_the_store_skips_records_the_job_does_not_write() -> None:
+    store = store_of(silent_n3().engine)
+    before = store.status("c1")
+    store.apply_raw(b"c1", b'{"type": "node_status"}')  # a node's part under a cluster's key
+    store.apply_raw(b"c1/n1", b"[1, 2]")
+    store.apply_raw(b"c1/n2", b"not json")
+    store.apply_raw(None, b"{}")
+    assert store.bad == 4 and store.status("c1") == before
+    assert TestClient(make_app(store)).get("/healthz").json()["status_messages_skipped"] == 4

@@ -203,3 +203,17 @@ def test_namespace_bounds_outlive_a_lost_checkpoint() -> None:
     d = again.directives()[-1]
     assert d["namespace_safe_ts"] >= last["namespace_safe_ts"] and d["namespaces"]["a"] >= last["namespaces"]["a"]
     assert d["namespaces"]["a"] == 20_000
+
+
+def test_lowering_max_namespaces_never_evicts_a_tracked_namespace() -> None:
+    run, n1, n2 = cluster(max_namespaces=2)
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    assert run.directives()[-1]["namespaces"] == {"a": 9_500}
+    state = run.engine.clusters["c1"]
+    again = Run(policy=run.engine.policy.__class__(retention=R, node_lease_ms=60_000, max_namespaces=0))
+    again.engine.clusters["c1"] = state  # the same cluster state under a lower cap (a changed setting)
+    again.engine.nodes.update(run.engine.nodes)
+    again.feed(n1.hb(T0 + 6_000, 31_000), n2.hb(T0 + 6_000, 31_000))
+    d = again.directives()[-1]
+    assert d["namespaces"] == {"a": 9_500} and d["namespace_safe_ts"] == 30_000, "a stays protected"

@@ -11,8 +11,9 @@ besides ``safe_ts`` (every namespace may compact up to it, as before):
   ``namespace_safe_ts`` when it had none (a reader at or above its namespace's bound is protected,
   and that bound never goes back).
 
-Each is at least ``safe_ts``. At most ``max_namespaces`` namespaces are tracked per cluster (those
-already tracked keep their place, then by name); the holds of the others pin all namespaces, with a
+Each is at least ``safe_ts``. At most ``max_namespaces`` namespaces are admitted per cluster (by
+name; one already tracked is never evicted, even if the setting is lowered, since its holds may lie
+below ``namespace_safe_ts``); the holds of the others pin all namespaces, with a
 ``namespace_limit`` alert. A new hold below its namespace's bound is a ``horizon_violation`` naming
 the namespace. With no namespaced hold ever seen, nothing here runs and directives are unchanged.
 ``ClusterState.tenants`` keeps ``{"base": namespace_safe_ts, "bounds": {ns: ts}, "limit": [...]}``.
@@ -84,8 +85,11 @@ def tenant_round(state: ClusterState, safe: int, now: int, policy: Policy, out: 
         base = service[0] if base is None else min(base, service[0])
     t = state.tenants
     before = t.get("bounds", {})
-    names = sorted(own, key=lambda ns: (ns not in before, ns))
-    tracked, untracked = names[:policy.max_namespaces], names[policy.max_namespaces:]
+    # the cap admits, it never evicts: a tracked namespace's holds may lie below namespace_safe_ts
+    kept = [ns for ns in sorted(own) if ns in before]
+    fresh = [ns for ns in sorted(own) if ns not in before]
+    room = max(0, policy.max_namespaces - len(kept))
+    tracked, untracked = kept + fresh[:room], fresh[room:]
     for ns in untracked:  # beyond the cap: they pin all namespaces
         base = own[ns] if base is None else min(base, own[ns])
     _limit_alert(state, untracked, now, policy, out)

@@ -77,7 +77,8 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
 
     @app.get("/healthz", summary="the process is up; the job's query and input lag where it runs here")
     def healthz() -> dict[str, Any]:
-        out: dict[str, Any] = {"status": "ok", "clusters": len(store.clusters()), "status_messages": store.messages}
+        out: dict[str, Any] = {"status": "ok", "clusters": len(store.clusters()), "status_messages": store.messages,
+                               "status_messages_skipped": store.bad}
         if store.error:
             out["status_topic"] = store.error
         if health is not None:

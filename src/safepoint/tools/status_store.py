@@ -81,10 +81,12 @@ class StatusStore:
         except ValueError:
             self.bad += 1
             return
-        if parsed is not None and not isinstance(parsed, dict):
-            self.bad += 1
+        name = key.decode("utf-8", "replace")
+        want = "job_status" if name == JOB_KEY else "node_status" if "/" in name else "cluster_status"
+        if parsed is not None and (not isinstance(parsed, dict) or parsed.get("type") != want):
+            self.bad += 1  # not a record the job writes under this key: left out, counted (/healthz)
             return
-        self.apply(key.decode("utf-8", "replace"), parsed)
+        self.apply(name, parsed)
 
     # -- reading ------------------------------------------------------------------------------
     def clusters(self) -> list[str]:
