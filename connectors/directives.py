@@ -111,9 +111,14 @@ def compact_up_to(directive: Directive | Mapping[str, Any] | int, oldest_local_h
     With ``namespace``, the bound is that namespace's (``namespaces[ns]``, else ``namespace_safe_ts``,
     else ``safe_ts``): pass the namespace's own oldest local hold then.
     """
-    if isinstance(directive, Mapping):
-        directive = Directive.from_json(dict(directive))
-    safe_ts = directive if isinstance(directive, int) else directive.bound(namespace)
+    if isinstance(directive, Directive):
+        safe_ts = directive.bound(namespace)
+    elif isinstance(directive, int):
+        safe_ts = directive
+    else:  # a directive's JSON object (only safe_ts is needed; the namespace fields when given)
+        safe_ts = int(directive["safe_ts"])
+        if namespace is not None and directive.get("namespace_safe_ts") is not None:
+            safe_ts = int((directive.get("namespaces") or {}).get(namespace, directive["namespace_safe_ts"]))
     if oldest_local_hold is None:
         return safe_ts
     return min(safe_ts, oldest_local_hold)

@@ -217,3 +217,16 @@ def test_lowering_max_namespaces_never_evicts_a_tracked_namespace() -> None:
     again.feed(n1.hb(T0 + 6_000, 31_000), n2.hb(T0 + 6_000, 31_000))
     d = again.directives()[-1]
     assert d["namespaces"] == {"a": 9_500} and d["namespace_safe_ts"] == 30_000, "a stays protected"
+
+
+def test_compact_up_to_reads_a_namespaces_bound_from_a_directive_or_its_json() -> None:
+    from safepoint.connectors.directives import Directive, compact_up_to
+
+    raw = {"v": 1, "type": "compaction", "cluster": "c1", "seq": 4, "safe_ts": 100, "catalog_floor": None,
+           "cluster_wall_ms": 1, "blocker": None, "basis": {}, "namespace_safe_ts": 300, "namespaces": {"a": 150}}
+    for d in (raw, Directive.from_json(raw)):
+        assert compact_up_to(d, None) == 100
+        assert compact_up_to(d, None, namespace="a") == 150
+        assert compact_up_to(d, None, namespace="b") == 300
+        assert compact_up_to(d, 120, namespace="b") == 120
+    assert compact_up_to({"safe_ts": 7}, 9, namespace="a") == 7, "a directive without namespaces: safe_ts"
