@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -261,23 +262,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
     if created:
         print(f"created topics: {', '.join(created)}", flush=True)
+    query: Any = None
+    surface = JobSurface(settings, lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui)
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)
     print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
-    surface = JobSurface(settings, query)
-    stopping = False
-
-    def _stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     last = None
     try:
-        while not stopping and query.isActive:
+        while not stopping.is_set() and query.isActive:
             time.sleep(0.5)
             progress = query.lastProgress
             if progress and progress.get("batchId") != last:

@@ -7,6 +7,7 @@ replay's for the whole log."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import sys
@@ -48,7 +49,7 @@ def get(url: str) -> Any:
 def answers(url: str) -> bool:
     try:
         get(url)
-    except OSError:
+    except (OSError, http.client.HTTPException):
         return False
     return True
 
@@ -98,6 +99,13 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         except OSError:
             return {}
 
+    def reaches(safe_ts: int) -> dict[str, Any]:
+        """The newest directive, once it has ``safe_ts`` (the status and the directive of one batch
+        are on two topics: either may be readable first)."""
+        wait_for(lambda: directives()[-1]["safe_ts"] == safe_ts, 30, f"a directive with safe_ts {safe_ts}", job,
+                 every_s=0.3)
+        return directives()[-1]
+
     def settled(wall: int) -> None:
         """The job has applied everything up to the nodes' beat at ``wall``."""
         wait_for(lambda: status().get("cluster_wall_ms") == wall, 120, f"the job to apply the beat at {wall}", job,
@@ -111,7 +119,7 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         nodes = Nodes(broker.bootstrap, settings.events_topic)
         nodes.beat(w, 1_000)
         settled(w)
-        assert directives()[-1]["safe_ts"] == 1_000
+        reaches(1_000)
 
         # 1. the README's backup example: the hold keeps the safe point at its ts while the nodes
         #    advance, and its release (on exit) lets it go
@@ -119,7 +127,7 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
             nodes.beat(w + 1_000, 2_000)
             nodes.beat(w + 2_000, 3_000)
             settled(w + 2_000)
-            d = directives()[-1]
+            d = reaches(1_500)
             assert d["safe_ts"] == 1_500 and d["blocker"]["kind"] == "service" and d["blocker"]["id"] == "backup-nightly"
             st = status()
             assert [h["holder"] for h in st["service_holds"]] == ["backup-nightly"]
@@ -133,7 +141,7 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
              {"__name__": "readme", "snapshot_ts": 1_500, "run_the_backup": run_the_backup})
         nodes.beat(w + 3_000, 4_000)
         settled(w + 3_000)
-        assert directives()[-1]["safe_ts"] == 4_000, "released: the safe point moves on"
+        reaches(4_000)  # released: the safe point moves on
 
         # 2. pause with the CLI: the safe point holds; resume releases it
         proc = cli("pause", "c1", "--reason", "restore of orders", *kafka)
@@ -158,10 +166,10 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         assert [h["holder"] for h in json.loads(listed.stdout)["service_holds"]] == ["cdc-7"]
         nodes.beat(set_at + 1_000, 6_000)
         settled(set_at + 1_000)
-        assert directives()[-1]["safe_ts"] == 5_500
+        reaches(5_500)
         nodes.beat(set_at + 3_001, 7_000)  # cluster time passes the renewal's wall_ms + ttl_ms
         settled(set_at + 3_001)
-        assert directives()[-1]["safe_ts"] == 7_000
+        reaches(7_000)
         alerts = read_topic(broker.bootstrap, settings.alerts_topic, timeout_s=5)
         [expired] = [a for a in alerts if a["kind"] == "service_hold_expired"]
         assert "cdc-7 (changefeed 7)" in expired["detail"]

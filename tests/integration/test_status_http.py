@@ -10,6 +10,7 @@ writes for the same log.
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import subprocess
@@ -42,7 +43,7 @@ def get(url: str) -> Any:
 def answers(url: str) -> bool:
     try:
         get(url)
-    except (OSError, urllib.error.URLError):
+    except (OSError, http.client.HTTPException):
         return False
     return True
 
@@ -102,10 +103,11 @@ def test_the_job_serves_what_pins_history(broker: Any, tmp_path: Path) -> None:
         metrics = get(base + "/metrics")
         assert 'safepoint_round_aborted{cluster="c1",reason="missing_node"} 1.0' in metrics
         assert 'safepoint_holds{cluster="c1",kind="reader"} 1.0' in metrics
-        # the driver notes a batch when it polls the query's progress (every 0.5 s)
-        wait_for(lambda: get(base + "/healthz")["job"]["batches"] >= 1, 10, "the job's figures in /healthz", job)
+        # the driver notes a batch when it polls the query's progress (every 0.5 s), after the batch
+        # committed: the status it wrote can be read before that
+        wait_for(lambda: get(base + "/healthz")["job"]["input_lag_messages"] == 0, 60, "the job's figures in /healthz", job)
         health = get(base + "/healthz")
-        assert health["job"]["active"] is True and health["job"]["input_lag_messages"] == 0
+        assert health["job"]["active"] is True and health["job"]["batches"] >= 1
 
         send(broker.bootstrap, settings.events_topic, as_messages(second_log()))
         wait_for(lambda: get(base + "/api/v1/clusters/c1")["safe_ts"] is not None, 120, "the first safe point", job,
@@ -114,7 +116,8 @@ def test_the_job_serves_what_pins_history(broker: Any, tmp_path: Path) -> None:
         st = get(base + "/api/v1/clusters/c1")
         assert st["safe_ts"] == 950_000 and st["blocker"]["label"] == "nightly-report" and not st["round"]["aborted"]
         assert re.search(r'^safepoint_safe_ts\{cluster="c1"\} 950000\.0$', get(base + "/metrics"), re.M)
-        assert re.search(r"^safepoint_input_messages_total\{outcome=\"applied\"\} 9\.0$", get(base + "/metrics"), re.M)
+        wait_for(lambda: bool(re.search(r'^safepoint_input_messages_total\{outcome="applied"\} 9\.0$',
+                                        get(base + "/metrics"), re.M)), 60, "every message counted as applied", job)
 
         # replay --status over the same log gives the same status
         log = tmp_path / "events.jsonl"

@@ -120,7 +120,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     from safepoint.connectors.topics import ensure_topics, topic_specs
     from safepoint.streaming.job import batch_accounting, build_query, messages_in
     from safepoint.streaming.session import build_session, check_java
-    from safepoint.tools.broker import EmbeddedBroker, free_port
+    from safepoint.tools.broker import EmbeddedBroker
     from safepoint.tools.simulate import SimConfig, run_simulator
 
     check_java()
@@ -154,9 +154,11 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         log_fd, log_file = tempfile.mkstemp(prefix="safepoint-demo-", suffix=".log")
         os.close(log_fd)
         print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark (its log: {log_file}) ...", flush=True)
+        surface = JobSurface(settings, lambda: bool(query is not None and query.isActive), "demo",
+                             port=settings.http_port or 0)  # before Spark: nothing else takes the port
         spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file)
         query = build_query(spark, settings)
-        surface = JobSurface(replace(settings, http_port=settings.http_port or free_port()), query, "demo")
+
         view = LiveView(settings, expiries)
         last_print = 0.0
         last_batch = None

@@ -181,6 +181,7 @@ class HttpServer:
 
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
         self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)
+        self.host = host
         self.url = f"http://{host}:{port}/"
 
     def start(self, timeout_s: float = 10.0) -> HttpServer:
@@ -193,6 +194,9 @@ class HttpServer:
         if not self.server.started:
             msg = f"the HTTP server did not start on {self.url} (is the port free?)"
             raise SafepointError(msg)
+        bound = [sock.getsockname()[1] for srv in getattr(self.server, "servers", []) for sock in srv.sockets]
+        if bound:  # port 0: the one the system chose
+            self.url = f"http://{self.host}:{bound[0]}/"
         return self
 
     def stop(self) -> None:

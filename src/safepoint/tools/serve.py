@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from safepoint.connectors.producer import make_producer, producer_conf
@@ -35,19 +36,23 @@ class JobSurface:
     """What ``safepoint run`` shows of itself: its progress record (published to the status topic)
     and, with ``http_port``, the HTTP surface in its process."""
 
-    def __init__(self, settings: Settings, query: Any, name: str = "safepoint run") -> None:
+    def __init__(self, settings: Settings, active: Callable[[], bool], name: str = "safepoint run",
+                 port: int | None = None) -> None:
+        """``active()`` says whether the query runs; ``port`` overrides ``http_port`` (0: any free
+        port). Built before the Spark session, so that nothing else takes the port meanwhile."""
         conf = quiet(producer_conf(settings.librdkafka(), linger_ms=50))
         self.producer = make_producer("confluent", conf) if settings.status_topic else None
         self.store: StatusStore | None = None
         self.server: HttpServer | None = None
-        if settings.http_port:
+        port = settings.http_port if port is None else port
+        if settings.http_port or port is not None and port >= 0:
             self.store = StatusStore()
             if settings.status_topic:
                 self.store.follow(settings.librdkafka(), settings.status_topic)
         self.job = JobStatus(self.producer, settings.status_topic, self.store)
         if self.store is not None:
-            app = make_app(self.store, health=lambda: self.job.health(bool(query.isActive)), **admin_of(settings))
-            self.server = HttpServer(app, settings.http_host, settings.http_port).start()
+            app = make_app(self.store, health=lambda: self.job.health(active()), **admin_of(settings))
+            self.server = HttpServer(app, settings.http_host, port).start()
             print(f"{name}: status API, metrics and dashboard at {self.server.url}", flush=True)
 
     def batch(self, progress: dict[str, Any], counts: dict[str, int], rows: int) -> None:
