@@ -8,13 +8,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
+from safepoint.connectors.producer import ProducerSlot, is_fatal_exception
 from safepoint.core.codec import encode
 from safepoint.tools.status_store import JOB_KEY, StatusStore
 
 __all__ = ["JobStatus", "input_lag"]
+
+log = logging.getLogger(__name__)
 
 
 def _offsets(raw: Any) -> dict[str, int]:
@@ -47,9 +51,11 @@ def input_lag(progress: dict[str, Any]) -> int | None:
 
 
 class JobStatus:
-    def __init__(self, producer: Any | None, topic: str, store: StatusStore | None = None) -> None:
+    def __init__(self, producer: ProducerSlot | None, topic: str, store: StatusStore | None = None) -> None:
         self.producer = producer
+        """Made on first use and rebuilt after a fatal error (a broker restart can kill an idempotent producer)."""
         self.topic = topic
+        self.failures = 0
         self.store = store
         self.record: dict[str, Any] = {"v": 1, "type": "job_status", "active": True, "batches": 0, "batch_id": None,
                                        "batch_duration_ms": None, "input_rows": 0, "input_lag_messages": None,
@@ -79,5 +85,13 @@ class JobStatus:
         if self.store is not None:
             self.store.apply(JOB_KEY, dict(self.record))
         if self.producer is not None and self.topic:
-            self.producer.produce(self.topic, key=JOB_KEY.encode(), value=encode(self.record).encode())
-            self.producer.poll(0)
+            try:
+                producer = self.producer.producer
+                producer.produce(self.topic, key=JOB_KEY.encode(), value=encode(self.record).encode())
+                producer.poll(0)
+            except Exception as exc:  # the job's own figures are best effort: the job goes on
+                self.failures += 1
+                if is_fatal_exception(exc):
+                    self.producer.rebuild()
+                if self.failures in (1, 10, 100) or self.failures % 1000 == 0:
+                    log.warning("publishing the job's status to %s failed (%d time(s)): %s", self.topic, self.failures, exc)

@@ -7,13 +7,14 @@ publishes to the status topic for ``serve``.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from safepoint.connectors.producer import make_producer, producer_conf
+from safepoint.connectors.producer import ProducerSlot, producer_conf
 from safepoint.connectors.topics import check_reachable, quiet
 from safepoint.errors import SafepointError
 from safepoint.settings import Secret, Settings
@@ -41,7 +42,7 @@ class JobSurface:
         """``active()`` says whether the query runs; ``port`` overrides ``http_port`` (0: any free
         port). Built before the Spark session, so that nothing else takes the port meanwhile."""
         conf = quiet(producer_conf(settings.librdkafka(), linger_ms=50))
-        self.producer = make_producer("confluent", conf) if settings.status_topic else None
+        self.producer = ProducerSlot("confluent", conf) if settings.status_topic else None
         self.store: StatusStore | None = None
         self.server: HttpServer | None = None
         port = settings.http_port if port is None else port
@@ -61,7 +62,8 @@ class JobSurface:
     def close(self) -> None:
         self.job.stopped()
         if self.producer is not None:
-            self.producer.flush(5)
+            with contextlib.suppress(Exception):  # best effort, like every publish of the job's figures
+                self.producer.producer.flush(5)
         if self.server is not None:
             self.server.stop()
         if self.store is not None:
