@@ -199,8 +199,14 @@ class Feeder(threading.Thread):
     """Produces a log at a steady pace, never past ``allowed`` messages (the test moves it).
 
     Like a node's client, it outlives a fatal producer error: a new producer sends again, in
-    order, every message not confirmed yet (so the topic may hold a few repeats: the job must
-    ignore them as duplicates)."""
+    order, every message not confirmed yet and every one confirmed in the last ``RESEND_S``
+    seconds (so the topic may hold a few repeats: the job must ignore them as duplicates). The
+    embedded broker can lose the last messages it acknowledged before a clean stop (measured: 3
+    of 1,400 with a producer sending through the stop); the fatal OUT_OF_ORDER_SEQUENCE_NUMBER
+    that follows is the only sign. A ``Reporter`` repairs that with a snapshot; a fixed log can
+    only be sent again."""
+
+    RESEND_S = 15.0
 
     def __init__(self, bootstrap: str, topic: str, log: list[Message], per_s: float, allowed: int | None = None) -> None:
         super().__init__(daemon=True)
@@ -209,6 +215,7 @@ class Feeder(threading.Thread):
         self.sent = 0
         self.rebuilds = 0
         self.delivered: dict[int, Any] = {}  # log index -> delivery error (None: delivered)
+        self.confirmed_at: dict[int, float] = {}  # log index -> when its delivery was confirmed
         self.error: BaseException | None = None
         self._cv = threading.Condition()
         self._p: Producer | None = None
@@ -230,6 +237,7 @@ class Feeder(threading.Thread):
 
         def on_delivery(err: Any, msg: Any) -> None:
             self.delivered[i] = err
+            self.confirmed_at[i] = time.monotonic()
 
         if part is None:
             self._p.produce(self.topic, key=key, value=data, on_delivery=on_delivery)
@@ -240,8 +248,9 @@ class Feeder(threading.Thread):
         self.rebuilds += 1
         assert self.rebuilds <= 5, "the producer keeps dying"
         self._p = producer(self.bootstrap)
+        recent = time.monotonic() - self.RESEND_S
         for i in range(self.sent):
-            if self.delivered.get(i, "unconfirmed") is not None:
+            if self.delivered.get(i, "unconfirmed") is not None or self.confirmed_at.get(i, 0.0) >= recent:
                 self.delivered.pop(i, None)
                 self._produce(i)
 

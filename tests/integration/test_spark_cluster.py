@@ -104,9 +104,11 @@ class Standalone:
         return data
 
     def alive_workers(self) -> int:
+        """Workers the master counts alive; 0 while its UI is not up, or still answers its JSON
+        route with the HTML page (seen once in CI, a second after the UI had started)."""
         try:
             return int(self.state().get("aliveworkers", 0))
-        except OSError:
+        except (OSError, ValueError):
             return 0
 
     def kill_worker(self, i: int) -> int:
