@@ -14,7 +14,11 @@ reader closes free the cluster's blocker at a fixed rate, so directives come at 
    b. latency at fixed offered rates (default 1,000 and 10,000 events/s): the workload replayed in
       real time (paced by its own ``wall_ms``), event-to-directive latency p50/p95/p99 over time;
 4. profile: cProfile of the core alone and of the job's batch logic run locally (no Spark), and
-   py-spy over the job's Python workers during one more local[2] run.
+   py-spy over the job's Python workers during one more local[2] run;
+5. core: ``safepoint replay``'s core over a file of the workload against bare ``json.loads`` of it;
+6. scale: one more local[2] throughput run with ``--scale-nodes`` nodes (RSS and cost per event as
+   the fleet grows);
+7. fleet: database readers per second one job covers at p99 < 2 s, eager and lazy (bench_fleet.py).
 
 Writes ``<out>/bench-<timestamp>.json``, ``.md`` (the table, ratios, targets met / not met, profile
 findings) and ``-latency.png`` (also copied to ``<out>/latency.png``; needs matplotlib, optional).
@@ -36,6 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
 
 from bench_common import _empty_node_json, _loadavg, fmt_rate, mb, say  # noqa: E402
+from bench_fleet import core_ratio, fleet_figure  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
 from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
 from bench_report import build_report, evaluate_targets, findings, plot_latency  # noqa: E402
@@ -68,8 +73,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of event time sent before pacing (first batch, excluded)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="most seconds to wait for the job to catch up after pacing")
     p.add_argument("--timeout", type=float, default=600.0, help="most seconds for one Spark run")
-    p.add_argument("--phases", default="raw,plain,spark,latency,profile",
-                   help="which phases to run: raw,plain,spark,latency,profile (profile = cProfile + a py-spy'd local[2] run)")
+    p.add_argument("--phases", default="raw,plain,spark,scale,latency,profile,core,fleet",
+                   help="which phases to run: raw,plain,spark,scale,latency,profile,core,fleet (profile = cProfile + a py-spy'd "
+                        "local[2] run; fleet uses the latency runs' p99)")
+    p.add_argument("--scale-nodes", type=int, default=10_000, help="nodes of the scale phase's local[2] run (same event count)")
+    p.add_argument("--core-events", type=int, default=300_000, help="events of the core phase's file")
+    p.add_argument("--fleet-nodes", type=int, default=10, help="reporters of the fleet phase's sample")
+    p.add_argument("--fleet-seconds", type=float, default=30.0, help="simulated seconds of the fleet sample")
+    p.add_argument("--fleet-node-rate", type=float, default=500.0, help="readers opened per second by each node of the fleet")
+    p.add_argument("--fleet-retention-s", type=float, default=5.0,
+                   help="the job's retention for the fleet, in seconds of MVCC time (the reporters' R)")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
     p.add_argument("--profile-events", type=int, default=60_000, help="events for the cProfile runs and the py-spy'd job run")
     p.add_argument("--keep", action="store_true", help="keep the work directory (checkpoints, logs)")
@@ -171,6 +184,17 @@ def main(argv: list[str] | None = None) -> int:
                 res["spark_throughput"].append(tp)
                 say(f"(3a) job {master}, status off: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0")
 
+        if "scale" in phases and args.scale_nodes:
+            sw = build_workload("scale", args.scale_nodes, top_rate, seed=args.seed, long_share=args.long_share,
+                                probe_hz=args.probe_hz, events=args.events)
+            s_holds = open_holds([v for _, _, v in sw.events])
+            res["workloads"]["scale"] = {"events": len(sw.events), "types": sw.types, "heartbeat_ms": sw.heartbeat_ms,
+                                         "holds_at_end": s_holds, "nodes": args.scale_nodes}
+            say(f"(3c) job local[2] with {args.scale_nodes:,} nodes ({len(sw.events):,} events, {s_holds:,} holds at the end) ...")
+            res["scale"] = run_spark_tp(args, work, bootstrap, sw.events, "local[2]", "tp-scale", s_holds, {"broker": broker_pid})
+            say(f"(3c) {args.scale_nodes:,} nodes: sustained {fmt_rate(res['scale']['sustained_events_per_s'])} ev/s, RSS JVM+workers "
+                f"{mb(res['scale']['jvm_plus_workers_rss_end'])}")
+
         if "latency" in phases:
             res["latency"] = []
             for rate in rates:
@@ -207,6 +231,23 @@ def main(argv: list[str] | None = None) -> int:
                 if Path(str(out_raw) + ".jfr").exists():
                     shutil.copy(str(out_raw) + ".jfr", out_dir / f"bench-{stamp}.jfr")
             res["profile"] = prof
+
+        if "core" in phases:
+            n = min(args.core_events, len(values))
+            say(f"(5) core: replay against json.loads over the same {n:,}-event file ...")
+            res["core"] = core_ratio(values[:n])
+            say(f"(5) core: replay {res['core']['replay_us']:.1f} us/event, json.loads {res['core']['json_loads_us']:.2f} us/event, "
+                f"ratio {res['core']['ratio']:.3f}")
+        if "fleet" in phases:
+            say("(6) fleet: a sample of reporters, eager and lazy ...")
+            res["fleet"] = fleet_figure(res.get("latency", []), nodes=args.fleet_nodes, seconds=args.fleet_seconds,
+                                        node_rate=args.fleet_node_rate, long_share=args.long_share,
+                                        retention_s=args.fleet_retention_s, seed=args.seed,
+                                        sustained=next((t["sustained_events_per_s"] for t in res.get("spark_throughput", [])
+                                                        if t["master"] == "local[2]" and t.get("status", True)), None))
+            fl = res["fleet"]
+            say(f"(6) fleet: events per reader eager {fl['eager']['events_per_reader']:.3f}, lazy {fl['lazy']['events_per_reader']:.4f}; "
+                f"capacity at p99 < 2 s: {fl['capacity']}")
 
         # state per hold: the local[2] throughput run at the end of the backlog
         tps = [t for t in res.get("spark_throughput", []) ]

@@ -22,7 +22,7 @@ TARGETS = {
     "throughput_vs_plain_aim": 2.0,
     "p99_latency_s": 2.0,
     "p99_at_rate": 10_000,
-    "state_bytes_per_hold": 200,
+    "state_bytes_per_hold": 150,
     "scaling_2_vs_1": 1.5,
 }
 

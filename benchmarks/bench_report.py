@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import TARGETS, fmt_rate, mb
+from bench_fleet import report_lines, targets
 
 
 def plot_latency(lat_runs: list[dict[str, Any]], path: Path) -> str | None:
@@ -132,6 +133,7 @@ def build_report(res: dict[str, Any]) -> str:
                  f"{mb(st['cluster_bytes'])} = {st['logical_per_hold']:,.0f} B/hold (of which per-node fixed part "
                  f"~{st['per_node_fixed_bytes']:,.0f} B/node). JVM+workers RSS per hold: {st['rss_per_hold']:,.0f} B.")
         L.append("")
+    L.extend(report_lines(res))
     L.append("## Targets (reported, not asserted)")
     L.append("")
     L.append("| target | measured | status |")
@@ -207,7 +209,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         out.append({"target": "p99 event-to-directive latency < 2 s at 10,000 ev/s", "measured": "not run at 10,000 ev/s", "ok": None})
     st = res.get("state")
     if st:
-        out.append({"target": "state < 200 bytes per active hold",
+        out.append({"target": f"state < {TARGETS['state_bytes_per_hold']} bytes per active hold",
                     "measured": f"{st['state_dir_per_hold']:,.0f} B/hold (checkpoint state dir); JSON values alone "
                                 f"{st['logical_per_hold']:,.0f} B/hold",
                     "ok": st["state_dir_per_hold"] < TARGETS["state_bytes_per_hold"]})
@@ -225,6 +227,7 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                         "measured": f"{cost:+.1%} ({fmt_rate(on['sustained_events_per_s'])} ev/s with it, "
                                     f"{fmt_rate(off['sustained_events_per_s'])} without; one run each, noisy)",
                         "ok": cost <= 0.10})
+    out.extend(targets(res))
     return out
 
 

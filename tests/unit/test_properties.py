@@ -36,7 +36,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position
+from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position, aborts
 
 from core_helpers import EVENTS_TOPIC, check_output
 
@@ -523,3 +523,20 @@ def test_e_incremental_indexes_equal_a_rebuild(sc: Scenario) -> None:
         for state in engine.clusters.values():
             rebuilt = ClusterState.from_json(json.loads(json.dumps(state.to_json())))
             assert _indexes(state) == _indexes(rebuilt), f"after message {offset}"
+
+
+@SETTINGS
+@given(scenarios)
+def test_f_incremental_abort_alerts_equal_the_full_walk(sc: Scenario) -> None:
+    """The round's abort alerts are synced from the members touched since the last event and the
+    lease changes (core/aborts.py); the outputs must be exactly those of walking every member after
+    every event (``aborts.FULL``), alerts, their order and the directives alike."""
+    builder = LogBuilder(sc)
+    log = builder.build() + builder.settle()
+    incremental = run_engine(sc.policy, log)
+    aborts.FULL = True
+    try:
+        full = run_engine(sc.policy, log)
+    finally:
+        aborts.FULL = False
+    assert incremental == full

@@ -45,6 +45,7 @@ def sync_abort_alerts(state: ClusterState,
     found: dict[str, Problem],
     out: list[Output],
 ) -> None:
+    """Raise what ``found`` has and ``raised`` lacks, clear the other way round (every abort kind)."""
     if not found and not state.raised:
         return
     now = state.cluster_time
@@ -52,6 +53,11 @@ def sync_abort_alerts(state: ClusterState,
     for aid in [a for a in state.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
         body = state.raised.pop(aid)
         out.append(stamp_alert(state, body, "cleared", now))
+    raise_new(state, found, now, out)
+
+
+def raise_new(state: ClusterState, found: dict[str, Problem], now: int, out: list[Output]) -> None:
+    """Raise each problem of ``found`` not raised yet, in id order."""
     # sorted: ``found`` comes partly from sets whose order depends on the hash seed and on how the
     # state was rebuilt, and replay, the job and every batch split must emit the same sequence
     for aid, (kind, node, value, threshold, detail) in sorted(found.items()):
@@ -179,6 +185,38 @@ def stamp_alert(cluster: ClusterState, body: dict[str, Any], state: str, now: in
     )
 
 
+def never_problem(node: str) -> Problem:
+    return Problem("missing_node", node, None, None, f"node {node} is in the topology but never reported")
+
+
+def stale_problem(node: str, last: int, now: int, policy: Policy) -> Problem:
+    age = now - last
+    return Problem("missing_node", node, age, policy.node_lease_ms,
+                   f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)")
+
+
+def unknown_problem(node: str, why: str) -> Problem:
+    return Problem("unknown_node_min", node, None, None, f"minimum of node {node} is unknown: {why}")
+
+
+def group_problem(node: str, groups: list[str]) -> Problem:
+    return Problem("missing_group", node, len(groups), None,
+                   f"node {node} does not report required group(s) {', '.join(groups)}")
+
+
+def awaiting_problem(state: ClusterState, node: str) -> Problem:
+    asked = state.recovery is not None and node in state.recovery["requested"]
+    return Problem(
+        "awaiting_snapshot",
+        node,
+        None,
+        None,
+        f"node {node} has not sent a snapshot since the job started on empty state, so the readers and "
+        "transactions it opened before are unknown"
+        + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
+    )
+
+
 def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
     """Every reason the current round must abort, by alert id."""
     found: dict[str, Problem] = {}
@@ -188,50 +226,15 @@ def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
             and (not state._walls or state._walls.lowest() >= now - policy.node_lease_ms)):  # type: ignore[operator]
         return found  # the common case, nothing wrong: what the loops below would find
     for node in state._never:
-        found[join_id("missing_node", node)] = Problem(
-            "missing_node",
-            node,
-            None,
-            None,
-            f"node {node} is in the topology but never reported",
-        )
-    limit = now - policy.node_lease_ms
-    for last, node in state._walls.older_than(limit):
-        age = now - last
-        found[join_id("missing_node", node)] = Problem(
-            "missing_node",
-            node,
-            age,
-            policy.node_lease_ms,
-            f"node {node} is stale: last event {age} ms ago in cluster time (lease {policy.node_lease_ms} ms)",
-        )
+        found[join_id("missing_node", node)] = never_problem(node)
+    for last, node in state._walls.older_than(now - policy.node_lease_ms):
+        found[join_id("missing_node", node)] = stale_problem(node, last, now, policy)
     for node, why in state._unknown.items():
-        found[join_id("unknown_node_min", node)] = Problem(
-            "unknown_node_min",
-            node,
-            None,
-            None,
-            f"minimum of node {node} is unknown: {why}",
-        )
+        found[join_id("unknown_node_min", node)] = unknown_problem(node, why)
     for node, groups in state._missing_groups.items():
-        found[join_id("missing_group", node)] = Problem(
-            "missing_group",
-            node,
-            len(groups),
-            None,
-            f"node {node} does not report required group(s) {', '.join(groups)}",
-        )
+        found[join_id("missing_group", node)] = group_problem(node, groups)
     for node in state._awaiting:
-        asked = state.recovery is not None and node in state.recovery["requested"]
-        found[join_id("awaiting_snapshot", node)] = Problem(
-            "awaiting_snapshot",
-            node,
-            None,
-            None,
-            f"node {node} has not sent a snapshot since the job started on empty state, so the readers and "
-            "transactions it opened before are unknown"
-            + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
-        )
+        found[join_id("awaiting_snapshot", node)] = awaiting_problem(state, node)
     return found
 
 

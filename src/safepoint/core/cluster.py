@@ -12,18 +12,16 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
+from safepoint.core.aborts import AbortSync, sync_aborts
 from safepoint.core.alerts import (
     ABORT_KINDS,
-    Problem,
     check_floor,
     check_horizon,
     check_join,
     check_stall,
     clear_violation,
-    problems,
     raise_violation,
     stamp_signal,
-    sync_abort_alerts,
 )
 from safepoint.core.compaction import catalog_floor_at, compaction_directive
 from safepoint.core.control import (
@@ -82,6 +80,7 @@ class ClusterState:
         "control",
         "tenants",
         "_ns_nodes",
+        "_aborts",
     )
 
     def __init__(self, name: str) -> None:
@@ -183,6 +182,7 @@ class ClusterState:
         self._ns_nodes: set[str] = {n for n, rec in self.nodes.items() if rec.ns is not None}
         self._awaiting: set[str] = set()
         self._floor_alerts: dict[str, str] = {}  # node -> its raised retention/group violation
+        self._aborts = AbortSync()  # the next round walks every member once (core/aborts.py)
         for aid in self.raised:
             parts = split_id(aid)
             if parts[0] == "horizon_violation" and len(parts) == 4 and parts[2] in FLOOR_KINDS:
@@ -245,6 +245,7 @@ class ClusterState:
     def apply_node_update(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
         """Take one node's summary after one of its applied events, then re-evaluate."""
         self._advance(u.wall_ms)
+        self._aborts.touched.add(u.node)
         rec = self.nodes.get(u.node)
         member = u.node in self._members
         fresh = rec is None
@@ -354,15 +355,14 @@ class ClusterState:
             expire_service_holds(self, now, out)
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
-        found = problems(self, policy)
-        sync_abort_alerts(self, found, out)
-        self._round(found, now, policy, out)
+        aborted = sync_aborts(self, policy, out)
+        self._round(aborted, now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
         check_stall(self, now, policy, out)
 
-    def _round(self, found: dict[str, Problem], now: int, policy: Policy, out: list[Output]) -> None:
+    def _round(self, aborted: bool, now: int, policy: Policy, out: list[Output]) -> None:
         """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances."""
-        if found or not self.dirty or (self.control and paused(self)):
+        if aborted or not self.dirty or (self.control and paused(self)):
             return  # a pause keeps the cluster dirty: what it held back goes out after resume
         if (
             policy.directive_interval_ms

@@ -1,0 +1,119 @@
+"""The round's abort alerts kept in step with the cluster after every event, in time independent of its size.
+
+``problems`` lists every reason the round must abort and ``sync_abort_alerts`` raises what is new
+and clears what is gone: both walk every member, so running them after each event made a cluster
+with many problems (10,000 nodes named by a topology before they report, each event removing
+one) cost O(members) per event, O(members^2) until the last node reported (measured: 2.3 ms per
+event at 10,000 nodes against 35 us at 1,000).
+
+Only the members touched since the last sync can have a different problem, besides those whose
+lease ran out or came back (the stale set, kept as of the last sync). ``sync_aborts`` looks at
+those alone and emits exactly what the full walk would: the clears in the order they were raised,
+then the new ones by id. After a restore, a topology, a recovery start (anything that runs
+``ClusterState._rebuild``) it does the full walk once. ``FULL`` forces the full walk every time
+(for tests: both must give the same outputs).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from safepoint.core.alerts import (
+    ABORT_KINDS,
+    Problem,
+    awaiting_problem,
+    group_problem,
+    never_problem,
+    problems,
+    raise_new,
+    stale_problem,
+    stamp_alert,
+    sync_abort_alerts,
+    unknown_problem,
+)
+from safepoint.core.ids import join_id
+from safepoint.core.outputs import Output
+from safepoint.core.policy import Policy
+
+if TYPE_CHECKING:
+    from safepoint.core.cluster import ClusterState
+
+__all__ = ["FULL", "AbortSync", "sync_aborts"]
+
+FULL = False
+"""True: every sync walks every member (the reference the incremental sync is tested against)."""
+
+
+class AbortSync:
+    """What the last sync saw: not serialised (a restored state starts with a full walk)."""
+
+    __slots__ = ("full", "touched", "stale")
+
+    def __init__(self) -> None:
+        self.full = True
+        """The next sync walks every member."""
+        self.touched: set[str] = set()
+        """Members whose record, recovery or never-reported mark changed since the last sync."""
+        self.stale: set[str] = set()
+        """Members stale at the last sync."""
+
+
+def _stale_now(state: ClusterState, limit: int) -> dict[str, int]:
+    low = state._walls.lowest()
+    if low is None or low >= limit:
+        return {}
+    return {node: last for last, node in state._walls.older_than(limit)}
+
+
+def _node_problems(state: ClusterState, node: str, stale: dict[str, int], now: int, policy: Policy) -> dict[str, Problem]:
+    """``problems`` restricted to one node (the same ids and bodies)."""
+    found: dict[str, Problem] = {}
+    if node in state._never:
+        found[join_id("missing_node", node)] = never_problem(node)
+    if node in stale:
+        found[join_id("missing_node", node)] = stale_problem(node, stale[node], now, policy)
+    why = state._unknown.get(node)
+    if why is not None:
+        found[join_id("unknown_node_min", node)] = unknown_problem(node, why)
+    groups = state._missing_groups.get(node)
+    if groups is not None:
+        found[join_id("missing_group", node)] = group_problem(node, groups)
+    if node in state._awaiting:
+        found[join_id("awaiting_snapshot", node)] = awaiting_problem(state, node)
+    return found
+
+
+def sync_aborts(state: ClusterState, policy: Policy, out: list[Output]) -> bool:
+    """Bring the raised abort alerts in step with the problems now; True when the round aborts."""
+    now = state.cluster_time
+    assert now is not None
+    sync = state._aborts
+    stale = _stale_now(state, now - policy.node_lease_ms)
+    aborted = bool(state._never or state._unknown or state._missing_groups or state._awaiting or stale)
+    if sync.full or FULL:
+        sync_abort_alerts(state, problems(state, policy), out)
+        sync.full = False
+        sync.touched = set()
+        sync.stale = set(stale)
+        return aborted
+    look = sync.touched
+    if stale or sync.stale:
+        look = look | (sync.stale ^ stale.keys())
+    sync.touched = set()
+    sync.stale = set(stale)
+    if not look:
+        return aborted
+    found: dict[str, Problem] = {}
+    for node in look:
+        found.update(_node_problems(state, node, stale, now, policy))
+    raised = state.raised
+    gone = [aid for node in look for kind in ABORT_KINDS
+            if (aid := join_id(kind, node)) in raised and aid not in found]
+    if len(gone) > 1:
+        order = {aid: i for i, aid in enumerate(raised)}
+        gone.sort(key=order.__getitem__)
+    for aid in gone:
+        out.append(stamp_alert(state, raised.pop(aid), "cleared", now))
+    if found:
+        raise_new(state, found, now, out)
+    return aborted
