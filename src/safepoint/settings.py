@@ -92,6 +92,7 @@ class Settings:
     max_expiries_per_window: int = _P.max_expiries_per_window
     expire_window_ms: int = _P.expire_window_ms
     status_holds: int = _P.status_holds
+    status_nodes: int = _P.status_nodes
     leak_window_ms: int = _P.leak_window_ms
     max_namespaces: int = _P.max_namespaces
     http_port: int = 0

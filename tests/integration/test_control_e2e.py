@@ -7,7 +7,6 @@ replay's for the whole log."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import subprocess
 import sys
@@ -36,22 +35,10 @@ from test_faults import (
     verify,
     wait_for,
 )
+from tests_support import answers, get
 
 pytestmark = pytest.mark.integration
 TOKEN = "e2e-admin-token"
-
-
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
-        return json.loads(resp.read())
-
-
-def answers(url: str) -> bool:
-    try:
-        get(url)
-    except (OSError, http.client.HTTPException):
-        return False
-    return True
 
 
 def post(url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:

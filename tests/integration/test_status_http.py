@@ -10,7 +10,6 @@ writes for the same log.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import subprocess
@@ -28,24 +27,11 @@ from safepoint.tools.broker import free_port
 from doc_blocks import block
 from observers import Prometheus, browser_missing, dashboard_text, prometheus_missing
 from test_faults import JOB_START_TIMEOUT_S, JobProcess, job_env, job_flags, make_settings, send, wait_for
+from tests_support import answers, get
 
 pytestmark = pytest.mark.integration
 T0 = 1_767_225_600_000
 LEASE = 4_000
-
-
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
-        body = resp.read()
-        return json.loads(body) if resp.headers.get_content_type() == "application/json" else body.decode()
-
-
-def answers(url: str) -> bool:
-    try:
-        get(url)
-    except (OSError, http.client.HTTPException):
-        return False
-    return True
 
 
 def event(kind: str, node: str, seq: int, wall: int, **fields: Any) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import time
+import urllib.request
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -39,3 +42,19 @@ def run_to_end(spark: Any, settings: Any, checkpoint: str) -> int:
         return sum(messages_in(p) for p in q.recentProgress)
     finally:
         q.stop()
+
+
+def get(url: str) -> Any:
+    """GET a loopback URL: JSON decoded when the answer is JSON, text otherwise."""
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+        body = resp.read()
+        return json.loads(body) if resp.headers.get_content_type() == "application/json" else body.decode()
+
+
+def answers(url: str) -> bool:
+    """Whether an HTTP server answers ``url`` (any status)."""
+    try:
+        get(url)
+    except (OSError, http.client.HTTPException):
+        return False
+    return True

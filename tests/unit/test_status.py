@@ -103,6 +103,50 @@ def test_assemble_is_the_join_of_the_parts() -> None:
     assert assemble(cluster, reversed(parts)) == final_status(run.engine)["clusters"][0], "order of parts is irrelevant"
 
 
+
+def big_cluster(status_nodes: int) -> Run:
+    """300 nodes named by the topology: 180 report (each a reader), 10 of them then go stale, 120 never report."""
+    run = Run(retention=100, node_lease_ms=LEASE, status_nodes=status_nodes)
+    names = [f"n{i:03d}" for i in range(300)]
+    run.feed(topology(1, T0, {n: [] for n in names}, cluster="c1"))
+    clients = [NodeClient(n, "c1") for n in names[:180]]
+    run.feed(*[c.hb(T0 + i, 1_000 + i) for i, c in enumerate(clients)])
+    run.feed(*[c.open(f"r-{c.node}", 900 + i, T0 + 200 + i) for i, c in enumerate(clients)])
+    run.feed(*[c.hb(T0 + LEASE + 500, 2_000 + i) for i, c in enumerate(clients[10:])])  # the first ten go stale
+    return run
+
+
+def test_a_large_cluster_status_part_is_bounded_and_assembles_to_the_same_status() -> None:
+    """Past ``status_nodes`` the cluster's part lists the nodes with a problem first and then the
+    lowest minimums; the rest are filled in from their own parts, so the assembled status is the
+    one an unbounded part gives (120 never-reported nodes: the reasons and alerts are cut at 100
+    and counted by kind)."""
+    small, whole = big_cluster(150), big_cluster(10_000)
+    part = cluster_status(small.engine.clusters["c1"], small.engine.policy)
+    assert len(part["nodes"]) == 150 and part["nodes_total"] == 300
+    assert sum(v["stale"] for v in part["nodes"].values()) == 130, "the never reported and the stale come first"
+    assert {"n000", "n009", "n180", "n299", "n010", "n029"} <= set(part["nodes"]), "then the lowest minimums"
+    assert "n030" not in part["nodes"] and "n179" not in part["nodes"]
+    assert len(json.dumps(part)) < len(json.dumps(cluster_status(whole.engine.clusters["c1"], whole.engine.policy)))
+    r = part["round"]
+    assert len(r["reasons"]) == 100 and r["reasons_total"] == 130 and r["reason_counts"] == {"missing_node": 130}
+    assert len(part["alerts"]) == 100 and part["alerts_total"] == 130 and part["alert_counts"] == {"missing_node/warning": 130}
+    [a], [b] = final_status(small.engine)["clusters"], final_status(whole.engine)["clusters"]
+    listed = {n["node"] for n in a["nodes"]}
+    assert listed == {n["node"] for n in b["nodes"]} - {f"n{i:03d}" for i in range(180, 300)} | set(part["nodes"])
+    by_name = {n["node"]: n for n in b["nodes"]}
+    assert all(n == by_name[n["node"]] for n in a["nodes"]), "every node shown as the unbounded status shows it"
+    assert a["holds"] == b["holds"] and a["hold_counts"] == b["hold_counts"]
+    from safepoint.tools.metrics import StatusCollector
+
+    def samples(run: Run) -> dict[tuple[str, tuple[str, ...]], float]:
+        store = store_of(run.engine)
+        return {(m.name, tuple(sorted(sm.labels.items()))): sm.value  # type: ignore[misc]
+                for m in StatusCollector(store).collect() for sm in m.samples}
+
+    assert samples(small) == samples(whole), "the metrics count every reason and alert"
+
+
 # -- the HTTP surface -----------------------------------------------------------------------------
 
 

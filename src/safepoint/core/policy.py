@@ -70,6 +70,9 @@ class Policy:
     # -- the status (``core/status.py``) --------------------------------------------------------
     status_holds: int = 20
     """Oldest readers and transactions of each node kept in the status (0: no status at all)."""
+    status_nodes: int = 1_000
+    """Nodes whose lease and minimum the cluster's status record lists: those with a problem first,
+    then the lowest minimums (the rest are filled in from their own records); bounds its size."""
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -32,6 +32,8 @@ __all__ = ["LEVELS", "STATUS", "assemble", "cluster_status", "node_status", "sta
 STATUS = "status"
 """Output channel of the status parts."""
 LEVELS = ("normal", "warning", "critical")
+LISTED = 100
+"""Round reasons and alerts a cluster's part lists (by id; all are counted by kind)."""
 HOLD_ORDER = {"reader": 0, "tx": 1, "prepared_tx": 2, "retention": 3, "group": 4, "service": 5}
 
 
@@ -87,12 +89,39 @@ def _round(cs: ClusterState, policy: Policy) -> dict[str, Any]:
             "kind": "discovery", "node": None, "value": ends - now, "threshold": policy.node_lease_ms,
             "detail": f"no topology yet and the discovery window has not ended: it ends in {ends - now} ms of "
                       f"cluster time (node_lease_ms {policy.node_lease_ms})"}]}
+    found = sorted(problems(cs, policy).items())
     reasons = [{"kind": p.kind, "node": p.node, "value": p.value, "threshold": p.threshold, "detail": p.detail}
-               for _, p in sorted(problems(cs, policy).items())]
+               for _, p in found[:LISTED]]
     if not reasons and not cs._members:
         reasons.append({"kind": "no_nodes", "node": None, "value": None, "threshold": None,
                         "detail": "no node of the cluster is live"})
-    return {"aborted": bool(reasons), "reasons": reasons}
+    out: dict[str, Any] = {"aborted": bool(reasons), "reasons": reasons}
+    if len(found) > LISTED:  # the list is cut: count them all
+        counts: dict[str, int] = {}
+        for _, p in found:
+            counts[p.kind] = counts.get(p.kind, 0) + 1
+        out.update(reasons_total=len(found), reason_counts=counts)
+    return out
+
+
+def _listed(cs: ClusterState, policy: Policy, now: int | None, never: list[str]) -> list[str]:
+    """The nodes whose lease and minimum the cluster's part lists (``status_nodes`` of them):
+    every node when they fit, else those with a problem (never reported, stale, unknown minimum,
+    missing group, awaiting a snapshot, not a member) first, then the lowest minimums."""
+    names = sorted(cs.nodes) + never
+    if len(names) <= policy.status_nodes:
+        return names
+    lease = policy.node_lease_ms
+
+    def rank(name: str) -> tuple[int, int, str]:
+        rec = cs.nodes.get(name)
+        if rec is None:
+            return (0, 0, name)
+        trouble = (rec.local_min is None or name in cs._missing_groups or name in cs._awaiting
+                   or name not in cs._members or (now is not None and now - rec.last_wall > lease))
+        return (0 if trouble else 1, rec.local_min if rec.local_min is not None else 0, name)
+
+    return sorted(heapq.nsmallest(policy.status_nodes, names, key=rank))
 
 
 def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
@@ -108,19 +137,25 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
                        "label": b.label}
     lease = policy.node_lease_ms
     topology = set(cs.topology or ())
-    nodes = {
-        name: {"incarnation": rec.incarnation, "seq": rec.seq, "local_min": rec.local_min, "unknown": rec.unknown,
-               "last_wall_ms": rec.last_wall,
-               "stale": now is not None and now - rec.last_wall > lease,
-               "member": name in cs._members, "in_topology": name in topology}
-        for name, rec in sorted(cs.nodes.items())
-    }
-    for name in sorted(topology - set(cs.nodes)):
-        nodes[name] = {"incarnation": None, "seq": None, "local_min": None, "unknown": "never reported",
-                       "last_wall_ms": None, "stale": True, "member": False, "in_topology": True}
+    never = sorted(topology - set(cs.nodes))
+    nodes: dict[str, dict[str, Any]] = {}
+    for name in _listed(cs, policy, now, never):
+        rec = cs.nodes.get(name)
+        nodes[name] = ({"incarnation": None, "seq": None, "local_min": None, "unknown": "never reported",
+                        "last_wall_ms": None, "stale": True, "member": False, "in_topology": True} if rec is None else
+                       {"incarnation": rec.incarnation, "seq": rec.seq, "local_min": rec.local_min, "unknown": rec.unknown,
+                        "last_wall_ms": rec.last_wall, "stale": now is not None and now - rec.last_wall > lease,
+                        "member": name in cs._members, "in_topology": name in topology})
     pause = paused(cs)
-    alerts = [{k: a.get(k) for k in ("id", "kind", "node", "severity", "since", "detail")}
-              for _, a in sorted(cs.raised.items())]
+    raised = sorted(cs.raised.items())
+    alerts = [{k: a.get(k) for k in ("id", "kind", "node", "severity", "since", "detail")} for _, a in raised[:LISTED]]
+    cut: dict[str, Any] = {}
+    if len(raised) > LISTED:  # the list is cut: count them all
+        counts: dict[str, int] = {}
+        for _, a in raised:
+            k = f"{a['kind']}/{a.get('severity') or 'warning'}"
+            counts[k] = counts.get(k, 0) + 1
+        cut = {"alerts_total": len(raised), "alert_counts": counts}
     return {
         "v": 1,
         "type": "cluster_status",
@@ -140,9 +175,23 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
            if cs.tenants else {}),
         "round": _round(cs, policy),
         "blocker": blocker,
+        "node_lease_ms": lease,
+        "has_topology": cs.topology is not None,
+        "nodes_total": len(cs.nodes) + len(never),
         "nodes": nodes,
         "alerts": alerts,
+        **cut,
     }
+
+
+def _lease_of(cluster: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """A node the cluster's part does not list (past ``status_nodes``: a member without a problem),
+    from its own part: what the cluster's part would have said."""
+    now, lease, wall = cluster.get("cluster_wall_ms"), cluster.get("node_lease_ms"), p.get("wall_ms")
+    return {"incarnation": p.get("incarnation"), "seq": p.get("seq"), "local_min": p.get("local_min"),
+            "unknown": p.get("unknown"), "last_wall_ms": wall,
+            "stale": now is not None and lease is not None and wall is not None and now - wall > lease,
+            "member": True, "in_topology": bool(cluster.get("has_topology"))}
 
 
 def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -175,9 +224,10 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
     safe = cluster.get("safe_ts")
     lag = max(nows) - safe if nows and safe is not None else None
     nodes = []
-    for name in sorted(set(cluster.get("nodes", {})) | set(parts)):
-        lease = cluster.get("nodes", {}).get(name, {})
+    listed = cluster.get("nodes", {})
+    for name in sorted(set(listed) | set(parts)):
         p = parts.get(name, {})
+        lease = listed.get(name) or _lease_of(cluster, p)
         nodes.append({
             "node": name, **lease,
             "mvcc_now": p.get("mvcc_now"), "pinned_bytes": p.get("pinned_bytes"), "bands": p.get("bands"),

@@ -68,15 +68,22 @@ class StatusCollector(Collector):
             blocker = st.get("blocker") or {}
             if blocker.get("age_ms") is not None:
                 age.add_metric([name], blocker["age_ms"] / 1000)
-            reasons = [r["kind"] for r in st["round"]["reasons"]]
+            reasons = st["round"].get("reason_counts")  # every reason, when the list is cut at 100
+            if reasons is None:
+                reasons = {k: [r["kind"] for r in st["round"]["reasons"]].count(k) for k in REASONS}
             for kind in REASONS:
-                aborted.add_metric([name, kind], reasons.count(kind))
+                aborted.add_metric([name, kind], reasons.get(kind, 0))
             for kind in HOLD_KINDS:
                 holds.add_metric([name, kind], st["hold_counts"].get(kind, 0))
             active: dict[tuple[str, str], int] = {}
-            for a in st.get("alerts", []):
-                k = (a["kind"], a.get("severity") or "warning")
-                active[k] = active.get(k, 0) + 1
+            if "alert_counts" in st:  # every active alert, when the list is cut at 100
+                for ks, n in st["alert_counts"].items():
+                    kind, _, severity = ks.rpartition("/")
+                    active[(kind, severity)] = n
+            else:
+                for a in st.get("alerts", []):
+                    k = (a["kind"], a.get("severity") or "warning")
+                    active[k] = active.get(k, 0) + 1
             for n in st["nodes"]:
                 for band, kind in (("pinned", "pinned_bytes"), ("age", "reader_age")):
                     level = (n.get("bands") or {}).get(band, "normal")

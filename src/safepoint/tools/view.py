@@ -178,7 +178,8 @@ def _status_parts(state: ViewState, now_ms: int, top: int = 5) -> list[Any]:
     rows = 0
     for st in statuses:
         r = st["round"]
-        why = "; ".join(x["detail"] for x in r["reasons"][:3]) + (f" (+{len(r['reasons']) - 3} more)" if len(r["reasons"]) > 3 else "")
+        total = r.get("reasons_total", len(r["reasons"]))
+        why = "; ".join(x["detail"] for x in r["reasons"][:3]) + (f" (+{total - 3} more)" if total > 3 else "")
         parts.append(Text(f"cluster {st['cluster']}: round " + (f"aborted: {why}" if r["aborted"] else "ok")
                           + f"; holds {st['hold_counts']['reader']} readers, "
                           + f"{st['hold_counts']['tx'] + st['hold_counts']['prepared_tx']} transactions",
