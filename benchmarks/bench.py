@@ -17,7 +17,8 @@ reader closes free the cluster's blocker at a fixed rate, so directives come at 
    py-spy over the job's Python workers during one more local[2] run;
 5. core: ``safepoint replay``'s core over a file of the workload against bare ``json.loads`` of it;
 6. scale: one more local[2] throughput run with ``--scale-nodes`` nodes (RSS and cost per event as
-   the fleet grows);
+   the fleet grows), after the latency and profile runs: its directives (each names every node)
+   swell the embedded broker, which holds every topic in memory, and would slow what follows;
 7. fleet: database readers per second one job covers at p99 < 2 s, eager and lazy (bench_fleet.py).
 
 Writes ``<out>/bench-<timestamp>.json``, ``.md`` (the table, ratios, targets met / not met, profile
@@ -184,17 +185,6 @@ def main(argv: list[str] | None = None) -> int:
                 res["spark_throughput"].append(tp)
                 say(f"(3a) job {master}, status off: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0")
 
-        if "scale" in phases and args.scale_nodes:
-            sw = build_workload("scale", args.scale_nodes, top_rate, seed=args.seed, long_share=args.long_share,
-                                probe_hz=args.probe_hz, events=args.events)
-            s_holds = open_holds([v for _, _, v in sw.events])
-            res["workloads"]["scale"] = {"events": len(sw.events), "types": sw.types, "heartbeat_ms": sw.heartbeat_ms,
-                                         "holds_at_end": s_holds, "nodes": args.scale_nodes}
-            say(f"(3c) job local[2] with {args.scale_nodes:,} nodes ({len(sw.events):,} events, {s_holds:,} holds at the end) ...")
-            res["scale"] = run_spark_tp(args, work, bootstrap, sw.events, "local[2]", "tp-scale", s_holds, {"broker": broker_pid})
-            say(f"(3c) {args.scale_nodes:,} nodes: sustained {fmt_rate(res['scale']['sustained_events_per_s'])} ev/s, RSS JVM+workers "
-                f"{mb(res['scale']['jvm_plus_workers_rss_end'])}")
-
         if "latency" in phases:
             res["latency"] = []
             for rate in rates:
@@ -231,6 +221,17 @@ def main(argv: list[str] | None = None) -> int:
                 if Path(str(out_raw) + ".jfr").exists():
                     shutil.copy(str(out_raw) + ".jfr", out_dir / f"bench-{stamp}.jfr")
             res["profile"] = prof
+
+        if "scale" in phases and args.scale_nodes:
+            sw = build_workload("scale", args.scale_nodes, top_rate, seed=args.seed, long_share=args.long_share,
+                                probe_hz=args.probe_hz, events=args.events)
+            s_holds = open_holds([v for _, _, v in sw.events])
+            res["workloads"]["scale"] = {"events": len(sw.events), "types": sw.types, "heartbeat_ms": sw.heartbeat_ms,
+                                         "holds_at_end": s_holds, "nodes": args.scale_nodes}
+            say(f"(3c) job local[2] with {args.scale_nodes:,} nodes ({len(sw.events):,} events, {s_holds:,} holds at the end) ...")
+            res["scale"] = run_spark_tp(args, work, bootstrap, sw.events, "local[2]", "tp-scale", s_holds, {"broker": broker_pid})
+            say(f"(3c) {args.scale_nodes:,} nodes: sustained {fmt_rate(res['scale']['sustained_events_per_s'])} ev/s, RSS JVM+workers "
+                f"{mb(res['scale']['jvm_plus_workers_rss_end'])}")
 
         if "core" in phases:
             n = min(args.core_events, len(values))
