@@ -25,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench_common import mb
+
 __all__ = ["core_ratio", "fleet_figure", "fleet_mix", "report_lines", "targets"]
 
 MVCC_PER_MS = 1000
@@ -153,6 +155,7 @@ def fleet_figure(latency: list[dict[str, Any]], *, nodes: int, seconds: float, n
         types = Counter(json.loads(v)["type"] for v in stream)
         per_reader = (types["reader_open"] + types["reader_close"]) / max(1, readers)
         res[mode] = {"events": len(stream), "types": dict(types), "events_per_reader": per_reader,
+                     "events_per_node_s": 1.0 + node_rate * per_reader,  # and one heartbeat a second
                      "reporter_s": time.perf_counter() - t, "final_safe_ts": _final_safe_ts(stream, retention)}
     res["same_safe_point"] = res["eager"]["final_safe_ts"] == res["lazy"]["final_safe_ts"]
     ok = [x for x in latency if (x.get("latency_s") or {}).get("p99") is not None and x["latency_s"]["p99"] < 2.0
@@ -163,23 +166,16 @@ def fleet_figure(latency: list[dict[str, Any]], *, nodes: int, seconds: float, n
         cap = float(best["offered_rate_target"])
         res["capacity"] = {"events_per_s": cap, "p99_s": best["latency_s"]["p99"]}
         for mode in ("eager", "lazy"):
-            per_node = 1.0 + node_rate * res[mode]["events_per_reader"]  # one heartbeat a second
-            fleet_nodes = cap / per_node
+            fleet_nodes = cap / res[mode]["events_per_node_s"]
             res[mode]["fleet_nodes"] = fleet_nodes
             res[mode]["readers_per_s"] = fleet_nodes * node_rate
     res["sustained"] = sustained
-    for mode in ("eager", "lazy"):
-        per_node = 1.0 + node_rate * res[mode]["events_per_reader"]
-        res[mode]["events_per_node_s"] = per_node
-        if sustained:
-            res[mode]["sustained_readers_per_s"] = sustained / per_node * node_rate
+    if sustained:
+        for mode in ("eager", "lazy"):
+            res[mode]["sustained_readers_per_s"] = sustained / res[mode]["events_per_node_s"] * node_rate
     measured = [(x["offered_rate_target"], (x.get("latency_s") or {}).get("p99")) for x in latency]
     res["latency_measured"] = measured
     return res
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.0f} MB"
 
 
 def report_lines(res: dict[str, Any]) -> list[str]:
@@ -203,8 +199,8 @@ def report_lines(res: dict[str, Any]) -> list[str]:
         for n, h, t in ((n1, h1, base), (n2, h2, sc)):
             rss = t["jvm_plus_workers_rss_end"]
             cpu = sum(t["cpu_us_per_event"].values())
-            L.append(f"| {n:,} | {h:,} | {t['sustained_events_per_s'] or 0:,.0f} | {cpu:.0f} | {_mb(rss)} | "
-                     f"{_mb(rss / (n / 1000))} | {_mb(rss / max(1, h) * 10_000)} |")
+            L.append(f"| {n:,} | {h:,} | {t['sustained_events_per_s'] or 0:,.0f} | {cpu:.0f} | {mb(rss)} | "
+                     f"{mb(rss / (n / 1000))} | {mb(rss / max(1, h) * 10_000)} |")
         d_rss = sc["jvm_plus_workers_rss_end"] - base["jvm_plus_workers_rss_end"]
         c1, c2 = sum(base["cpu_us_per_event"].values()), sum(sc["cpu_us_per_event"].values())
         L.append("")
