@@ -14,7 +14,7 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/operations.md", "docs/architecture.md")
+DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,10 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/architecture.md", "database node"): "shown: the data flow diagram",
     ("README.md", "from safepoint.connectors.service_hold import ServiceHold"):
         "tests/integration/test_control_e2e.py::test_service_holds_pause_and_ttl_through_the_job",
+    ("README.md", ".venv/bin/safepoint replay --config examples/"):
+        "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
+    ("examples/README.md", ".venv/bin/safepoint replay --config examples/"):
+        "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
     ("docs/operations.md", "scrape_configs:"):
         "tests/integration/test_status_http.py::test_the_job_serves_what_pins_history",
 }

@@ -22,7 +22,8 @@ def help_texts() -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "schemas/examples/README.md"],
+@pytest.mark.parametrize("path", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "schemas/examples/README.md",
+                                  ROOT / "examples/README.md"],
                          ids=lambda p: p.name)
 def test_docs_cite_sources_by_public_name(path: Path) -> None:
     found = [m.group(0) for m in FORBIDDEN.finditer(path.read_text(encoding="utf-8"))]

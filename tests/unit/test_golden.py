@@ -1,11 +1,15 @@
 """The golden files in schemas/examples/: valid events validate and parse, invalid ones are
-dead-lettered with their class and text, and replay reproduces the worked example exactly."""
+dead-lettered with their class and text; replay reproduces every example log of examples/
+exactly, and the README's replay command (taken from the doc) prints the worked example's."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -16,7 +20,11 @@ from safepoint.replay import replay_file
 from safepoint.schemas import EVENT_TYPES, load
 from safepoint.settings import load_settings
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "schemas" / "examples"
+from doc_blocks import block
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "schemas" / "examples"
+LOGS = ROOT / "examples"
 MAX = 1 << 20
 
 
@@ -46,7 +54,7 @@ def test_every_invalid_example_is_dead_lettered_with_its_class() -> None:
 
 
 def test_replay_reproduces_the_worked_example() -> None:
-    d = EXAMPLES / "worked-example"
+    d = LOGS / "worked-example"
     policy = load_settings(d / "safepoint.toml", environ={}).policy()
     out, dead = io.StringIO(), io.StringIO()
     replay_file(str(d / "events.jsonl"), out, policy, dead)
@@ -58,3 +66,46 @@ def test_replay_reproduces_the_worked_example() -> None:
     assert no_topic(dead.getvalue().splitlines()) == no_topic((d / "expected-deadletter.jsonl").read_text().splitlines())
     kinds = [json.loads(x)["type"] for x in out.getvalue().splitlines()]
     assert kinds.count("compaction") == 6 and "alert" in kinds
+
+
+def replayed(d: Path) -> list[dict[str, object]]:
+    policy = load_settings(d / "safepoint.toml", environ={}).policy()
+    out = io.StringIO()
+    replay_file(str(d / "events.jsonl"), out, policy, io.StringIO())
+    return [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LOGS.iterdir() if p.is_dir()))
+def test_every_example_log_replays_to_its_expected_output(name: str) -> None:
+    d = LOGS / name
+    assert replayed(d) == [json.loads(x) for x in (d / "expected.jsonl").read_text().splitlines()]
+    assert name in (LOGS / "README.md").read_text(), "examples/README.md says what each example shows"
+
+
+def test_the_backup_example_shows_what_it_says() -> None:
+    out = replayed(LOGS / "backup-hold")
+    blockers = {(d["blocker"]["kind"], d["blocker"]["id"]) for d in out if d["type"] == "compaction"}  # type: ignore[index]
+    assert {("service", "backup"), ("service", "cdc")} <= blockers
+    raised = [d["kind"] for d in out if d["type"] == "alert" and d["state"] == "raised"]
+    assert {"service_hold_refused", "paused", "service_hold_expired"} <= set(raised)
+    paused = [i for i, d in enumerate(out) if d["type"] == "alert" and d["kind"] == "paused"]
+    assert not any(d["type"] == "compaction" for d in out[paused[0]:paused[1]]), "no directive while paused"
+
+
+def test_the_tenants_example_shows_what_it_says() -> None:
+    out = [d for d in replayed(LOGS / "tenants") if d["type"] == "compaction"]
+    held = [d for d in out if d.get("namespaces", {}).get("a") is not None]  # type: ignore[union-attr]
+    assert held and any(d["namespace_safe_ts"] > d["namespaces"]["a"] + 30_000 for d in held)  # type: ignore[index, operator]
+    assert out[-1]["namespaces"] == {} and out[-1]["safe_ts"] == out[-1]["namespace_safe_ts"]
+
+
+def test_the_docs_replay_command_prints_the_worked_example() -> None:
+    readme = block("README.md", ".venv/bin/safepoint replay --config examples/").text.strip()
+    assert block("examples/README.md", ".venv/bin/safepoint replay --config examples/").text.strip() == readme
+    argv = shlex.split(readme)
+    argv[0] = str(Path(sys.executable).parent / "safepoint")
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    expected = (LOGS / "worked-example" / "expected.jsonl").read_text().splitlines()
+    assert proc.stdout.splitlines() == expected
+    assert "final safe_ts {'c1': 4900}" in proc.stderr and "missing_field 1" in proc.stderr
