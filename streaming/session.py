@@ -66,6 +66,8 @@ def build_session(
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):  # driver and executors in this one JVM: nothing needs more than loopback
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     conf = spark_conf(shuffle_partitions, extra, ui)

@@ -147,6 +147,22 @@ def test_a_large_cluster_status_part_is_bounded_and_assembles_to_the_same_status
     assert samples(small) == samples(whole), "the metrics count every reason and alert"
 
 
+def test_when_more_nodes_have_a_problem_than_are_listed_an_unlisted_node_is_not_called_a_member() -> None:
+    """130 nodes have a problem and the part lists 100: an unlisted node may be one of the 30 left
+    out, so the joined status says its membership is not known (null) rather than guess."""
+    run, whole = big_cluster(100), big_cluster(10_000)
+    part = cluster_status(run.engine.clusters["c1"], run.engine.policy)
+    assert len(part["nodes"]) == 100 and part["unlisted_trouble"] == 30
+    assert "unlisted_trouble" not in cluster_status(whole.engine.clusters["c1"], whole.engine.policy)
+    [a], [b] = final_status(run.engine)["clusters"], final_status(whole.engine)["clusters"]
+    by_name = {n["node"]: n for n in b["nodes"]}
+    unlisted = [n for n in a["nodes"] if n["node"] not in part["nodes"]]
+    assert unlisted and all(n["member"] is None and n["in_topology"] is None for n in unlisted)
+    assert all(n == by_name[n["node"]] for n in a["nodes"] if n["node"] in part["nodes"])
+    assert all({**n, "member": by_name[n["node"]]["member"], "in_topology": by_name[n["node"]]["in_topology"]}
+               == by_name[n["node"]] for n in unlisted), "the rest is what the unbounded status says"
+
+
 # -- the HTTP surface -----------------------------------------------------------------------------
 
 

@@ -104,13 +104,14 @@ def _round(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     return out
 
 
-def _listed(cs: ClusterState, policy: Policy, now: int | None, never: list[str]) -> list[str]:
+def _listed(cs: ClusterState, policy: Policy, now: int | None, never: list[str]) -> tuple[list[str], int]:
     """The nodes whose lease and minimum the cluster's part lists (``status_nodes`` of them):
     every node when they fit, else those with a problem (never reported, stale, unknown minimum,
-    missing group, awaiting a snapshot, not a member) first, then the lowest minimums."""
+    missing group, awaiting a snapshot, not a member) first, then the lowest minimums; and how many
+    nodes with a problem did not fit (then an unlisted node is not known to be a member)."""
     names = sorted(cs.nodes) + never
     if len(names) <= policy.status_nodes:
-        return names
+        return names, 0
     lease = policy.node_lease_ms
 
     def rank(name: str) -> tuple[int, int, str]:
@@ -121,7 +122,9 @@ def _listed(cs: ClusterState, policy: Policy, now: int | None, never: list[str])
                    or name not in cs._members or (now is not None and now - rec.last_wall > lease))
         return (0 if trouble else 1, rec.local_min if rec.local_min is not None else 0, name)
 
-    return sorted(heapq.nsmallest(policy.status_nodes, names, key=rank))
+    listed = heapq.nsmallest(policy.status_nodes, names, key=rank)
+    unlisted_trouble = 0 if listed and rank(listed[-1])[0] else sum(1 for n in names if rank(n)[0] == 0) - len(listed)
+    return sorted(listed), unlisted_trouble
 
 
 def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
@@ -139,7 +142,8 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     topology = set(cs.topology or ())
     never = sorted(topology - set(cs.nodes))
     nodes: dict[str, dict[str, Any]] = {}
-    for name in _listed(cs, policy, now, never):
+    listed, unlisted_trouble = _listed(cs, policy, now, never)
+    for name in listed:
         rec = cs.nodes.get(name)
         nodes[name] = ({"incarnation": None, "seq": None, "local_min": None, "unknown": "never reported",
                         "last_wall_ms": None, "stale": True, "member": False, "in_topology": True} if rec is None else
@@ -178,6 +182,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         "node_lease_ms": lease,
         "has_topology": cs.topology is not None,
         "nodes_total": len(cs.nodes) + len(never),
+        **({"unlisted_trouble": unlisted_trouble} if unlisted_trouble else {}),
         "nodes": nodes,
         "alerts": alerts,
         **cut,
@@ -185,13 +190,15 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
 
 
 def _lease_of(cluster: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
-    """A node the cluster's part does not list (past ``status_nodes``: a member without a problem),
-    from its own part: what the cluster's part would have said."""
+    """A node the cluster's part does not list (past ``status_nodes``: a member without a problem,
+    unless more nodes had a problem than fit: then whether it is a member is not known, null), from
+    its own part: what the cluster's part would have said."""
     now, lease, wall = cluster.get("cluster_wall_ms"), cluster.get("node_lease_ms"), p.get("wall_ms")
+    known = not cluster.get("unlisted_trouble")
     return {"incarnation": p.get("incarnation"), "seq": p.get("seq"), "local_min": p.get("local_min"),
             "unknown": p.get("unknown"), "last_wall_ms": wall,
             "stale": now is not None and lease is not None and wall is not None and now - wall > lease,
-            "member": True, "in_topology": bool(cluster.get("has_topology"))}
+            "member": True if known else None, "in_topology": bool(cluster.get("has_topology")) if known else None}
 
 
 def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> dict[str, Any]:
