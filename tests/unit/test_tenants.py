@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import random
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -11,7 +15,7 @@ from hypothesis import strategies as st
 
 from safepoint.core import Engine, Position
 from safepoint.core.policy import Policy
-from safepoint.replay import final_status
+from safepoint.replay import final_status, replay_file
 
 from core_helpers import NodeClient, Run, topology
 
@@ -161,6 +165,26 @@ def test_namespaces_do_not_change_the_clusters_safe_point(seed: int) -> None:
     advances = [d["safe_ts"] for i, d in enumerate(with_ns.directives())
                 if i == 0 or d["safe_ts"] != with_ns.directives()[i - 1]["safe_ts"]]
     assert advances == [d["safe_ts"] for d in plain]
+
+
+# What the core before tenants (commit 7ed4cd0) wrote for tenant_log(0..299) with every namespace
+# removed: 4,723 directive and alert lines, replayed with retention R and a 60 s lease. To recompute:
+# check that commit out, replay the same files with its safepoint.replay, hash the outputs in order.
+BEFORE_TENANTS = ("8116e06c94d69f5e22fa0c8c179cb4587da5a658d18cfcf10a3977add9e56d0b", 4_723)
+
+
+def test_without_namespaces_the_outputs_are_exactly_those_of_the_core_before_tenants() -> None:
+    digest, lines = hashlib.sha256(), 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(300):
+            log = Path(tmp) / f"log{seed}.jsonl"
+            log.write_text("".join(json.dumps({k: v for k, v in ev.items() if k != "namespace"}) + "\n"
+                                   for ev in tenant_log(seed)))
+            out = io.StringIO()
+            replay_file(str(log), out, Policy(retention=R, node_lease_ms=60_000), io.StringIO())
+            digest.update(out.getvalue().encode())
+            lines += out.getvalue().count("\n")
+    assert (digest.hexdigest(), lines) == BEFORE_TENANTS
 
 
 def test_the_jobs_batches_equal_replay_with_namespaces() -> None:
