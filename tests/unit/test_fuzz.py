@@ -22,8 +22,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from safepoint.core import DEADLETTER, Engine, Policy, Position
+from safepoint.core import DEADLETTER, Engine, Policy, Position, events
 from safepoint.core.codec import encode
+from safepoint.core.events import Rejected, parse
 
 from core_helpers import EVENTS_TOPIC, check_output, restore_engine
 
@@ -286,3 +287,77 @@ def test_lone_surrogates_are_dead_lettered() -> None:
           "reader_id": "r\ud800", "read_ts": 1, "label": "\udfff"}
     feed(engine, json.dumps(ev).encode("ascii"), b"n1", 100)
     assert engine.counts["deadlettered"] == 1
+
+
+def _boundaries(schema: dict[str, Any]) -> list[Any]:
+    """Values at and just past each bound the schema sets, and of the wrong type."""
+    out: list[Any] = [None, True, 1.0, "1", [], {}]
+    for alt in schema.get("oneOf", [schema]):
+        if "minimum" in alt:
+            out += [alt["minimum"], alt["minimum"] - 1]
+        if "maximum" in alt:
+            out += [alt["maximum"], alt["maximum"] + 1]
+        if "minLength" in alt:
+            out += ["x" * alt["minLength"], "x" * max(alt["minLength"] - 1, 0)]
+        if "maxLength" in alt:
+            out += ["y" * alt["maxLength"], "y" * (alt["maxLength"] + 1)]
+        if "maxItems" in alt:
+            out += [[], ["z"] * (alt["maxItems"] + 1)]
+        if "const" in alt:
+            out += [alt["const"]]
+        out += list(alt.get("enum", []))
+    return out
+
+
+def _paths(value: Any, schema: dict[str, Any], path: tuple[Any, ...] = ()) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """Every place in an event with the schema that governs it (properties and array items)."""
+    found = [(path, schema)] if path else []
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key, sub in value.items():
+            if key in props:
+                found += _paths(sub, props[key], (*path, key))
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, sub in enumerate(value):
+            found += _paths(sub, schema["items"], (*path, i))
+    return found
+
+
+@st.composite
+def boundary_events(draw: st.DrawFn) -> str:
+    """A valid event with one value, anywhere in it, set at or just past a bound of its schema."""
+    from safepoint.schemas import load
+
+    ev = json.loads(json.dumps(draw(valid_events)))
+    places = _paths(ev, load("events", ev["type"]))
+    path, schema = draw(st.sampled_from(places))
+    target = ev
+    for step in path[:-1]:
+        target = target[step]
+    target[path[-1]] = draw(st.sampled_from(_boundaries(schema)))
+    return json.dumps(ev)
+
+
+def reference_parse(value: bytes | str | None, max_bytes: int = 600) -> dict[str, Any] | Rejected:
+    """``parse`` as it was before msgspec and the quick test: ``json``'s decoder, and the JSON
+    Schema validator (fastjsonschema) for every message."""
+    quick, events._quick = events._quick, lambda _t: None  # type: ignore[assignment]
+    try:
+        return parse(value, max_bytes, decoder=events._DECODER.decode)
+    finally:
+        events._quick = quick  # type: ignore[assignment]
+
+
+def same_verdict(value: bytes | str | None) -> None:
+    fast, ref = parse(value, 1 << 20), reference_parse(value, 1 << 20)
+    assert fast == ref, (value, fast, ref)  # the same dict, or the same dead letter (class and words)
+
+
+@settings(max_examples=EXAMPLES * 5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(value=st.one_of(messages, mutated_events(), boundary_events(), boundary_events(), st.builds(json.dumps, json_values)))
+def test_the_fast_decoder_and_quick_test_give_the_validators_verdict(value: bytes | str | None) -> None:
+    """msgspec's decoder and the schema-compiled quick test (``core/fastcheck.py``) accept and
+    reject exactly what ``json`` and the JSON Schema validator do, with the same dead letter."""
+    same_verdict(value)
+    if isinstance(value, str):
+        same_verdict(value.encode("utf-8", "surrogatepass"))
