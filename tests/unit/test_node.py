@@ -381,3 +381,22 @@ def test_a_version_1_node_state_migrates_to_named_fields() -> None:
     version_1 = {old_names[k]: v for k, v in now.items()}
     assert "c" in version_1 and "readers" not in version_1
     assert NodeState.from_json(json.loads(json.dumps(version_1))).to_json() == now
+
+
+def test_a_close_that_restarts_the_node_walks_its_holds_again() -> None:
+    """The first event of a new incarnation may be a close: the restart dropped the lowest reader,
+    so the node's minimum is its floor again, though the closed id was never held (no shortcut)."""
+    policy = Policy(retention=100)
+    ns = NodeState("c1", "n1")
+
+    def ev(kind: str, inc: int, seq: int, **fields: object) -> dict[str, object]:
+        return {"v": 1, "type": kind, "cluster": "c1", "node": "n1", "incarnation": inc, "seq": seq, "wall_ms": 1_000 + seq,
+                **fields}
+
+    ns.apply(ev("heartbeat", 1, 1, mvcc_now=1_000), policy)
+    ns.apply(ev("reader_open", 1, 2, reader_id="low", read_ts=500), policy)
+    u = ns.apply(ev("reader_open", 1, 3, reader_id="high", read_ts=800), policy)
+    assert isinstance(u, NodeUpdate) and u.local_min == 500
+    u = ns.apply(ev("reader_close", 2, 1, reader_id="never-held"), policy)
+    assert isinstance(u, NodeUpdate) and u.local_min == 900 and u.blocker is not None and u.blocker.kind == "retention"
+    assert u.changed

@@ -37,6 +37,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position, aborts
+from safepoint.core import node as node_rules
+from safepoint.replay import final_status
 
 from core_helpers import EVENTS_TOPIC, check_output
 
@@ -540,3 +542,28 @@ def test_f_incremental_abort_alerts_equal_the_full_walk(sc: Scenario) -> None:
     finally:
         aborts.FULL = False
     assert incremental == full
+
+
+def run_with_status(policy: Policy, log: list[dict[str, Any] | str]) -> tuple[list[list[Output]], dict[str, Any]]:
+    engine = Engine(policy)
+    outs = [engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None)) for offset, msg in enumerate(log)]
+    return outs, final_status(engine)
+
+
+def shortcut_equals_the_walk(policy: Policy, log: list[dict[str, Any] | str]) -> None:
+    """With the node's shortcut (an event that cannot change its lowest holds reuses the last walk)
+    the outputs and the final status (each node's minimum and blocker) are the walk's, exactly."""
+    fast = run_with_status(policy, log)
+    node_rules.SHORTCUT = False
+    try:
+        walked = run_with_status(policy, log)
+    finally:
+        node_rules.SHORTCUT = True
+    assert fast == walked
+
+
+@SETTINGS
+@given(scenarios)
+def test_g_the_nodes_shortcut_equals_walking_its_holds(sc: Scenario) -> None:
+    builder = LogBuilder(sc)
+    shortcut_equals_the_walk(sc.policy, builder.build() + builder.settle())

@@ -187,6 +187,14 @@ def test_without_namespaces_the_outputs_are_exactly_those_of_the_core_before_ten
     assert (digest.hexdigest(), lines) == BEFORE_TENANTS
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(min_value=0, max_value=100_000))
+def test_the_nodes_shortcut_equals_walking_its_holds_with_namespaces(seed: int) -> None:
+    from test_properties import shortcut_equals_the_walk
+
+    shortcut_equals_the_walk(Policy(retention=R, node_lease_ms=60_000), list(tenant_log(seed)))
+
+
 def test_the_jobs_batches_equal_replay_with_namespaces() -> None:
     from test_batch import job_equals_replay
 

@@ -47,7 +47,7 @@ FULL = False
 class AbortSync:
     """What the last sync saw: not serialised (a restored state starts with a full walk)."""
 
-    __slots__ = ("full", "touched", "stale")
+    __slots__ = ("full", "touched", "stale", "ids")
 
     def __init__(self) -> None:
         self.full = True
@@ -56,6 +56,14 @@ class AbortSync:
         """Members whose record, recovery or never-reported mark changed since the last sync."""
         self.stale: set[str] = set()
         """Members stale at the last sync."""
+        self.ids: dict[str, tuple[str, ...]] = {}
+        """Each node's abort alert ids, one per kind (made once: ids are pure functions of the name)."""
+
+    def ids_of(self, node: str) -> tuple[str, ...]:
+        ids = self.ids.get(node)
+        if ids is None:
+            ids = self.ids[node] = tuple(join_id(kind, node) for kind in ABORT_KINDS)
+        return ids
 
 
 def _stale_now(state: ClusterState, limit: int) -> dict[str, int]:
@@ -107,8 +115,7 @@ def sync_aborts(state: ClusterState, policy: Policy, out: list[Output]) -> bool:
     for node in look:
         found.update(_node_problems(state, node, stale, now, policy))
     raised = state.raised
-    gone = [aid for node in look for kind in ABORT_KINDS
-            if (aid := join_id(kind, node)) in raised and aid not in found]
+    gone = [aid for node in look for aid in sync.ids_of(node) if aid in raised and aid not in found]
     if len(gone) > 1:
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)

@@ -25,6 +25,10 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
 
+SHORTCUT = True
+"""True: an event that cannot change a node's lowest holds reuses the last ones instead of walking
+them again (False: every event walks them, the reference the shortcut is tested against)."""
+
 
 NODE_STATE_VERSION = 2
 """Version 2 names every field of a node's state value (``to_json``); version 1 (``"c"``, ``"n"``,
@@ -58,6 +62,7 @@ class NodeState:
         "expiries",
         "expire_walls",
         "leak",
+        "_low",
     )
 
     def __init__(self, cluster: str, node: str) -> None:
@@ -79,6 +84,8 @@ class NodeState:
         self.expiries: dict[str, Expiry] = {}  # join_id(kind, id) -> its expiry
         self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
         self.leak: dict[str, Any] | None = None  # since when the job holds more than the node reports (core/leaks.py)
+        self._low: tuple[Blocker, Blocker] | None = None
+        """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -150,15 +157,18 @@ class NodeState:
         closed: list[HoldRef] = []
         groups_changed = False
         incarnation = event["incarnation"]
+        restarted = False
         if incarnation > self.incarnation:
             if self.incarnation >= 0:
                 self._restart(incarnation, closed)
+                restarted = True
             self.incarnation = incarnation
         self.seq = event["seq"]
         wall = event["wall_ms"]
         if wall > self.last_wall_ms:
             self.last_wall_ms = wall
         kind = event["type"]
+        quiet = False  # the event cannot change the node's lowest holds (see _update)
         if kind == "reader_open":
             rid = event["reader_id"]
             if rid in self.readers:
@@ -167,9 +177,12 @@ class NodeState:
             self.readers[rid] = Hold(event["read_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
                                      namespace=ns)
             opened.append(OpenedHold("reader", rid, event["read_ts"], ns))
+            quiet = not restarted and not closed and ns is None and self._above(event["read_ts"])
         elif kind == "reader_close":
-            if self.readers.pop(event["reader_id"], None) is not None:
+            gone = self.readers.pop(event["reader_id"], None)
+            if gone is not None:
                 closed.append(HoldRef("reader", event["reader_id"]))
+            quiet = not restarted and (gone is None or (gone.namespace is None and self._above(gone.ts)))
         elif kind == "tx_begin":
             tid = event["tx_id"]
             if tid in self.txs:
@@ -178,6 +191,7 @@ class NodeState:
             self.txs[tid] = Hold(event["begin_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
                                  namespace=ns)
             opened.append(OpenedHold("tx", tid, event["begin_ts"], ns))
+            quiet = not restarted and not closed and ns is None and self._above(event["begin_ts"])
         elif kind == "tx_prepare":
             tx = self.txs.get(event["tx_id"])
             if tx is not None:
@@ -187,8 +201,10 @@ class NodeState:
                 if tx.prepared_wall is None:
                     tx.prepared_wall = wall
         elif kind == "tx_end":
-            if self.txs.pop(event["tx_id"], None) is not None:
+            gone = self.txs.pop(event["tx_id"], None)
+            if gone is not None:
                 closed.append(HoldRef("tx", event["tx_id"]))
+            quiet = not restarted and (gone is None or (gone.namespace is None and self._above(gone.ts)))
         elif kind == "heartbeat":
             self.mvcc_now = event["mvcc_now"]
             if "pinned_bytes" in event:
@@ -211,12 +227,18 @@ class NodeState:
         else:  # pragma: no cover - parse() only lets node types through here
             msg = f"not a node event: {kind}"
             raise ValueError(msg)
-        update = self._update(wall, opened, closed, groups_changed, policy)
+        update = self._update(wall, opened, closed, groups_changed, policy, quiet)
         update.snapshot = kind == "snapshot"
         apply_pressure(self, kind == "heartbeat" and "pinned_bytes" in event, closed, policy, update.signals)
         if self.leak is not None or kind in ("heartbeat", "snapshot"):
             check_leaks(self, event, policy, update.signals)
         return update
+
+    def _above(self, ts: int) -> bool:
+        """``ts`` lies strictly above the node's lowest hold of the last walk (so that a hold at it,
+        coming or going, changes neither the lowest hold nor a tie), while nothing is namespaced."""
+        low = self._low
+        return low is not None and ts > low[1].ts
 
     def _restart(self, incarnation: int, closed: list[HoldRef]) -> None:
         """A new process: its old readers and unprepared transactions died with it."""
@@ -328,8 +350,16 @@ class NodeState:
         closed: list[HoldRef],
         groups_changed: bool,
         policy: Policy,
+        quiet: bool = False,
     ) -> NodeUpdate:
-        floor, blocker, ns = self._lowest(policy)
+        low = self._low
+        floor: Blocker | str
+        blocker: Blocker | None
+        if quiet and SHORTCUT and low is not None:
+            floor, blocker, ns = low[0], low[1], None
+        else:
+            floor, blocker, ns = self._lowest(policy)
+            self._low = (floor, blocker) if ns is None and blocker is not None and not isinstance(floor, str) else None
         lmin, unknown = (None, floor) if isinstance(floor, str) else (blocker.ts if blocker else None, None)
         summary = (lmin, unknown) if ns is None else (lmin, unknown, ns)
         changed = groups_changed or summary != self._summary

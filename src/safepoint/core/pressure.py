@@ -35,11 +35,23 @@ def _alert(node: NodeState, kind: str, aid: str, state: str, severity: str, valu
 
 def _oldest_open(node: NodeState) -> Oldest | None:
     best: Oldest | None = None
+    best_wall = 0
     for kind, holds in (("reader", node.readers), ("tx", node.txs)):
         for hid, h in holds.items():
-            if best is None or (h.opened_wall, kind, hid) < (best[2], best[0], best[1]):
-                best = (kind, hid, h.opened_wall, h.label)
+            wall = h.opened_wall
+            if best is None or wall < best_wall or (wall == best_wall and (kind, hid) < (best[0], best[1])):
+                best, best_wall = (kind, hid, wall, h.label), wall
     return best
+
+
+_specs: list[Any] = [None, None, None]
+"""The last policy's band specs (building them is a dataclass per call; one policy serves a run)."""
+
+
+def _band_specs(policy: Policy) -> tuple[BandSpec, BandSpec]:
+    if _specs[0] is not policy:
+        _specs[:] = [policy, policy.pinned_band(), policy.age_band()]
+    return _specs[1], _specs[2]
 
 
 def apply_pressure(node: NodeState, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
@@ -56,11 +68,12 @@ def apply_pressure(node: NodeState, pinned_sample: bool, closed: list[HoldRef], 
             signals.append(_alert(node, "forced_expiry", join_id("forced_expiry", node.node, kind, hid), "cleared",
                                   "critical" if exp.mode == "hard" else "warning", None, None, now,
                                   f"{exp.kind} {hid} expired {exp.mode} is closed"))
+    pinned_spec, age_spec = _band_specs(policy)
     if pinned_sample and node.pinned_bytes is not None:
-        _band(node, "pinned_bytes", node.pinned_band, policy.pinned_band(), now, node.pinned_bytes, signals)
+        _band(node, "pinned_bytes", node.pinned_band, pinned_spec, now, node.pinned_bytes, signals)
     oldest = _oldest_open(node)
     age = now - oldest[2] if oldest is not None else 0
-    _band(node, "reader_age", node.age_band, policy.age_band(), now, max(age, 0), signals, oldest)
+    _band(node, "reader_age", node.age_band, age_spec, now, max(age, 0), signals, oldest)
     for tid, h in node.txs.items():
         if h.prepared and h.prepared_wall is not None and tid not in node.in_doubt:
             waited = now - h.prepared_wall
