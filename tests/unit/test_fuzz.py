@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from safepoint.core import DEADLETTER, Engine, Policy, Position, events
+from safepoint.core import DEADLETTER, Engine, Policy, Position
 from safepoint.core.codec import encode
 from safepoint.core.events import Rejected, parse
 
@@ -341,11 +341,7 @@ def boundary_events(draw: st.DrawFn) -> str:
 def reference_parse(value: bytes | str | None, max_bytes: int = 600) -> dict[str, Any] | Rejected:
     """``parse`` as it was before msgspec and the quick test: ``json``'s decoder, and the JSON
     Schema validator (fastjsonschema) for every message."""
-    quick, events._quick = events._quick, lambda _t: None  # type: ignore[assignment]
-    try:
-        return parse(value, max_bytes, decoder=events._DECODER.decode)
-    finally:
-        events._quick = quick  # type: ignore[assignment]
+    return parse(value, max_bytes, reference=True)
 
 
 def same_verdict(value: bytes | str | None) -> None:
