@@ -8,8 +8,9 @@ well-formed event meets (an integer must be a Python int, not a float with no fr
 must be a plain str), and it never says more than the schema: ``parse`` runs the full validator
 (fastjsonschema) whenever it answers False, so what is accepted and rejected, and the dead
 letter's words, are the validator's. A schema with any other keyword gets no quick test (None).
-``tests/unit/test_parse.py`` checks that every value the quick test accepts the validator accepts,
-on the schema vectors, the fuzz corpus and mutated events.
+``tests/unit/test_golden.py`` (every bound of every field of every valid example) and
+``test_fuzz.py`` (the fuzz corpus) check that ``parse`` gives what ``parse(..., reference=True)``,
+the full validator alone, gives.
 """
 
 from __future__ import annotations
