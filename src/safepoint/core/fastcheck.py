@@ -71,7 +71,7 @@ class _Gen:
                 raise _Unsupported
             other_t = t[0] if t[1] == "null" else t[1]
             self.emit(depth, f"if {v} is not None:")
-            self.typed({**s, "type": other_t}, other_t, v, depth + 1)
+            self.typed(s, other_t, v, depth + 1)
             self.emit(depth + 1, "pass")
             return
         if t is not None:
