@@ -932,7 +932,10 @@ def test_flooding_node_does_not_starve_the_others(broker: Any, spark: Any, tmp_p
 
 def test_quiet_partition_raises_missing_node_then_recovers(broker: Any, spark: Any, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap, "quiet", 3, retention=100, node_lease_ms=3_000, trigger_ms=100)
-    a, b = Node("a", "c1", 0), Node("b", "c1", 1)
+    # a and b share partition 0: across two partitions a micro-batch may see b's beats of a phase
+    # before a's, and b 3,001 ms past a's last beat makes a stale for a moment (a real, but other,
+    # missing_node alert than the one this test is about: CI saw a raised and cleared at 6,001)
+    a, b = Node("a", "c1", 0), Node("b", "c1", 0)
     quiet = (Node("c", "c1", 2), Node("d", "c1", 2))  # both on partition 2
 
     def rounds(walls: range, nodes: tuple[Node, ...]) -> list[Message]:
