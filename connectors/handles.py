@@ -349,7 +349,8 @@ def refuse_below_safe(safe: int | None, what: str, ident: str, ts: int, namespac
     """Refuse (``ReaderRefused``) a hold below the newest bound the node learnt of: the cluster's
     safe point, or with ``namespace`` that namespace's bound."""
     if safe is not None and ts < safe:
-        whose = "the cluster's safe point" if namespace is None else f"the bound of namespace {namespace!r}"
+        whose = ("the cluster's safe point (or a namespace's bound above it: a hold without a namespace pins them all)"
+                 if namespace is None else f"the bound of namespace {namespace!r}")
         msg = (
             f"{what} {ident} at {ts} refused: it is below {whose} {safe}, so versions it "
             f"needs may already be compacted; retry with a timestamp >= {safe}"

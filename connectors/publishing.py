@@ -104,11 +104,13 @@ class HoldsMixin:
     _send: Callable[[str, dict[str, Any]], int]
 
     def _bound_of(self, namespace: str | None) -> int | None:
-        """The newest bound a hold of ``namespace`` is protected at (the safe point without one)."""
-        if namespace is None or self._ns_bounds is None:
+        """The newest bound a hold of ``namespace`` is protected at: its namespace's, or for a hold
+        without one (it pins every namespace) the highest of the safe point and every namespace's
+        bound (the safe point when the cluster has no namespaced holds)."""
+        if self._ns_bounds is None:
             return self._safe_ts
         base, bounds = self._ns_bounds
-        own = bounds.get(namespace, base)
+        own = max(base, *bounds.values()) if namespace is None else bounds.get(namespace, base)
         return own if self._safe_ts is None else max(own, self._safe_ts)
 
     def _open(self, handle: Handle) -> None:

@@ -92,11 +92,13 @@ def test_missing_required_group_aborts_the_round() -> None:
     run = Run()
     n1, n2 = NodeClient("n1"), NodeClient("n2")
     run.feed(topology(1, T0, {"n1": ["g1", "g2"], "n2": ["g2"]}))
-    run.feed(n1.hb(T0, 1_000, groups=[{"group": "g1", "leader": False}]), n2.hb(T0, 1_000, groups=[{"group": "g2"}]))
+    g1 = {"group": "g1", "leader": True, "published_min_tx_time": 1_000}
+    run.feed(n1.hb(T0, 1_000, groups=[g1]),
+             n2.hb(T0, 1_000, groups=[{"group": "g2", "leader": True, "published_min_tx_time": 1_000}]))
     assert run.directives() == []
     [a] = run.alerts("missing_group", "raised")
     assert a["node"] == "n1" and "g2" in a["detail"] and a["value"] == 1
-    run.feed(n1.hb(T0 + 1, 1_000, groups=[{"group": "g1"}, {"group": "g2"}]))
+    run.feed(n1.hb(T0 + 1, 1_000, groups=[g1, {"group": "g2"}]))
     assert len(run.alerts("missing_group", "cleared")) == 1
     assert [d["safe_ts"] for d in run.directives()] == [1_000]
 

@@ -268,3 +268,20 @@ def test_a_reporter_retention_at_or_below_the_jobs_stays_lazy() -> None:
 def test_retention_must_be_a_non_negative_int() -> None:
     with pytest.raises(ValueError, match="retention must be an int >= 0"):
         Reporter("127.0.0.1:1", "n1", mvcc_clock=lambda: 0, heartbeat_interval_s=None, retention=-1)
+
+
+def test_a_reader_without_a_namespace_is_refused_below_any_namespaces_bound() -> None:
+    """A hold without a namespace pins every namespace: the reporter refuses it below the highest
+    bound it knows of (core/tenants.py alerts it as a horizon_violation otherwise)."""
+    from safepoint.errors import ReaderRefused
+
+    clock, sent = Clock(), []
+    with reporters(1, clock, sent, None) as (rep,):
+        rep.observe_safe_ts(100, namespace_safe_ts=300, namespaces={"a": 150})
+        with pytest.raises(ReaderRefused, match=r"at 200 refused.*>= 300"):
+            rep.reader(200).open()
+        rep.reader(160, namespace="a").open()  # a's own bound is 150
+        with pytest.raises(ReaderRefused, match="namespace 'b'"):
+            rep.reader(200, namespace="b").open()  # b has no hold of its own: namespace_safe_ts
+        rep.reader(300).open()
+        assert [e["read_ts"] for e in events_of(sent) if e["type"] == "reader_open"] == [160, 300]

@@ -176,18 +176,24 @@ def test_leader_group_without_published_time_makes_minimum_unknown() -> None:
 
 
 def test_follower_group_without_published_time_does_not_block() -> None:
-    """CONTRACT Semantics: only a group the node *leads* without a published time makes it unknown."""
+    """CONTRACT Semantics: only a group the node *leads* without a published time makes it unknown
+    (the group itself needs a leader: n2 leads it here, see test_groups.py)."""
     run = Run()
-    n1 = single(run)
+    run.feed(topology(1, WALL, {"n1": [], "n2": []}))
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(n2.hb(WALL, 1_000, groups=[{"group": "g1", "leader": True, "published_min_tx_time": 1_000},
+                                        {"group": "g2", "leader": True, "published_min_tx_time": 1_000}]))
     run.feed(n1.hb(WALL, 1_000, groups=[{"group": "g1", "leader": False, "published_min_tx_time": None}, {"group": "g2"}]))
     assert run.last_safe_ts() == 1_000
-    assert run.alerts() == []
+    assert run.alerts("unknown_node_min") == [] and run.alerts("leaderless_group") == []
 
 
 def test_published_group_time_is_a_hold_even_on_a_follower() -> None:
     """CONTRACT Semantics: a group's published_min_tx_time is a hold."""
     run = Run()
-    n1 = single(run)
+    run.feed(topology(1, WALL, {"n1": [], "n2": []}))
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(n2.hb(WALL, 5_000, groups=[{"group": "g1", "leader": True, "published_min_tx_time": 4_000}]))
     run.feed(n1.hb(WALL, 1_000, groups=[{"group": "g1", "leader": False, "published_min_tx_time": 600}]))
     assert run.last_safe_ts() == 600
     run.feed(n1.hb(WALL, 2_000, groups=[{"group": "g1", "leader": False, "published_min_tx_time": 1_500}]))

@@ -12,6 +12,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_properties import shortcut_equals_the_walk
 
 from safepoint.core import Engine, Position
 from safepoint.core.policy import Policy
@@ -90,6 +91,43 @@ def test_namespaces_beyond_max_namespaces_pin_all_with_an_alert() -> None:
     assert run.alerts("namespace_limit", "cleared") and run.directives()[-1]["namespace_safe_ts"] == 30_000
 
 
+def test_a_hold_without_namespace_below_a_namespaces_bound_is_a_violation_naming_it() -> None:
+    run, n1, n2 = cluster()
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    d = run.directives()[-1]
+    assert (d["safe_ts"], d["namespace_safe_ts"]) == (9_500, 29_000)
+    run.feed(n2.open("etl", 20_000, T0 + 5_001))  # above safe_ts, below namespace_safe_ts: it pins them all
+    [v] = run.alerts("horizon_violation", "raised")
+    assert v["threshold"] == 29_000 and v["value"] == 20_000 and "namespace_safe_ts" in v["detail"]
+    run.feed(n2.begin("load", 21_000, T0 + 5_002))
+    assert len(run.alerts("horizon_violation", "raised")) == 2, "a transaction too"
+    beat(run, n1, n2, T0 + 6_000, 31_000)
+    d2 = run.directives()[-1]
+    assert d2["namespace_safe_ts"] >= 29_000 and d2["namespaces"]["a"] >= 9_500, "no bound goes back"
+    run.feed(n2.open("fine", 30_000, T0 + 6_001))  # at or above every bound: protected
+    assert len(run.alerts("horizon_violation", "raised")) == 2
+
+
+def test_a_service_hold_below_a_namespaces_bound_is_refused() -> None:
+    run, n1, n2 = cluster()
+    run.feed(n1.open("a1", 9_500, T0 + 1, namespace="a"))
+    beat(run, n1, n2, T0 + 5_000, 30_000)
+    hold = {"v": 1, "type": "service_hold", "cluster": "c1", "wall_ms": T0 + 5_001, "holder": "backup",
+            "ts": 20_000, "ttl_ms": 60_000, "action_id": "b1"}
+    run.feed(hold)
+    [a] = run.alerts("service_hold_refused", "raised")
+    assert a["threshold"] == 29_000 and "namespace_safe_ts" in a["detail"]
+    state = run.engine.clusters["c1"]
+    assert state.control.holds == {} and state.control.ignored == {"below_namespace_bound": 1}
+    [st_] = final_status(run.engine)["clusters"]
+    assert [(x["outcome"], x["reason"]) for x in st_["actions"]] == [("refused", "below_namespace_bound")]
+    run.feed({**hold, "ts": 29_000, "action_id": "b2"})  # at the highest bound: accepted
+    beat(run, n1, n2, T0 + 6_000, 40_000)
+    d = run.directives()[-1]
+    assert d["namespace_safe_ts"] == 29_000 and d["service_holds"]["backup"]["ts"] == 29_000
+
+
 # -- generated logs -------------------------------------------------------------------------------
 
 
@@ -121,8 +159,12 @@ def tenant_log(seed: int, namespaces: tuple[str | None, ...] = (None, "a", "b", 
 
 
 def effective(d: dict[str, Any], ns: str | None) -> int:
-    if ns is None or "namespace_safe_ts" not in d:
+    """The bound a hold of ``ns`` must lie at or above to be protected: its namespace's, or for a
+    hold without a namespace (it pins every namespace) the highest of them all."""
+    if "namespace_safe_ts" not in d:
         return d["safe_ts"]
+    if ns is None:
+        return max(d["safe_ts"], d["namespace_safe_ts"], *d["namespaces"].values())
     return d["namespaces"].get(ns, d["namespace_safe_ts"])
 
 
@@ -190,8 +232,6 @@ def test_without_namespaces_the_outputs_are_exactly_those_of_the_core_before_ten
 @settings(max_examples=40, deadline=None)
 @given(st.integers(min_value=0, max_value=100_000))
 def test_the_nodes_shortcut_equals_walking_its_holds_with_namespaces(seed: int) -> None:
-    from test_properties import shortcut_equals_the_walk
-
     shortcut_equals_the_walk(Policy(retention=R, node_lease_ms=60_000), list(tenant_log(seed)))
 
 

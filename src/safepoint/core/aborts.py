@@ -23,6 +23,7 @@ from safepoint.core.alerts import (
     Problem,
     awaiting_problem,
     group_problem,
+    leaderless_problem,
     never_problem,
     problems,
     raise_new,
@@ -47,7 +48,7 @@ FULL = False
 class AbortSync:
     """What the last sync saw: not serialised (a restored state starts with a full walk)."""
 
-    __slots__ = ("full", "touched", "stale", "ids")
+    __slots__ = ("full", "touched", "stale", "ids", "leaderless")
 
     def __init__(self) -> None:
         self.full = True
@@ -58,6 +59,8 @@ class AbortSync:
         """Members stale at the last sync."""
         self.ids: dict[str, tuple[str, ...]] = {}
         """Each node's abort alert ids, one per kind (made once: ids are pure functions of the name)."""
+        self.leaderless: set[str] = set()
+        """Groups without a leader's published time at the last sync."""
 
     def ids_of(self, node: str) -> tuple[str, ...]:
         ids = self.ids.get(node)
@@ -97,25 +100,32 @@ def sync_aborts(state: ClusterState, policy: Policy, out: list[Output]) -> bool:
     assert now is not None
     sync = state._aborts
     stale = _stale_now(state, now - policy.node_lease_ms)
-    aborted = bool(state._never or state._unknown or state._missing_groups or state._awaiting or stale)
+    aborted = bool(state._never or state._unknown or state._missing_groups or state._awaiting or stale
+                   or state._leaderless)
     if sync.full or FULL:
         sync_abort_alerts(state, problems(state, policy), out)
         sync.full = False
         sync.touched = set()
         sync.stale = set(stale)
+        sync.leaderless = set(state._leaderless)
         return aborted
     look = sync.touched
     if stale or sync.stale:
         look = look | (sync.stale ^ stale.keys())
+    groups = sync.leaderless ^ state._leaderless if (sync.leaderless or state._leaderless) else set()
     sync.touched = set()
     sync.stale = set(stale)
-    if not look:
+    sync.leaderless = set(state._leaderless)
+    if not look and not groups:
         return aborted
     found: dict[str, Problem] = {}
     for node in look:
         found.update(_node_problems(state, node, stale, now, policy))
+    for group in groups & state._leaderless:
+        found[join_id("leaderless_group", group)] = leaderless_problem(state, group)
     raised = state.raised
     gone = [aid for node in look for aid in sync.ids_of(node) if aid in raised and aid not in found]
+    gone += [aid for group in groups - state._leaderless if (aid := join_id("leaderless_group", group)) in raised]
     if len(gone) > 1:
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)

@@ -1,7 +1,7 @@
 """The cluster stage's alerts: raised and cleared on cluster time, each with a stable id.
 
 - **Abort alerts** (``missing_node``, ``unknown_node_min``, ``missing_group``,
-  ``awaiting_snapshot``): one per reason the round aborts (a ``Problem``), raised when it appears
+  ``awaiting_snapshot``, ``leaderless_group``): one per reason the round aborts (a ``Problem``), raised when it appears
   and cleared when it is gone, from the first aborted round on: a node the topology names but
   that never reported is alerted at once (every aborted round names its reason).
 - **stall**: the safe point has not advanced for ``stall_ms`` of cluster time.
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["ABORT_KINDS", "Problem", "check_floor", "check_horizon", "check_join", "check_stall", "clear_violation",
            "problems", "raise_violation", "stamp_alert", "stamp_signal", "sync_abort_alerts"]
 
-ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot")
+ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot", "leaderless_group")
 
 
 class Problem(NamedTuple):
@@ -35,7 +35,8 @@ class Problem(NamedTuple):
 
     kind: str
     """One of ``ABORT_KINDS``."""
-    node: str
+    node: str | None
+    """The node it is about (None: a group's, ``leaderless_group``)."""
     value: int | None
     threshold: int | None
     detail: str
@@ -94,22 +95,25 @@ def check_stall(state: ClusterState, now: int, policy: Policy, out: list[Output]
     state.raised["stall/-"] = body
     out.append(stamp_alert(state, body, "raised", now))
 
-def raise_violation(state: ClusterState, node: str, kind: str, hid: str, ts: int, out: list[Output]) -> None:
+def raise_violation(state: ClusterState, node: str, kind: str, hid: str, ts: int, out: list[Output],
+                    bound: tuple[int, str] | None = None) -> None:
+    """A hold below a bound already sent (``bound``: (ts, what); default ``safe_ts``)."""
     aid = join_id("horizon_violation", node, kind, hid)
     now = state.cluster_time
     assert now is not None and state.safe_ts is not None
+    limit, what = bound if bound is not None else (state.safe_ts, "safe_ts")
     body = {
         "id": aid,
         "kind": "horizon_violation",
         "node": node,
         "severity": "critical",
         "value": ts,
-        "threshold": state.safe_ts,
+        "threshold": limit,
         "since": now,
         "detail": (f"the retention bound (mvcc_now - retention) of node {node} is {ts}" if kind == "retention"
                    else f"group {hid} on node {node} publishes min tx time {ts}" if kind == "group"
                    else f"{kind} {hid} on node {node} needs ts {ts}")
-        + f", below safe_ts {state.safe_ts} already sent: versions it reads may be compacted",
+        + f", below {what} {limit} already sent: versions it reads may be compacted",
     }
     state.raised[aid] = body
     out.append(stamp_alert(state, body, "raised", now))
@@ -146,19 +150,23 @@ def check_join(state: ClusterState, node: str, out: list[Output]) -> None:
     if blocker is not None and blocker.kind in FLOOR_KINDS:
         check_floor(state, node, blocker.floor, out)
 
-def check_floor(state: ClusterState, node: str, floor: Floor | None, out: list[Output]) -> None:
-    """A member's retention bound or group published time below safe_ts is a hold below the safe
-    point (a clock or a group that went back): alerted, and cleared once it is back at or above."""
+def check_floor(state: ClusterState, node: str, floor: Floor | None, out: list[Output],
+                bound: tuple[int, str] | None = None) -> None:
+    """A member's retention bound or group published time below the highest bound it pins
+    (``bound``, from ``core/tenants.pins_all_bound`` once namespaces are in use; else ``safe_ts``)
+    is a hold below the safe point (a clock or a group that went back): alerted, and cleared once
+    it is back at or above."""
     aid = None
-    if floor is not None and state.safe_ts is not None and floor.ts < state.safe_ts:
+    limit = bound if bound is not None else None if state.safe_ts is None else (state.safe_ts, "safe_ts")
+    if floor is not None and limit is not None and floor.ts < limit[0]:
         aid = join_id("horizon_violation", node, floor.kind, floor.id or "-")
     prev = state._floor_alerts.get(node)
     if prev is not None and prev != aid:
         del state._floor_alerts[node]
         clear_violation(state, prev, out)
     if aid is not None and aid not in state.raised:
-        assert floor is not None
-        raise_violation(state, node, floor.kind, floor.id or "-", floor.ts, out)
+        assert floor is not None and limit is not None
+        raise_violation(state, node, floor.kind, floor.id or "-", floor.ts, out, limit)
         state._floor_alerts[node] = aid
 
 def clear_violation(state: ClusterState, aid: str, out: list[Output]) -> None:
@@ -217,12 +225,21 @@ def awaiting_problem(state: ClusterState, node: str) -> Problem:
     )
 
 
+def leaderless_problem(state: ClusterState, group: str) -> Problem:
+    holders = sorted(state._group_members.get(group, ()))
+    shown = ", ".join(holders[:5]) + (f" and {len(holders) - 5} more" if len(holders) > 5 else "")
+    return Problem("leaderless_group", None, len(holders), None,
+                   f"group {group} has no leader (reported by {shown}, none as its leader: a leader hand-over in "
+                   "progress), so no current leader's published min tx time stands for it")
+
+
 def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
     """Every reason the current round must abort, by alert id."""
     found: dict[str, Problem] = {}
     now = state.cluster_time
     assert now is not None
     if (not state._never and not state._unknown and not state._missing_groups and not state._awaiting
+            and not state._leaderless
             and (not state._walls or state._walls.lowest() >= now - policy.node_lease_ms)):  # type: ignore[operator]
         return found  # the common case, nothing wrong: what the loops below would find
     for node in state._never:
@@ -235,6 +252,8 @@ def problems(state: ClusterState, policy: Policy) -> dict[str, Problem]:
         found[join_id("missing_group", node)] = group_problem(node, groups)
     for node in state._awaiting:
         found[join_id("awaiting_snapshot", node)] = awaiting_problem(state, node)
+    for group in state._leaderless:
+        found[join_id("leaderless_group", group)] = leaderless_problem(state, group)
     return found
 
 

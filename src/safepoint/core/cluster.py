@@ -26,6 +26,7 @@ from safepoint.core.alerts import (
 from safepoint.core.compaction import catalog_floor_at, compaction_directive
 from safepoint.core.control import (
     CONTROL_TYPES,
+    Control,
     apply_control,
     count_ignored,
     expire_service_holds,
@@ -39,7 +40,7 @@ from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import FLOOR_KINDS, NodeRecord
 from safepoint.core.recovery import recover_node
-from safepoint.core.tenants import check_ns_violation, tenant_round
+from safepoint.core.tenants import check_ns_violation, pins_all_bound, tenant_round
 
 __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
 
@@ -81,6 +82,9 @@ class ClusterState:
         "tenants",
         "_ns_nodes",
         "_aborts",
+        "_group_members",
+        "_group_leaders",
+        "_leaderless",
     )
 
     def __init__(self, name: str) -> None:
@@ -106,8 +110,8 @@ class ClusterState:
         """Set after a start on empty state (``core/recovery.py``): ``expected`` nodes (the last
         directive's basis), ``complete`` nodes (sent a snapshot since), ``requested`` node -> the
         cluster time of its last snapshot request."""
-        self.control: dict[str, Any] = {}
-        """Service holds, pause and what control events could not do (``core/control.py``)."""
+        self.control = Control()
+        """Service holds, pause and the outcomes of control actions (``core/control.py``)."""
         self.tenants: dict[str, Any] = {}
         """The namespaces' bounds once a namespaced hold was seen (``core/tenants.py``)."""
         self._rebuild()
@@ -138,7 +142,7 @@ class ClusterState:
                 "complete": sorted(self.recovery["complete"]),
                 "requested": self.recovery["requested"],
             },
-            **({"control": self.control} if self.control else {}),
+            **({"control": self.control.to_json()} if self.control else {}),
             **({"tenants": self.tenants} if self.tenants else {}),
         }
 
@@ -162,7 +166,7 @@ class ClusterState:
         state.topology_wall = data["topology_wall"]
         state.eseq = data.get("eseq", 0)
         state.last_advance_wall = data.get("last_advance_wall")
-        state.control = data.get("control", {})
+        state.control = Control.from_json(data.get("control"))
         state.tenants = data.get("tenants", {})
         recovery = data.get("recovery")
         if recovery is not None:
@@ -183,6 +187,9 @@ class ClusterState:
         self._awaiting: set[str] = set()
         self._floor_alerts: dict[str, str] = {}  # node -> its raised retention/group violation
         self._aborts = AbortSync()  # the next round walks every member once (core/aborts.py)
+        self._group_members: dict[str, set[str]] = {}  # group -> the members that report it
+        self._group_leaders: dict[str, set[str]] = {}  # group -> the members that say they lead it
+        self._leaderless: set[str] = set()  # groups members report that no member leads
         for aid in self.raised:
             parts = split_id(aid)
             if parts[0] == "horizon_violation" and len(parts) == 4 and parts[2] in FLOOR_KINDS:
@@ -201,17 +208,42 @@ class ClusterState:
         else:
             self._unknown[node] = rec.unknown or "unknown"
         self._walls.set(node, rec.last_wall)
+        self._index_groups(node, rec.groups, rec.led, +1)
         if self.topology is not None:
             missing = self._missing_of(node, rec)
             if missing:
                 self._missing_groups[node] = missing
+
+    def _index_groups(self, node: str, groups: list[str], led: list[str], sign: int) -> None:
+        """Add (``sign`` +1) or remove (-1) a member's groups and the groups it leads, and keep
+        ``_leaderless`` (a group some member reports but none leads: a leader hand-over in progress,
+        so no current leader's time stands for the group and the round aborts) in step for those
+        groups. (A leader that has not published yet is its own node's unknown minimum.)"""
+        if not groups and not led:
+            return
+        for index, names in ((self._group_members, groups), (self._group_leaders, led)):
+            for g in names:
+                if sign > 0:
+                    index.setdefault(g, set()).add(node)
+                else:
+                    left = index.get(g)
+                    if left is not None:
+                        left.discard(node)
+                        if not left:
+                            del index[g]
+        for g in {*groups, *led}:
+            if g in self._group_members and g not in self._group_leaders:
+                self._leaderless.add(g)
+            else:
+                self._leaderless.discard(g)
 
     def _missing_of(self, node: str, rec: NodeRecord) -> list[str]:
         """The groups the topology requires of ``node`` that its record does not report."""
         assert self.topology is not None
         return sorted(set(self.topology.get(node) or ()) - set(rec.groups))
 
-    def _reindex(self, node: str, rec: NodeRecord, old_min: int | None, old_last: int, groups_changed: bool) -> None:
+    def _reindex(self, node: str, rec: NodeRecord, old_min: int | None, old_last: int,
+                 old_groups: tuple[list[str], list[str]] | None) -> None:
         """Re-index a member whose record changed, touching only what changed: the indexes end
         as ``_rebuild`` would make them (dict order aside, which no output depends on)."""
         new_min = rec.local_min
@@ -226,7 +258,10 @@ class ClusterState:
             self._unknown[node] = rec.unknown or "unknown"
         if rec.last_wall != old_last:
             self._walls.set(node, rec.last_wall)
-        if groups_changed and self.topology is not None:
+        if old_groups is not None:
+            self._index_groups(node, *old_groups, -1)
+            self._index_groups(node, rec.groups, rec.led, +1)
+        if old_groups is not None and self.topology is not None:
             missing = self._missing_of(node, rec)
             if missing:
                 self._missing_groups[node] = missing
@@ -251,7 +286,8 @@ class ClusterState:
         fresh = rec is None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
-            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {})
+            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {},
+                             led=u.led or [])
             self.nodes[u.node] = rec
             if self.topology is None:
                 self._members.add(u.node)
@@ -260,6 +296,7 @@ class ClusterState:
             self.dirty = True
         else:
             old_min, old_last = rec.local_min, rec.last_wall
+            old_groups = (rec.groups, rec.led) if u.groups is not None else None
             rec.incarnation = u.incarnation
             rec.seq = u.seq
             rec.local_min = u.local_min
@@ -267,12 +304,13 @@ class ClusterState:
             rec.blocker = u.blocker
             if u.groups is not None:
                 rec.groups = u.groups
+                rec.led = u.led or []
             if u.wall_ms > rec.last_wall:
                 rec.last_wall = u.wall_ms
             if u.changed:
                 self.dirty = True
             if member:
-                self._reindex(u.node, rec, old_min, old_last, u.groups is not None)
+                self._reindex(u.node, rec, old_min, old_last, old_groups)
         if member and fresh:
             self._index(u.node, rec)
         holds = rec.holds
@@ -287,11 +325,11 @@ class ClusterState:
             holds[join_id(kind, hid)] = ts
             if self.safe_ts is not None and ts < self.safe_ts:
                 raise_violation(self, u.node, kind, hid, ts, out)
-            elif ns is not None and self.tenants:
+            elif self.tenants:
                 check_ns_violation(self, u.node, kind, hid, ts, ns, out)
         if member:
             check_horizon(self, u.node, out)
-            check_floor(self, u.node, u.floor, out)
+            check_floor(self, u.node, u.floor, out, pins_all_bound(self) if self.tenants else None)
         for signal in u.signals:
             if self.control and paused(self) and (signal[0] == "expire" or signal[1].get("kind") == "forced_expiry"):
                 count_ignored(self, "expiry_while_paused")
@@ -316,7 +354,7 @@ class ClusterState:
         """Apply a validated cluster event. Returns why it was ignored, or None."""
         kind = event["type"]
         if kind in CONTROL_TYPES:
-            apply_control(self, event, out)
+            apply_control(self, event, lambda: pins_all_bound(self), out)
             self.evaluate(policy, out)
             return None
         version = event["version"]
@@ -356,23 +394,35 @@ class ClusterState:
         if self.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         aborted = sync_aborts(self, policy, out)
-        self._round(aborted, now, policy, out)
+        if not self._round(aborted, now, policy, out) and self.control.announce and self.safe_ts is not None:
+            # the holds or the pause changed: they ride on a directive at once (same safe point), so
+            # that a job that loses its checkpoint keeps them (core/recovery.py)
+            self._emit(self._lowest_node(), now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
         check_stall(self, now, policy, out)
 
-    def _round(self, aborted: bool, now: int, policy: Policy, out: list[Output]) -> None:
-        """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances."""
+    def _lowest_node(self) -> str:
+        """The node of the lowest minimum when every member's is known ("": none, or a service hold)."""
+        if not self._mins or len(self._mins) != len(self._members):
+            return ""
+        lmin, gnode = self._mins[0]
+        service = service_min(self) if self.control else None
+        return "" if service is not None and service[0] < lmin else str(gnode)
+
+    def _round(self, aborted: bool, now: int, policy: Policy, out: list[Output]) -> bool:
+        """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances;
+        True when it did."""
         if aborted or not self.dirty or (self.control and paused(self)):
-            return  # a pause keeps the cluster dirty: what it held back goes out after resume
+            return False  # a pause keeps the cluster dirty: what it held back goes out after resume
         if (
             policy.directive_interval_ms
             and self.last_directive_wall is not None
             and now - self.last_directive_wall < policy.directive_interval_ms
         ):
-            return
+            return False
         self.dirty = False
         if not self._members or len(self._mins) != len(self._members):
-            return
+            return False
         global_min, gnode = self._mins[0]
         service = service_min(self) if self.control else None
         if service is not None and service[0] < global_min:
@@ -381,11 +431,16 @@ class ClusterState:
         floor = catalog_floor_at(self, safe)
         tenants_moved = tenant_round(self, safe, now, policy, out) if (self._ns_nodes or self.tenants) else False
         if safe == self.safe_ts and floor == self.catalog_floor and not tenants_moved:
-            return
+            return False
         self.safe_ts = safe
         self.catalog_floor = floor
-        self.dseq += 1
-        self.last_directive_wall = now
         self.last_advance_wall = now
         clear_violation(self, "stall/-", out)
+        self._emit(gnode, now, policy, out)
+        return True
+
+    def _emit(self, gnode: str, now: int, policy: Policy, out: list[Output]) -> None:
+        self.dseq += 1
+        self.last_directive_wall = now
+        self.control.announce = False
         out.append(Output(DIRECTIVES, self.name, compaction_directive(self, gnode, now, policy.retention)))

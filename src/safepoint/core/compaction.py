@@ -43,7 +43,9 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
             "age_ms": now - blocker.opened_wall if blocker.opened_wall is not None else None,
             "label": blocker.label,
         }
-    holds = state.control.get("holds")  # carried so that a job that lost its checkpoint keeps them (core/recovery.py)
+    # carried so that a job that lost its checkpoint keeps them (core/recovery.py)
+    holds = state.control.holds
+    pause = state.control.paused
     basis = {
         n: {"incarnation": state.nodes[n].incarnation, "seq": state.nodes[n].seq, "local_min": state.nodes[n].local_min}
         for n in sorted(state._members)
@@ -60,5 +62,6 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
         "basis": basis,
         "retention": retention,
         **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
+        **({"paused": {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}} if pause else {}),
         **directive_fields(state),
     }

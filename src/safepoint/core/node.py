@@ -220,7 +220,7 @@ class NodeState:
                         low = None if twin[1] is None or entry[1] is None else min(twin[1], entry[1])
                         entry = [twin[0] or entry[0], low]
                     new_groups[g["group"]] = entry
-                groups_changed = set(new_groups) != set(self.groups)
+                groups_changed = set(new_groups) != set(self.groups) or _led(new_groups) != _led(self.groups)
                 self.groups = new_groups
         elif kind == "snapshot":
             self._replace(event, wall, incarnation, opened, closed)
@@ -373,6 +373,7 @@ class NodeState:
             unknown=unknown,
             blocker=blocker,
             groups=sorted(self.groups) if groups_changed else None,
+            led=_led(self.groups) if groups_changed else None,
             opened=opened,
             closed=closed,
             changed=changed,
@@ -380,6 +381,11 @@ class NodeState:
             ns=ns,
         )
 
-    def group_list(self) -> list[str]:
-        return sorted(self.groups)
+
+
+def _led(groups: dict[str, list[Any]]) -> list[str]:
+    """The groups a node says it leads. A group no member leads has no current leader's time, so
+    the cluster cannot know the group's (``core/cluster.py`` aborts the round); a leader that has
+    not published yet makes its own minimum unknown (``floor_hold``)."""
+    return sorted(g for g, (leader, _published) in groups.items() if leader)
 

@@ -138,19 +138,24 @@ class NodeRecord:
     ns: list[Any] | None = None
     """With namespaced holds: [the minimum of what pins every namespace, {namespace: its lowest
     hold}] (``core/tenants.py``); None: ``local_min`` pins every namespace."""
+    led: list[str] = field(default_factory=list)
+    """The groups it says it leads (a group some member reports but none leads aborts the round)."""
 
     def to_json(self) -> list[Any]:
         blocker = None if self.blocker is None else list(self.blocker)
         out = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
                self.first_wall, self.holds]
+        if self.led:
+            return [*out, self.ns, self.led]
         return out if self.ns is None else [*out, self.ns]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> NodeRecord:
         inc, seq, lmin, unknown, blocker, groups, last, first, *rest = data
-        # written before holds were kept: those open then are not known here
+        # written before holds were kept: those open then are not known here; before ``led`` was
+        # kept: none (its groups look leaderless until the node's next heartbeat: the safe side)
         return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first, rest[0] if rest else {},
-                   rest[1] if len(rest) > 1 else None)
+                   rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else [])
 
 
 @dataclass(slots=True)
@@ -164,7 +169,7 @@ class NodeUpdate:
     local_min: int | None
     unknown: str | None
     blocker: Blocker | None
-    groups: list[str] | None  # groups the node reports holding, when they changed
+    groups: list[str] | None  # groups the node reports holding, when they (or those it leads) changed
     opened: list[OpenedHold]  # holds added by this event
     closed: list[HoldRef]  # holds removed by this event
     changed: bool  # local_min, unknown or groups changed
@@ -176,6 +181,8 @@ class NodeUpdate:
     """The lowest of the node's retention bound and group published times."""
     ns: list[Any] | None = None
     """With namespaced holds: [the lowest of what pins every namespace, {namespace: its lowest hold}]."""
+    led: list[str] | None = None
+    """With ``groups``: the groups it says it leads."""
 
     def to_json(self) -> list[Any]:
         return [
@@ -193,11 +200,13 @@ class NodeUpdate:
             self.signals,
             self.snapshot,
             self.floor,
-            *([] if self.ns is None else [self.ns]),
+            *([] if self.ns is None and self.led is None else [self.ns]),
+            *([] if self.led is None else [self.led]),
         ]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> NodeUpdate:
-        node, wall, inc, seq, lmin, unknown, blocker, groups, opened, closed, changed, signals, snapshot, floor, *ns = data
+        node, wall, inc, seq, lmin, unknown, blocker, groups, opened, closed, changed, signals, snapshot, floor, *rest = data
         return cls(node, wall, inc, seq, lmin, unknown, Blocker.of(blocker), groups, [OpenedHold(*o) for o in opened],
-                   [HoldRef(*c) for c in closed], changed, signals, snapshot, Floor.of(floor), ns[0] if ns else None)
+                   [HoldRef(*c) for c in closed], changed, signals, snapshot, Floor.of(floor), rest[0] if rest else None,
+                   rest[1] if len(rest) > 1 else None)

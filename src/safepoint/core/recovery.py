@@ -55,17 +55,19 @@ class Seed:
     """The service holds the newest compaction directive carried (holder -> hold)."""
     tenants: Mapping[str, Any] = field(default_factory=dict)
     """Its ``namespace_safe_ts`` and ``namespaces`` as ``{"base": ..., "bounds": {...}}`` (empty: none)."""
+    paused: Mapping[str, Any] | None = None
+    """Its ``paused`` (``{"reason", "since_wall_ms"}``): the cluster was paused (None: it was not)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"safe_ts": self.safe_ts, "catalog_floor": self.catalog_floor, "seq": self.seq,
                 "node_seq": self.node_seq, "nodes": list(self.nodes), "service_holds": dict(self.service_holds),
-                "tenants": dict(self.tenants)}
+                "tenants": dict(self.tenants), "paused": None if self.paused is None else dict(self.paused)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Seed:
         return cls(data.get("safe_ts"), data.get("catalog_floor"), int(data.get("seq") or 0),
                    int(data.get("node_seq") or 0), tuple(data.get("nodes") or ()), dict(data.get("service_holds") or {}),
-                   dict(data.get("tenants") or {}))
+                   dict(data.get("tenants") or {}), data.get("paused"))
 
 
 def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed]:
@@ -100,6 +102,7 @@ def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed
             service_holds=dict(d["service_holds"]) if isinstance(d.get("service_holds"), Mapping) else {},
             tenants={"base": d["namespace_safe_ts"], "bounds": dict(d.get("namespaces") or {})}
             if isinstance(d.get("namespace_safe_ts"), int) else {},
+            paused=dict(d["paused"]) if isinstance(d.get("paused"), Mapping) else None,
         )
     return seeds
 
@@ -119,14 +122,15 @@ class StartPlan:
 
     def new_cluster(self, name: str) -> ClusterState:
         from safepoint.core.cluster import ClusterState
+        from safepoint.core.control import seed_control
 
         state = ClusterState(name)
         seed = self.seeds.get(name)
         if seed is not None or self.recover_all:
             seed = seed or Seed()
             state.start_recovery(seed.safe_ts, seed.catalog_floor, seed.seq, seed.node_seq, seed.nodes)
-            if seed.service_holds:  # a backup's hold outlives the checkpoint (its TTL still runs)
-                state.control["holds"] = {h: dict(v) for h, v in seed.service_holds.items()}
+            # a backup's hold outlives the checkpoint (its TTL still runs), and so does a pause
+            seed_control(state, dict(seed.service_holds), seed.paused)
             if seed.tenants:  # every namespace's bound keeps going forward only
                 state.tenants = {"base": seed.tenants["base"], "bounds": dict(seed.tenants["bounds"])}
         return state

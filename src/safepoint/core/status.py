@@ -151,6 +151,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
                         "last_wall_ms": rec.last_wall, "stale": now is not None and now - rec.last_wall > lease,
                         "member": name in cs._members, "in_topology": name in topology})
     pause = paused(cs)
+    pause = None if pause is None else {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}
     raised = sorted(cs.raised.items())
     alerts = [{k: a.get(k) for k in ("id", "kind", "node", "severity", "since", "detail")} for _, a in raised[:LISTED]]
     cut: dict[str, Any] = {}
@@ -171,10 +172,11 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         "paused": pause is not None,
         "pause": pause,
         "service_holds": [{"holder": holder, "ts": h["ts"], "ttl_ms": h["ttl_ms"], "label": h.get("label"),
-                           "renewed_wall_ms": h["wall_ms"], "expires_after_ms": h["wall_ms"] + h["ttl_ms"],
-                           "since_wall_ms": h["since_wall_ms"]}
-                          for holder, h in sorted(cs.control.get("holds", {}).items())],
-        "control_ignored": dict(sorted(cs.control.get("ignored", {}).items())),
+                           "renewed_wall_ms": h["applied_ms"], "expires_after_ms": h["expires_ms"],
+                           "since_wall_ms": h["since_wall_ms"], "action_id": h.get("action_id")}
+                          for holder, h in sorted(cs.control.holds.items())],
+        "control_ignored": dict(sorted(cs.control.ignored.items())),
+        "actions": [dict(a) for a in cs.control.actions],
         **({"namespace_safe_ts": cs.tenants.get("base"), "namespaces": dict(sorted(cs.tenants.get("bounds", {}).items()))}
            if cs.tenants else {}),
         "round": _round(cs, policy),

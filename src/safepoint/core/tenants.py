@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from safepoint.core.cluster import ClusterState
     from safepoint.core.policy import Policy
 
-__all__ = ["bound_of", "check_ns_violation", "directive_fields", "tenant_round"]
+__all__ = ["bound_of", "check_ns_violation", "directive_fields", "pins_all_bound", "tenant_round"]
 
 LIMIT_ID = "namespace_limit/-"
 
@@ -45,20 +45,46 @@ def bound_of(state: ClusterState, namespace: str | None) -> int | None:
     return bounds[namespace] if namespace in bounds else state.tenants.get("base")
 
 
+def pins_all_bound(state: ClusterState) -> tuple[int, str] | None:
+    """The highest bound already sent that a hold pinning every namespace (no namespace, a group's
+    time, a retention bound, a service hold) must not lie below: (ts, what it is), or None."""
+    best = None if state.safe_ts is None else (state.safe_ts, "safe_ts")
+    t = state.tenants
+    if t:
+        base = t.get("base")
+        if base is not None and (best is None or base > best[0]):
+            best = (base, "namespace_safe_ts")
+        for ns, ts in sorted(t.get("bounds", {}).items()):
+            if best is None or ts > best[0]:
+                best = (ts, f"namespace {ns}'s bound")
+    return best
+
+
 def check_ns_violation(state: ClusterState, node: str, kind: str, hid: str, ts: int, namespace: str | None,
                        out: list[Output]) -> None:
-    """A new hold below its namespace's bound (but not below ``safe_ts``: that one is alerted as before)."""
-    if namespace is None or not state.tenants:
+    """A new hold below a namespace bound it pins (but not below ``safe_ts``: that one is alerted as
+    before): its namespace's bound, or for a hold without one, every namespace's bound."""
+    if not state.tenants:
         return
-    bound = bound_of(state, namespace)
-    if bound is None or ts >= bound or (state.safe_ts is not None and ts < state.safe_ts):
+    if namespace is None:
+        highest = pins_all_bound(state)
+        if highest is None:
+            return
+        bound, what = highest
+        whose = f"without a namespace (it pins every namespace, {what} included)"
+    else:
+        known = bound_of(state, namespace)
+        if known is None:
+            return
+        bound, whose = known, f"of namespace {namespace}"
+    if ts >= bound or (state.safe_ts is not None and ts < state.safe_ts):
         return
     now = state.cluster_time
     assert now is not None
     aid = join_id("horizon_violation", node, kind, hid)
     body = {"id": aid, "kind": "horizon_violation", "node": node, "severity": "critical", "value": ts, "threshold": bound,
-            "since": now, "detail": f"{kind} {hid} of namespace {namespace} on node {node} needs ts {ts}, below that "
-                                    f"namespace's bound {bound} already sent: versions it reads may be compacted"}
+            "since": now, "detail": f"{kind} {hid} {whose} on node {node} needs ts {ts}, below the bound {bound} already "
+                                    "sent: versions it reads may be compacted"}
     state.raised[aid] = body
     out.append(stamp_alert(state, body, "raised", now))
 
