@@ -20,11 +20,10 @@ from safepoint.connectors.clients import CONFLUENT
 from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
 from safepoint.gcfreeze import freeze_once
 
-__all__ = ["KafkaStreamWriter", "SINK_COLUMNS", "client_conf"]
+__all__ = ["KafkaStreamWriter", "client_conf"]
 
 log = logging.getLogger(__name__)
 
-SINK_COLUMNS = ("topic", "key", "value")
 _DELIVERY_POLL_S = 0.1
 _MAX_PRODUCER_REBUILDS = 3
 _SINK_LINGER_MS = 5

@@ -39,9 +39,9 @@ if ! command -v kcat >/dev/null 2>&1 && ! command -v kafkacat >/dev/null 2>&1; t
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing kcat with apt-get (the guide's shell examples)" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null) \
-      || echo "setup: kcat could not be installed; its test will be skipped" >&2
+      || echo "setup: kcat could not be installed; its test will be skipped (and fails in CI)" >&2
   else
-    echo "setup: kcat not found (apt-get install kcat); its test will be skipped" >&2
+    echo "setup: kcat not found (apt-get install kcat); its test will be skipped (and fails in CI)" >&2
   fi
 fi
 
@@ -55,9 +55,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${missing[*]} with apt-get (the dashboard and Prometheus tests)" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
-      || echo "setup: ${missing[*]} could not be installed; their tests will be skipped" >&2
+      || echo "setup: ${missing[*]} could not be installed; their tests will be skipped (and fail in CI)" >&2
   else
-    echo "setup: ${missing[*]} not found (apt-get install ${missing[*]}); their tests will be skipped" >&2
+    echo "setup: ${missing[*]} not found (apt-get install ${missing[*]}); their tests will be skipped (and fail in CI)" >&2
   fi
 fi
 

@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -14,22 +14,11 @@ from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
 from safepoint.core.codec import encode
 from safepoint.core.engine import Engine, Position
-from safepoint.core.outputs import DEADLETTER, Output
+from safepoint.core.outputs import DEADLETTER
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble, cluster_status, node_status
 
-__all__ = ["replay_progress", "replay_lines", "replay_file", "why_no_safe_point", "summary_lines", "final_status"]
-
-
-def replay_lines(lines: Iterable[bytes], policy: Policy, topic: str = "replay") -> Iterator[tuple[Output, Engine]]:
-    """Run the core over raw lines (one message value a line, in log order)."""
-    engine = Engine(policy)
-    for offset, raw in enumerate(lines):
-        value = raw.rstrip(b"\r\n")
-        if not value.strip():
-            continue
-        for out in engine.process(value, Position(topic, 0, offset, None)):
-            yield out, engine
+__all__ = ["replay_progress", "replay_file", "why_no_safe_point", "summary_lines", "final_status"]
 
 
 def replay_file(

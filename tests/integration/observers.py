@@ -1,23 +1,34 @@
 """The real observers of the HTTP surface: a headless Chromium driven by Selenium, and a Prometheus
 server scraping ``/metrics``. Both are Debian's packages (``scripts/setup.sh`` installs them as
-root); each helper says why it cannot run instead of pretending."""
+root); each helper says why it cannot run instead of pretending, and in CI (``CI=true``) a missing
+tool fails the run (``missing_tool``): a green CI never hides an untested dashboard or scrape."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
+
+import pytest
 
 from safepoint.tools.broker import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 PROMETHEUS = shutil.which("prometheus")
+
+
+def missing_tool(why: str) -> NoReturn:
+    """Skip for a developer without the tool; fail in CI (``CI`` set to true or 1)."""
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{why}: CI must run this test (scripts/setup.sh installs it as root)")
+    pytest.skip(why)
 
 
 def browser_missing() -> str | None:

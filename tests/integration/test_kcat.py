@@ -17,6 +17,7 @@ from safepoint.tools.broker import EmbeddedBroker
 
 from doc_blocks import block
 from kafka_util import produce, read_topic
+from observers import missing_tool
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +33,9 @@ def run_block(block: str, bootstrap: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=120, check=False)
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (scripts/setup.sh installs it as root)")
 def test_the_guides_kcat_and_check_node_blocks(kafka: EmbeddedBroker) -> None:
+    if shutil.which("kcat") is None:
+        missing_tool("kcat is not installed")
     publish = block("docs/operations.md", "echo '{\"v\":1,\"type\":\"heartbeat\"").text
     latest = block("docs/operations.md", "kcat -C -b 127.0.0.1:9092").text
     check = block("docs/operations.md", "safepoint check-node --bootstrap").text

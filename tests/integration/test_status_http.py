@@ -25,7 +25,7 @@ import pytest
 from safepoint.tools.broker import free_port
 
 from doc_blocks import block
-from observers import Prometheus, browser_missing, dashboard_text, prometheus_missing
+from observers import Prometheus, browser_missing, dashboard_text, missing_tool, prometheus_missing
 from test_faults import JOB_START_TIMEOUT_S, JobProcess, job_env, job_flags, make_settings, send, wait_for
 from tests_support import answers, get
 
@@ -153,4 +153,4 @@ def test_the_job_serves_what_pins_history(broker: Any, tmp_path: Path) -> None:
             assert serve.returncode == 0 and "safepoint serve: stopped" in out_text, out_text
         assert job.stop() == 0, job.tail()
     if missing:
-        pytest.skip("; ".join(missing))
+        missing_tool("; ".join(missing))

@@ -36,8 +36,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position, aborts
-from safepoint.core import node as node_rules
+from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position
 from safepoint.replay import final_status
 
 from core_helpers import EVENTS_TOPIC, check_output
@@ -271,9 +270,9 @@ def encode(msg: dict[str, Any] | str) -> str:
     return msg if isinstance(msg, str) else json.dumps(msg)
 
 
-def run_engine(policy: Policy, log: list[dict[str, Any] | str]) -> list[list[Output]]:
+def run_engine(policy: Policy, log: list[dict[str, Any] | str], reference: bool = False) -> list[list[Output]]:
     """One uninterrupted run: the outputs of each message, in order, schema-checked."""
-    engine = Engine(policy)
+    engine = Engine(policy, reference=reference)
     per_message = []
     for offset, msg in enumerate(log):
         outs = engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None))
@@ -532,20 +531,15 @@ def test_e_incremental_indexes_equal_a_rebuild(sc: Scenario) -> None:
 def test_f_incremental_abort_alerts_equal_the_full_walk(sc: Scenario) -> None:
     """The round's abort alerts are synced from the members touched since the last event and the
     lease changes (core/aborts.py); the outputs must be exactly those of walking every member after
-    every event (``aborts.FULL``), alerts, their order and the directives alike."""
+    every event (``Engine(reference=True)``), alerts, their order and the directives alike."""
     builder = LogBuilder(sc)
     log = builder.build() + builder.settle()
-    incremental = run_engine(sc.policy, log)
-    aborts.FULL = True
-    try:
-        full = run_engine(sc.policy, log)
-    finally:
-        aborts.FULL = False
-    assert incremental == full
+    assert run_engine(sc.policy, log) == run_engine(sc.policy, log, reference=True)
 
 
-def run_with_status(policy: Policy, log: list[dict[str, Any] | str]) -> tuple[list[list[Output]], dict[str, Any]]:
-    engine = Engine(policy)
+def run_with_status(policy: Policy, log: list[dict[str, Any] | str],
+                    reference: bool = False) -> tuple[list[list[Output]], dict[str, Any]]:
+    engine = Engine(policy, reference=reference)
     outs = [engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None)) for offset, msg in enumerate(log)]
     return outs, final_status(engine)
 
@@ -553,13 +547,7 @@ def run_with_status(policy: Policy, log: list[dict[str, Any] | str]) -> tuple[li
 def shortcut_equals_the_walk(policy: Policy, log: list[dict[str, Any] | str]) -> None:
     """With the node's shortcut (an event that cannot change its lowest holds reuses the last walk)
     the outputs and the final status (each node's minimum and blocker) are the walk's, exactly."""
-    fast = run_with_status(policy, log)
-    node_rules.SHORTCUT = False
-    try:
-        walked = run_with_status(policy, log)
-    finally:
-        node_rules.SHORTCUT = True
-    assert fast == walked
+    assert run_with_status(policy, log) == run_with_status(policy, log, reference=True)
 
 
 @SETTINGS

@@ -10,8 +10,9 @@ Only the members touched since the last sync can have a different problem, besid
 lease ran out or came back (the stale set, kept as of the last sync). ``sync_aborts`` looks at
 those alone and emits exactly what the full walk would: the clears in the order they were raised,
 then the new ones by id. After a restore, a topology, a recovery start (anything that runs
-``ClusterState._rebuild``) it does the full walk once. ``FULL`` forces the full walk every time
-(for tests: both must give the same outputs).
+``ClusterState._rebuild``) it does the full walk once. A cluster in reference mode
+(``Engine(reference=True)``) walks every member every time (for tests: both must give the same
+outputs).
 """
 
 from __future__ import annotations
@@ -39,10 +40,7 @@ from safepoint.core.policy import Policy
 if TYPE_CHECKING:
     from safepoint.core.cluster import ClusterState
 
-__all__ = ["FULL", "AbortSync", "sync_aborts"]
-
-FULL = False
-"""True: every sync walks every member (the reference the incremental sync is tested against)."""
+__all__ = ["AbortSync", "sync_aborts"]
 
 
 class AbortSync:
@@ -102,7 +100,7 @@ def sync_aborts(state: ClusterState, policy: Policy, out: list[Output]) -> bool:
     stale = _stale_now(state, now - policy.node_lease_ms)
     aborted = bool(state._never or state._unknown or state._missing_groups or state._awaiting or stale
                    or state._leaderless)
-    if sync.full or FULL:
+    if sync.full or state.reference:
         sync_abort_alerts(state, problems(state, policy), out)
         sync.full = False
         sync.touched = set()

@@ -85,6 +85,7 @@ class ClusterState:
         "_group_members",
         "_group_leaders",
         "_leaderless",
+        "reference",
     )
 
     def __init__(self, name: str) -> None:
@@ -112,6 +113,9 @@ class ClusterState:
         cluster time of its last snapshot request."""
         self.control = Control()
         """Service holds, pause and the outcomes of control actions (``core/control.py``)."""
+        self.reference = False
+        """Sync the round's abort alerts by walking every member after every event: the reference
+        the incremental sync is tested against (``core/aborts.py``; not stored)."""
         self.tenants: dict[str, Any] = {}
         """The namespaces' bounds once a namespaced hold was seen (``core/tenants.py``)."""
         self._rebuild()

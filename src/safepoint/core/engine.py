@@ -64,6 +64,7 @@ def node_stage(
     pos: Position,
     policy: Policy,
     gates: dict[str, dict[str, int]] | None = None,
+    reference: bool = False,
 ) -> StageOne:
     """Parse one message and apply it to its node's state (``nodes`` is updated in place).
 
@@ -73,7 +74,7 @@ def node_stage(
     event = parse_stage(value, pos, policy)
     if isinstance(event, StageOne):
         return event
-    return apply_stage(nodes, event, policy, gates)
+    return apply_stage(nodes, event, policy, gates, reference)
 
 
 def parse_stage(value: bytes | str | None, pos: Position, policy: Policy) -> dict[str, Any] | StageOne:
@@ -90,6 +91,7 @@ def apply_stage(
     event: dict[str, Any],
     policy: Policy,
     gates: dict[str, dict[str, int]] | None = None,
+    reference: bool = False,
 ) -> StageOne:
     """The second half of ``node_stage``: apply one validated event to its node (or gate)."""
     cluster = event["cluster"]
@@ -103,7 +105,7 @@ def apply_stage(
     key = (cluster, event["node"])
     state = nodes.get(key)
     if state is None:
-        state = nodes[key] = NodeState(cluster, event["node"])
+        state = nodes[key] = NodeState(cluster, event["node"], reference)
     result = state.apply(event, policy)
     if isinstance(result, str):
         return StageOne(cluster=cluster, outcome=IGNORED, reason=result)
@@ -127,8 +129,12 @@ def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list
 class Engine:
     """Both stages over a log in order, with the accounting of every message."""
 
-    def __init__(self, policy: Policy | None = None, record: bool = False, start: StartPlan | None = None) -> None:
+    def __init__(self, policy: Policy | None = None, record: bool = False, start: StartPlan | None = None,
+                 reference: bool = False) -> None:
         self.policy = policy or Policy()
+        self.reference = reference
+        """Run the reference algorithms (every node's holds and every member's abort problems
+        walked after every event): slow, the outputs the fast paths are tested against."""
         self.start = start or StartPlan()
         """How clusters met for the first time start (seeded and recovering after a lost checkpoint)."""
         self.nodes: dict[tuple[str, str], NodeState] = {}
@@ -142,7 +148,7 @@ class Engine:
 
     def process(self, value: bytes | str | None, pos: Position) -> list[Output]:
         out: list[Output] = []
-        item = node_stage(self.nodes, value, pos, self.policy, self.gates)
+        item = node_stage(self.nodes, value, pos, self.policy, self.gates, self.reference)
         self.labels[item.label] += 1
         if self.outcomes is not None:
             self.outcomes.append((pos.partition, pos.offset, item.label))
@@ -153,6 +159,7 @@ class Engine:
         state = self.clusters.get(item.cluster)
         if state is None:
             state = self.clusters[item.cluster] = self.start.new_cluster(item.cluster)
+            state.reference = self.reference
         outcome = cluster_stage(state, item, self.policy, out)
         self.counts[outcome] += 1
         return out

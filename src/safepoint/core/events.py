@@ -16,13 +16,12 @@ import fastjsonschema
 import msgspec
 
 from safepoint.core.fastcheck import compile_check
-from safepoint.schemas import CLUSTER_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES, load
+from safepoint.schemas import EVENT_TYPES, NODE_EVENT_TYPES, load
 
 __all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
 
 DEFAULT_CLUSTER = "default"
 _NODE_TYPES = frozenset(NODE_EVENT_TYPES)
-_CLUSTER_TYPES = frozenset(CLUSTER_EVENT_TYPES)
 _KNOWN = frozenset(EVENT_TYPES)
 _PREFIX_CODES = (
     ("empty message", "empty"),

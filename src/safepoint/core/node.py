@@ -25,15 +25,7 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
 
-SHORTCUT = True
-"""True: an event that cannot change a node's lowest holds reuses the last ones instead of walking
-them again (False: every event walks them, the reference the shortcut is tested against)."""
-
-
-NODE_STATE_VERSION = 2
-"""Version 2 names every field of a node's state value (``to_json``); version 1 (``"c"``, ``"n"``,
-``"pb"``, ...) is read and migrated by ``from_json``."""
-NODE_STATE_KEYS = {  # version 1 key -> version 2 key
+NODE_STATE_KEYS = {  # the stored form's version 1 key -> today's (``from_json`` reads and migrates version 1)
     "c": "cluster", "n": "node", "i": "incarnation", "s": "seq", "w": "last_wall_ms", "r": "readers", "t": "txs",
     "m": "mvcc_now", "g": "groups", "p": "pinned_bytes", "d": "debt_bytes", "x": "summary", "pb": "pinned_band",
     "ab": "age_band", "id": "in_doubt", "xp": "expiries", "ew": "expire_walls",
@@ -63,9 +55,10 @@ class NodeState:
         "expire_walls",
         "leak",
         "_low",
+        "reference",
     )
 
-    def __init__(self, cluster: str, node: str) -> None:
+    def __init__(self, cluster: str, node: str, reference: bool = False) -> None:
         self.cluster = cluster
         self.node = node
         self.incarnation = -1
@@ -86,6 +79,9 @@ class NodeState:
         self.leak: dict[str, Any] | None = None  # since when the job holds more than the node reports (core/leaks.py)
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
+        self.reference = reference
+        """Walk the holds on every event: the reference the shortcut (an event that cannot change the
+        node's lowest holds reuses the last walk) is tested against (not stored)."""
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -355,7 +351,7 @@ class NodeState:
         low = self._low
         floor: Blocker | str
         blocker: Blocker | None
-        if quiet and SHORTCUT and low is not None:
+        if quiet and not self.reference and low is not None:
             floor, blocker, ns = low[0], low[1], None
         else:
             floor, blocker, ns = self._lowest(policy)

@@ -18,7 +18,7 @@ from safepoint.tools.status_store import StatusStore
 
 __all__ = ["REASONS", "StatusCollector"]
 
-REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_min", "missing_group",
+REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_min", "missing_group", "leaderless_group",
            "awaiting_snapshot")
 """Every reason kind a round can abort for (the label values of ``safepoint_round_aborted``)."""
 HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group", "service")
