@@ -18,7 +18,12 @@ What is checked (the operator guide, "Publishing from another language", says wh
 * ``close_unknown``: a ``reader_close`` or ``tx_end`` for a hold never opened, once the checker
   knows the node's complete set (after a snapshot of the incarnation, or from the node's first event);
 * ``unpublished_hold``: a snapshot listing a reader or transaction below the retention bound
-  (``mvcc_now - retention``) that was never published, once the complete set is known;
+  (``mvcc_now - retention`` of the node's highest heartbeat so far) that was never published,
+  once the complete set is known. ``retention`` is the one the node publishes with: a Reporter
+  with lazy registration (``Reporter(..., retention=R)``) leaves the holds at or above its bound
+  unpublished by design, so the check takes ``R`` (``check-node --retention R``; without the
+  flag, the job's retention announced on the cluster's newest directive, else 0: every hold
+  must be published);
 * ``leader_never_publishes``: a group the node leads whose ``published_min_tx_time`` stayed null in
   every heartbeat read: the job cannot know the node's minimum.
 """
@@ -34,7 +39,7 @@ from typing import Any
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.policy import Policy
 
-__all__ = ["Finding", "NodeCheck", "read_node", "CHECKS"]
+__all__ = ["Finding", "NodeCheck", "announced_retention", "read_node", "CHECKS"]
 
 CHECKS = ("invalid", "key", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "heartbeat_sparse", "close_unknown",
           "unpublished_hold", "leader_never_publishes")
@@ -66,6 +71,8 @@ class _Node:
     readers: dict[str, int] = field(default_factory=dict)
     txs: dict[str, int] = field(default_factory=dict)
     mvcc_now: int | None = None
+    bound: int | None = None
+    """The highest retention bound of the node's heartbeats (a lazy reporter never lowers it)."""
     last_heartbeat: int | None = None
     heartbeats: int = 0
     leading: dict[str, bool] = field(default_factory=dict)
@@ -115,6 +122,7 @@ class NodeCheck:
             if n.incarnation >= 0:  # a restart: its readers died with the process (prepared transactions did not)
                 n.readers.clear()
                 n.readers_known = True
+            n.bound = None  # a new process publishes eagerly until its first heartbeat, then from its own bound
             n.incarnation, n.seq = inc, seq
             return
         if seq == n.seq:
@@ -138,13 +146,15 @@ class NodeCheck:
             if holds.pop(hid, None) is None and (n.readers_known if reader else n.txs_known):
                 self._found("close_unknown", f"{kind} for {hid}, which was never opened", where)
         elif kind == "snapshot":
-            bound = None if n.mvcc_now is None else n.mvcc_now - self.policy.retention
+            bound = n.bound
             for entries, holds, id_key, ts_key, known in ((event["readers"], n.readers, "reader_id", "read_ts", n.readers_known),
                                                            (event["txs"], n.txs, "tx_id", "begin_ts", n.txs_known)):
                 for h in entries:
                     if known and h[id_key] not in holds and bound is not None and h[ts_key] < bound:
                         self._found("unpublished_hold", f"the snapshot lists {h[id_key]} at {h[ts_key]}, below the "
-                                    f"retention bound {bound}, but it was never published", where)
+                                    f"retention bound {bound} (retention {self.policy.retention}), but it was never "
+                                    "published (a reporter that publishes lazily: pass its retention with --retention)",
+                                    where)
             n.readers = {r["reader_id"]: r["read_ts"] for r in event["readers"]}
             n.txs = {t["tx_id"]: t["begin_ts"] for t in event["txs"]}
             n.readers_known = n.txs_known = True
@@ -156,6 +166,8 @@ class NodeCheck:
             n.last_heartbeat = wall if n.last_heartbeat is None else max(n.last_heartbeat, wall)
             n.heartbeats += 1
             n.mvcc_now = event["mvcc_now"]
+            bound = n.mvcc_now - self.policy.retention
+            n.bound = bound if n.bound is None else max(n.bound, bound)
             for g in event.get("groups") or ():
                 if g.get("leader"):
                     n.leading[g["group"]] = n.leading.get(g["group"], False) or g.get("published_min_tx_time") is not None
@@ -174,7 +186,7 @@ class NodeCheck:
         return [found[c] for c in CHECKS if c in found]
 
     def report(self) -> dict[str, Any]:
-        return {"cluster": self.cluster, "node": self.node, "events": self.events,
+        return {"cluster": self.cluster, "node": self.node, "events": self.events, "retention": self.policy.retention,
                 "conforms": bool(self.events) and not self.findings(), "findings": [asdict(f) for f in self.findings()]}
 
 
@@ -211,3 +223,17 @@ def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginnin
         raise BrokerError(msg) from exc
     finally:
         consumer.close()
+
+
+def announced_retention(conf: dict[str, Any], directives_topic: str, cluster: str, timeout_s: float = 10.0) -> int | None:
+    """The ``retention`` the job announced on the cluster's newest compaction directive (None: no
+    directive of the cluster was read)."""
+    from safepoint.connectors.seeds import read_directive_values
+
+    newest: dict[str, Any] | None = None
+    for value in read_directive_values(conf, directives_topic, timeout_s):
+        if value.get("type") == "compaction" and value.get("cluster") == cluster and isinstance(value.get("seq"), int) \
+                and (newest is None or value["seq"] > newest["seq"]):
+            newest = value
+    retention = None if newest is None else newest.get("retention")
+    return retention if isinstance(retention, int) else None

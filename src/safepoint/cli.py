@@ -316,11 +316,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_check_node(args: argparse.Namespace) -> int:
-    from safepoint.checknode import NodeCheck, read_node
+    import dataclasses
+
+    from safepoint.checknode import NodeCheck, announced_retention, read_node
 
     flags = {k: v for k, v in vars(args).items() if k not in ("cluster", "node", "duration", "from_beginning", "json")}
     settings = _settings(argparse.Namespace(**flags))
-    check = NodeCheck(args.cluster, args.node, settings.policy(), from_first_event=args.from_beginning)
+    policy = settings.policy()
+    if args.retention is None and not os.environ.get(env_name("retention")) and settings.retention == _DEFAULTS.retention:
+        # a Reporter with lazy registration (retention=R, R at most the job's) leaves the holds above its bound
+        # unpublished by design: judge with the job's retention, as its newest directive announces it
+        announced = announced_retention(settings.librdkafka(), settings.directives_topic, args.cluster)
+        if announced is not None:
+            policy = dataclasses.replace(policy, retention=announced)
+    check = NodeCheck(args.cluster, args.node, policy, from_first_event=args.from_beginning)
     for key, value, partition, offset in read_node(settings.librdkafka(), settings.events_topic, args.duration,
                                                    args.from_beginning, args.node):
         check.feed(key, value, partition, offset)

@@ -84,3 +84,33 @@ def test_a_broken_producer_has_each_departure_named_once(broker: Any, capsys: An
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 1 and len(lines) == 11 and lines[-1].endswith("10 departure(s)")
     assert lines[0].startswith("invalid: an event the job dead-letters (missing_field")
+
+
+def test_a_lazy_reporter_conforms_judged_by_the_retention_its_job_announces(broker: Any, capsys: Any) -> None:
+    """A Reporter with lazy registration leaves the readers above its bound unpublished by design;
+    without --retention, check-node takes the job's retention from the cluster's newest directive
+    (with 0 it would call the snapshot's reader an unpublished hold)."""
+    topic = events_topic(broker.bootstrap)
+    directives = topic.replace(".events", ".d")
+    clock = iter(range(1_000, 10**9, 10))
+    with Reporter(broker.bootstrap, "n1", cluster="c1", topic=topic, mvcc_clock=lambda: next(clock),
+                  heartbeat_interval_s=None, retention=100) as rep:
+        rep.heartbeat()
+        with rep.reader(label="short"):
+            rep.heartbeat()   # its ts is above this heartbeat's bound: never published
+            rep.snapshot()    # ... but named in the snapshot
+        rep.heartbeat()
+        assert rep.flush(10) == 0
+    base = ["check-node", "--bootstrap", broker.bootstrap, "--events-topic", topic, "--directives-topic", directives,
+            "--cluster", "c1", "--node", "n1", "--duration", "3", "--from-beginning", "--node-lease-ms", "10000", "--json"]
+    rc = main(base)
+    eager = json.loads(capsys.readouterr().out)
+    assert rc == 1 and [f["check"] for f in eager["findings"]] == ["unpublished_hold"] and eager["retention"] == 0
+    assert "--retention" in eager["findings"][0]["what"]
+    produce(broker.bootstrap, directives, [("c1", {"v": 1, "type": "compaction", "cluster": "c1", "seq": 7,
+                                                   "safe_ts": 900, "retention": 100})])
+    rc = main(base)
+    judged = json.loads(capsys.readouterr().out)
+    assert judged["retention"] == 100 and judged["findings"] == [] and rc == 0
+    rc = main([*base, "--retention", "0"])  # a flag wins over the directive
+    assert rc == 1 and json.loads(capsys.readouterr().out)["retention"] == 0

@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from safepoint.checknode import NodeCheck
 from safepoint.connectors.handles import Handle
 from safepoint.connectors.reporter import Reporter
 from safepoint.core import DIRECTIVES, Engine, Policy, Position
@@ -64,9 +65,10 @@ ACTIONS = st.lists(
     min_size=1, max_size=60)
 
 
-def run(actions: list[tuple[int, str, int]], nodes: int, retention: int | None) -> tuple[list[int], list[str], int]:
+def run(actions: list[tuple[int, str, int]], nodes: int, retention: int | None,
+        sent_out: list[bytes] | None = None) -> tuple[list[int], list[str], int]:
     """Drive the reporters with ``actions``; returns (the directives' safe_ts in order, the
-    safety violations seen, the number of events sent)."""
+    safety violations seen, the number of events sent); ``sent_out`` gets the events."""
     clock, sent = Clock(), [topology(nodes)]
     policy = Policy(retention=R, node_lease_ms=10**9, directive_interval_ms=0, stall_ms=0)
     engine = Engine(policy)
@@ -105,6 +107,8 @@ def run(actions: list[tuple[int, str, int]], nodes: int, retention: int | None) 
             else:
                 rep.snapshot()
             fed = feed(engine, sent, fed, safe, violations, open_holds)
+    if sent_out is not None:
+        sent_out.extend(sent)
     return safe, violations, len(sent)
 
 
@@ -143,6 +147,50 @@ def test_a_historical_read_is_published_at_once() -> None:
     eager, eager_bad, _ = run(actions, 2, None)
     lazy, lazy_bad, _ = run(actions, 2, R)
     assert lazy == eager and not eager_bad and not lazy_bad
+
+
+def check_node(sent: list[bytes], retention: int) -> list[str]:
+    """``safepoint check-node``'s findings on node n0's events, judged with ``retention``."""
+    check = NodeCheck("c1", "n0", Policy(retention=retention, node_lease_ms=10**9), from_first_event=True)
+    for offset, value in enumerate(sent):
+        check.feed(b"n0", value, 0, offset)
+    return [f.check for f in check.findings()]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ACTIONS)
+@example([(0, "hb", 100), (0, "open", 10), (0, "hb", 600), (0, "snapshot", 0)])
+def test_check_node_judges_a_lazy_reporter_by_its_retention(actions: list[tuple[int, str, int]]) -> None:
+    """A lazy reporter conforms when check-node is told its retention (``--retention``, or the
+    job's as its directives announce it); judged as an eager one, the example's snapshot names a
+    reader it never had to publish."""
+    sent: list[bytes] = []
+    run(actions, 1, R, sent)
+    assert check_node(sent, R) == []
+
+
+def test_judged_as_eager_a_lazy_reporter_is_flagged() -> None:
+    sent: list[bytes] = []
+    run([(0, "hb", 100), (0, "open", 10), (0, "hb", 600), (0, "snapshot", 0)], 1, R, sent)
+    assert check_node(sent, 0) == ["unpublished_hold"]
+
+
+def test_check_node_takes_a_restarted_node_from_its_own_bound() -> None:
+    """A new incarnation whose clock is behind the old one's: its bound starts again from its own
+    heartbeats, so a hold between its bound and the old, higher one is not judged unpublished."""
+    old, new = Clock(), Clock()
+    new.wall = old.wall - 5 * R
+    sent: list[bytes] = []
+    for clock, incarnation in ((old, 1), (new, 2)):
+        rep = Reporter("127.0.0.1:1", "n0", cluster="c1", incarnation=incarnation, heartbeat_interval_s=None,
+                       mvcc_clock=clock.mvcc, wall_clock=lambda c=clock: c.wall, retention=R, kafka_conf={"log_level": 0})
+        rep._sender.produce = sent.append  # type: ignore[method-assign]
+        rep.heartbeat()
+        if incarnation == 2:
+            rep.reader(new.wall - R // 2).open()  # above its own bound: deferred by design
+            rep.snapshot()
+        rep.close(0.1)
+    assert check_node(sent, R) == []
 
 
 def test_lazy_publishing_sends_fewer_events_and_the_same_safe_points_on_a_busy_node() -> None:
