@@ -82,6 +82,8 @@ def _status_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "status-topic", "compacted topic of the status ('' = no status)")
     _flag(p, "http-port", "serve the status API, /metrics and the dashboard on this port (0 = off)", int)
     _flag(p, "http-host", "address the HTTP surface binds")
+    _flag(p, "http-tls-certfile", "PEM certificate chain: serve HTTPS (with --http-tls-keyfile)")
+    _flag(p, "http-tls-keyfile", "the certificate's PEM private key")
 
 
 def _control_flags(p: argparse.ArgumentParser) -> None:

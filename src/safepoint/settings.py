@@ -101,6 +101,10 @@ class Settings:
     """Address the HTTP surface binds (loopback unless told otherwise)."""
     admin_token: str = ""
     """Bearer token the HTTP surface's POST actions require (a ``Secret``: never printed); empty: every POST is 403."""
+    http_tls_certfile: str = ""
+    """PEM certificate chain: the HTTP surface serves HTTPS (with ``http_tls_keyfile``); empty: plain HTTP."""
+    http_tls_keyfile: str = ""
+    """The certificate's PEM private key."""
     client: str = "confluent"
     """The node client's Kafka library (Reporter, DirectiveListener): confluent (librdkafka) or
     kafka-python (pure Python, for nodes without librdkafka's wheel). The job always uses confluent-kafka."""

@@ -19,6 +19,7 @@ import pytest
 
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import Reporter
+from safepoint.connectors.service_hold import HoldRefused, ServiceHold
 from safepoint.tools.broker import free_port
 
 from doc_blocks import block
@@ -122,7 +123,8 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
 
         example = block("README.md", "from safepoint.connectors.service_hold import ServiceHold").text
         code = example.replace('"kafka:9092"', repr(broker.bootstrap)).replace(
-            "ttl_ms=600_000)", f"ttl_ms=600_000, events_topic={settings.events_topic!r})")
+            "ttl_ms=600_000)", f"ttl_ms=600_000, events_topic={settings.events_topic!r}, "
+                               f"status_topic={settings.status_topic!r})")
         assert settings.events_topic in code
         exec(compile(code, "README.md", "exec"),  # noqa: S102 - the README's block, only the address and topic replaced
              {"__name__": "readme", "snapshot_ts": 1_500, "run_the_backup": run_the_backup})
@@ -133,21 +135,27 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         # 2. pause with the CLI: the safe point holds; resume releases it
         proc = cli("pause", "c1", "--reason", "restore of orders", *kafka)
         assert proc.returncode == 0, proc.stderr
+        assert "pause applied: paused: restore of orders" in proc.stdout, proc.stdout  # the job's outcome, waited for
         wait_for(lambda: status().get("paused") is True, 60, "the pause to be applied", job)
         nodes.beat(w + 4_000, 5_000)
         settled(w + 4_000)
         assert directives()[-1]["safe_ts"] == 4_000, "paused: no directive advances"
         assert status()["pause"]["reason"] == "restore of orders"
         proc = cli("resume", "c1", *kafka)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == 0 and "resume applied" in proc.stdout, (proc.stdout, proc.stderr)
         wait_for(lambda: directives()[-1]["safe_ts"] == 5_000, 60, "the resume to release the safe point", job)
+        refused = cli("hold", "set", "c1", "late", "--ts", "10", "--ttl", "1m", *kafka)  # below the safe point
+        assert refused.returncode == 1 and "service_hold refused (below_safe_ts)" in refused.stdout, refused
+        with pytest.raises(HoldRefused):
+            ServiceHold(broker.bootstrap, "c1", "late-backup", ts=10, ttl_ms=60_000, events_topic=settings.events_topic,
+                        status_topic=settings.status_topic).__enter__()
 
         # 3. a changefeed's hold over HTTP (bearer token) with a 3 s TTL: held, listed, then expired with an alert
         code, body = post(base + "/api/v1/clusters/c1/service-holds/cdc-7", {"ts": 5_500, "ttl_ms": 3_000,
                                                                              "label": "changefeed 7"})
         assert code == 202
-        set_at = body["published"]["wall_ms"]
         wait_for(lambda: [h["holder"] for h in status().get("service_holds", [])] == ["cdc-7"], 60, "the cdc hold", job)
+        set_at = status()["service_holds"][0]["expires_after_ms"] - 3_000  # its TTL runs on cluster time from here
         listed = cli("hold", "list", "c1", "--json", *kafka)
         assert listed.returncode == 0, listed.stderr
         assert [h["holder"] for h in json.loads(listed.stdout)["service_holds"]] == ["cdc-7"]
@@ -160,6 +168,8 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         alerts = read_topic(broker.bootstrap, settings.alerts_topic, timeout_s=5)
         [expired] = [a for a in alerts if a["kind"] == "service_hold_expired"]
         assert "cdc-7 (changefeed 7)" in expired["detail"]
+        outcome = get(base + body["outcome"])  # the HTTP action's outcome, by its id
+        assert outcome["id"] == body["action_id"] and outcome["outcome"] == "expired" and outcome["reason"] == "ttl"
         assert {a["kind"] for a in alerts} >= {"paused", "service_hold_expired"}
 
         # 4. a leaked hold: a Reporter's reader_close is lost on the way; the heartbeats' counts

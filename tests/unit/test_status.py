@@ -14,14 +14,17 @@ from typing import Any
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
+from safepoint.core import Position
+from safepoint.core.codec import encode
 from safepoint.core.engine import Engine
 from safepoint.core.events import parse
-from safepoint.core.status import assemble, cluster_status, node_status
+from safepoint.core.status import assemble, cluster_status, node_status, status_key
 from safepoint.replay import final_status
-from safepoint.tools.http_api import make_app
-from safepoint.tools.status_store import StatusStore
+from safepoint.tools.http_api import MAX_ADMIN_BODY, HttpServer, make_app
+from safepoint.tools.status_store import JOB_KEY, StatusStore
 
 from core_helpers import NodeClient, Run, topology
 
@@ -32,9 +35,10 @@ LEASE = 10_000
 def store_of(engine: Engine) -> StatusStore:
     store = StatusStore()
     for (cluster, node), ns in engine.nodes.items():
-        store.apply(f"{cluster}/{node}", node_status(ns, engine.policy))
+        store.apply_raw(status_key(cluster, node).encode(), encode(node_status(ns, engine.policy)).encode())
     for name, cs in engine.clusters.items():
-        store.apply(name, cluster_status(cs, engine.policy))
+        store.apply_raw(status_key(name).encode(), encode(cluster_status(cs, engine.policy)).encode())
+    assert store.bad == 0, store.skipped
     return store
 
 
@@ -227,9 +231,15 @@ def test_the_api_against_its_own_openapi_description(case: Any) -> None:
 # -- admin actions ----------------------------------------------------------------------------------
 
 
-def admin_client(token: str = "s3cret") -> tuple[TestClient, list[dict[str, Any]]]:
+def admin_client(token: str = "s3cret", store: StatusStore | None = None) -> tuple[TestClient, list[dict[str, Any]]]:
     published: list[dict[str, Any]] = []  # what would go to the events topic (the integration test sends it)
-    return TestClient(make_app(store_of(silent_n3().engine), publish=published.append, admin_token=token)), published
+
+    def publish(event: dict[str, Any]) -> str:
+        published.append(event)
+        return str(event["action_id"])
+
+    app = make_app(store or store_of(silent_n3().engine), publish=publish, admin_token=token)
+    return TestClient(app, raise_server_exceptions=False), published
 
 
 def test_admin_actions_are_off_without_a_token() -> None:
@@ -269,3 +279,156 @@ def test_the_store_skips_records_the_job_does_not_write() -> None:
     store.apply_raw(None, b"{}")
     assert store.bad == 4 and store.status("c1") == before
     assert TestClient(make_app(store)).get("/healthz").json()["status_messages_skipped"] == 4
+
+
+# -- bad input to the store and the admin routes (issue 25, hole 5) --------------------------------
+
+
+def test_a_wrong_typed_record_is_skipped_and_the_metrics_still_answer() -> None:
+    """A record of the right type under the right key whose fields are off (a round that is a
+    string, a safe point that is text) would break the join and every scrape: it is skipped."""
+    store = store_of(silent_n3().engine)
+    before = store.status("c1")
+    good = cluster_status(silent_n3().engine.clusters["c1"], silent_n3().engine.policy)
+    for bad in ({**good, "round": "aborted"}, {**good, "safe_ts": "950"}, {**good, "nodes": []}, {**good, "cluster": "c2"}):
+        store.apply_raw(b"c1", json.dumps(bad).encode())
+    node = node_status(silent_n3().engine.nodes[("c1", "n1")], silent_n3().engine.policy)
+    store.apply_raw(b"c1/n1", json.dumps({**node, "holds": [{"kind": "reader"}]}).encode())
+    store.apply_raw(b"c1/n2", json.dumps(node).encode())  # n1's part under n2's key
+    store.apply_raw(b"c1/n1/x", json.dumps(node).encode())
+    assert store.skipped == {"invalid": 4, "key_mismatch": 2, "bad_key": 1} and store.status("c1") == before
+    client = TestClient(make_app(store))
+    assert client.get("/metrics").status_code == 200
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["status_messages_skipped"] == 7 and health["skipped"]["invalid"] == 4
+
+
+def test_status_keys_are_escaped_and_no_cluster_is_the_jobs_record() -> None:
+    """Clusters and nodes whose names hold a ``/`` or look like the job's own key keep apart."""
+    engine = Engine(silent_n3().engine.policy)
+    for cluster in ("a/b", "a", "_job", "%job"):
+        for node in ("x/y", "x"):
+            client = NodeClient(node, cluster)
+            engine.process(encode(topology(1, T0, {"x/y": [], "x": []}, cluster=cluster)), Position("events", 0, 0))
+            engine.process(encode(client.hb(T0 + 1, 1_000)), Position("events", 0, 1))
+    store = store_of(engine)
+    store.apply_raw(JOB_KEY.encode(), b'{"type": "job_status", "active": true}')
+    assert sorted(store.clusters()) == ["%job", "_job", "a", "a/b"] and store.job == {"type": "job_status", "active": True}
+    for cluster in ("a/b", "a", "_job", "%job"):
+        st = store.status(cluster)
+        assert st is not None and st["cluster"] == cluster
+        assert sorted(n["node"] for n in st["nodes"]) == ["x", "x/y"] and all(n["mvcc_now"] == 1_000 for n in st["nodes"])
+    assert status_key("a/b", "x/y") == "a%2Fb/x%2Fy" and status_key("%job") != JOB_KEY
+
+
+def test_the_token_is_checked_before_the_body_is_read() -> None:
+    c, published = admin_client()
+    url = "/api/v1/clusters/c1/service-holds/backup"
+    for body in (b"{not json", b"x" * (MAX_ADMIN_BODY + 1), b'{"ts": "a"}'):
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            r = c.post(url, content=body, headers={**headers, "Content-Type": "application/json"})
+            assert r.status_code == 401 and r.json() == {"error": "a valid bearer token is required"}
+    assert published == []
+
+
+def test_a_body_over_the_cap_is_413_and_a_malformed_one_422() -> None:
+    c, published = admin_client()
+    ok = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+    url = "/api/v1/clusters/c1/service-holds/backup"
+    big = json.dumps({"ts": 900, "ttl_ms": 1_000, "label": "x" * MAX_ADMIN_BODY}).encode()
+    r = c.post(url, content=big, headers=ok)
+    assert r.status_code == 413 and "at most" in r.json()["error"]
+
+    def chunks() -> Any:  # no content-length: the cap is counted as the body arrives
+        yield b'{"ts": 900, "ttl_ms": 1000, "label": "'
+        for _ in range(MAX_ADMIN_BODY // 1000 + 2):
+            yield b"y" * 1000
+        yield b'"}'
+
+    assert c.post(url, content=chunks(), headers=ok).status_code == 413
+    r = c.post(url, content=b"{not json", headers=ok)
+    assert r.status_code == 422 and r.headers["content-type"] == "application/json"
+    assert published == []
+
+
+def test_two_actions_in_the_same_millisecond_are_both_applied() -> None:
+    """Each action has its own id: the job applies both, whatever their wall_ms."""
+    run = silent_n3()
+    c, published = admin_client()
+    ok = {"Authorization": "Bearer s3cret"}
+    a = c.post("/api/v1/clusters/c1/service-holds/backup", json={"ts": 900, "ttl_ms": 60_000}, headers=ok).json()
+    b = c.post("/api/v1/clusters/c1/service-holds/cdc", json={"ts": 920, "ttl_ms": 60_000}, headers=ok).json()
+    assert a["action_id"] != b["action_id"] and a["outcome"] == f"/api/v1/clusters/c1/actions/{a['action_id']}"
+    for e in published:
+        run.feed({**e, "wall_ms": T0 + 6_000})
+    st = final_status(run.engine)["clusters"][0]
+    assert [h["holder"] for h in st["service_holds"]] == ["backup", "cdc"]
+    assert [(x["id"], x["outcome"]) for x in st["actions"]] == [(a["action_id"], "applied"), (b["action_id"], "applied")]
+
+
+def test_an_actions_outcome_is_served_once_the_job_reports_it() -> None:
+    run = silent_n3()
+    n1, n2, n3 = NodeClient("n1", "c1"), NodeClient("n2", "c1"), NodeClient("n3", "c1")
+    n1.seq = n2.seq = 3
+    run.feed(n3.hb(T0 + 5_001, 2_000), n1.close("r1", T0 + 5_002), n2.end("t1", T0 + 5_003),
+             n1.hb(T0 + 5_004, 2_000), n2.hb(T0 + 5_005, 2_000), n3.hb(T0 + 5_006, 2_000))
+    assert run.last_safe_ts() is not None
+    c, published = admin_client(store=store_of(run.engine))
+    ok = {"Authorization": "Bearer s3cret"}
+    r = c.post("/api/v1/clusters/c1/service-holds/late", json={"ts": 10, "ttl_ms": 60_000}, headers=ok).json()
+    assert c.get(r["outcome"]).json() == {"id": r["action_id"], "outcome": "pending", "type": None, "holder": None,
+                                          "reason": None, "detail": None, "cluster_wall_ms": None}
+    run.feed(published[0])
+    c2, _ = admin_client(store=store_of(run.engine))
+    done = c2.get(r["outcome"]).json()
+    assert done["outcome"] == "refused" and done["reason"] == "below_safe_ts" and done["holder"] == "late"
+
+
+def test_the_admin_routes_on_a_non_loopback_address_without_tls_log_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Only built, never started: no address but loopback is bound here."""
+    with_token, _ = admin_client()
+    app = with_token.app
+    HttpServer(app, "127.0.0.1", 0)
+    HttpServer(app, "0.0.0.0", 0, certfile="/etc/ssl/cert.pem", keyfile="/etc/ssl/key.pem")  # noqa: S104
+    HttpServer(make_app(store_of(silent_n3().engine)), "0.0.0.0", 0)  # noqa: S104 - no token: nothing to leak
+    assert not [r for r in caplog.records if "without TLS" in r.message]
+    HttpServer(app, "0.0.0.0", 0)  # noqa: S104
+    [warning] = [r for r in caplog.records if "without TLS" in r.message]
+    assert warning.levelname == "WARNING" and "0.0.0.0" in warning.message
+
+
+def _admin_fuzz_app() -> Any:
+    return admin_client()[0].app
+
+
+admin_schema = schemathesis.openapi.from_asgi("/openapi.json", _admin_fuzz_app())
+
+
+@admin_schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_the_admin_api_against_its_own_openapi_description(case: Any) -> None:
+    """schemathesis with the admin routes on: bad tokens, odd names and bodies give no 5xx."""
+    case.call_and_validate()
+
+
+ODD_NAMES = ["a%2Fb", "%job", "_job", "..", "x" * 256, "ü-😀", "a b", "%25", "-"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(["/api/v1/clusters/{c}/service-holds/{h}", "/api/v1/clusters/{c}/service-holds/{h}/release",
+                        "/api/v1/clusters/{c}/pause", "/api/v1/clusters/{c}/resume", "/api/v1/clusters/{c}/actions/{h}",
+                        "/api/v1/clusters/{c}/holds", "/api/v1/clusters/{c}"]),
+       st.sampled_from(ODD_NAMES), st.sampled_from(ODD_NAMES),
+       st.sampled_from([None, "Bearer s3cret", "Bearer wrong", "Bearer ", "s3cret", "Bearer s3cret\u00e9", "bearer  s3cret"]),
+       st.one_of(st.binary(max_size=64), st.just(b"{" * (MAX_ADMIN_BODY + 1)), st.just(b'{"ts": 1, "ttl_ms": 1}'),
+                 st.just(b'{"reason": "x"}'), st.just(b'{"ts": 1e400, "ttl_ms": -1}'), st.just(b"[]")))
+@example("/api/v1/clusters/{c}/service-holds/{h}", "%job", "%job", "bearer  s3cret", b'{"ts": 1e400, "ttl_ms": -1}')
+def test_no_bad_input_gives_a_5xx(path: str, cluster: str, holder: str, auth: str | None, body: bytes) -> None:
+    c, _ = admin_client()
+    headers: dict[str, Any] = {"Content-Type": "application/json"}
+    if auth is not None:
+        headers["Authorization"] = auth.encode()  # bytes: a header that is not ASCII goes as it is
+    url = path.format(c=cluster, h=holder)
+    r = c.post(url, content=body, headers=headers) if "actions" not in url and "holds" != url[-5:] else c.get(url)
+    assert r.status_code < 500, (url, r.status_code, r.text)
+    assert r.headers["content-type"].startswith("application/json"), (url, r.status_code)

@@ -24,6 +24,7 @@ from typing import Any
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
 from safepoint.core.control import paused
+from safepoint.core.ids import escape, join_id
 from safepoint.core.node import NodeState
 from safepoint.core.policy import Policy
 
@@ -38,7 +39,10 @@ HOLD_ORDER = {"reader": 0, "tx": 1, "prepared_tx": 2, "retention": 3, "group": 4
 
 
 def status_key(cluster: str, node: str | None = None) -> str:
-    return cluster if node is None else f"{cluster}/{node}"
+    """The status topic's key of a cluster's part (``cluster``) or a node's (``cluster/node``), each
+    name escaped (``core/ids.py``: a ``/`` or ``%`` in a name cannot make one key read as another;
+    no escaped name starts with ``%j``, so the job's own key ``%job`` is no cluster's)."""
+    return escape(cluster) if node is None else join_id(cluster, node)
 
 
 def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:

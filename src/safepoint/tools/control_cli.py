@@ -1,25 +1,34 @@
 """Pull the levers from a shell: ``safepoint hold set|release|list`` and ``safepoint pause|resume``.
 
-Every action is a control event published to the events topic (key: the cluster id), so it is
-audited, replayed by ``safepoint replay`` and applied by the job like any other event; nothing
-changes behind the log's back. ``hold list`` reads the cluster's service holds from the status
-topic. An unreachable broker fails within a few seconds with one line and exit code 1.
+Every action is a control event with an ``action_id`` of its own, published to the events topic
+(key: the cluster id) through ``connectors/control.py``'s ``ControlPublisher``, so it is audited,
+replayed by ``safepoint replay`` and applied by the job like any other event; nothing changes
+behind the log's back. Then the command waits (``--wait-timeout``, default 60 s; ``--no-wait``
+does not) for the job to report the action's outcome in the cluster's status: exit 0 when it was
+applied (or ignored, with the reason: a resume of a cluster that is not paused), 1 when it was
+refused or its hold already expired, 3 when no outcome came in time. ``hold list`` reads the
+cluster's service holds from the status topic. An unreachable broker fails within a few seconds
+with one line and exit code 2.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import time
 from typing import Any
 
+from safepoint.connectors.control import ActionOutcomes, ControlPublisher
 from safepoint.connectors.topics import check_reachable, quiet
-from safepoint.core.codec import encode
-from safepoint.errors import BrokerError, SafepointError
+from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
-__all__ = ["run_args", "add_parsers", "CONTROL_REACH_TIMEOUT_S", "control_event", "parse_duration_ms", "publish_control", "service_holds_of"]
+__all__ = ["run_args", "add_parsers", "CONTROL_REACH_TIMEOUT_S", "EXIT_REFUSED", "EXIT_NO_OUTCOME", "act",
+           "parse_duration_ms", "publisher", "service_holds_of"]
 
 CONTROL_REACH_TIMEOUT_S = 5.0
+EXIT_REFUSED = 1
+EXIT_NO_OUTCOME = 3
 _UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -36,32 +45,39 @@ def parse_duration_ms(text: str) -> int:
     return value
 
 
-def control_event(kind: str, cluster: str, **fields: Any) -> dict[str, Any]:
-    event = {"v": 1, "type": kind, "cluster": cluster, "wall_ms": time.time_ns() // 1_000_000}
-    event.update({k: v for k, v in fields.items() if v is not None})
-    return event
-
-
-def publish_control(settings: Settings, event: dict[str, Any]) -> None:
-    """Publish one control event to the events topic and wait for the broker's acknowledgement."""
-    from confluent_kafka import Producer
-
-    from safepoint.core.events import parse
-
-    checked = parse(encode(event), settings.max_message_bytes)
-    if not isinstance(checked, dict):
-        msg = f"invalid {event['type']} event: {checked.error}"
-        raise SafepointError(msg)
+def publisher(settings: Settings) -> ControlPublisher:
+    """The control publisher of ``settings``' broker, after checking that the broker answers."""
     conf = settings.librdkafka()
     check_reachable(conf, CONTROL_REACH_TIMEOUT_S)
-    producer = Producer(quiet({**conf, "enable.idempotence": True, "message.timeout.ms": 10_000}))
-    errors: list[str] = []
-    producer.produce(settings.events_topic, key=event["cluster"].encode(), value=encode(event).encode(),
-                     on_delivery=lambda err, _msg: errors.append(str(err)) if err is not None else None)
-    if producer.flush(15) != 0 or errors:
-        msg = f"the {event['type']} event was not acknowledged by {settings.bootstrap}: {errors or 'timed out'}"
-        raise BrokerError(msg)
-    time.sleep(0.002)  # the next action of this process gets a later wall_ms (control events order by it)
+    return ControlPublisher(quiet(conf), settings.events_topic, max_message_bytes=settings.max_message_bytes)
+
+
+def act(settings: Settings, event: dict[str, Any], wait_s: float | None) -> int:
+    """Publish ``event`` and (``wait_s``) wait for its outcome; prints both; returns the exit code."""
+    what, cluster = event["type"], event["cluster"]
+    pub = publisher(settings)
+    outcomes = ActionOutcomes(quiet(settings.librdkafka()), settings.status_topic, cluster) if wait_s else None
+    try:
+        aid = pub.publish(event)
+        print(f"safepoint: {what} published to {settings.events_topic} for cluster {cluster} (action {aid})", flush=True)
+        if outcomes is None:
+            return 0
+        if not outcomes.available:
+            print(f"safepoint: cannot learn the outcome ({outcomes.why}); see `hold list` or the status API",
+                  file=sys.stderr)
+            return 0
+        outcome = outcomes.wait(aid, wait_s or 0.0)
+    finally:
+        pub.close()
+        if outcomes is not None:
+            outcomes.close()
+    if outcome is None:
+        print(f"safepoint: no outcome of action {aid} from the job within {wait_s:.0f} s (is the job running, with "
+              f"its status on {settings.status_topic}?)", file=sys.stderr)
+        return EXIT_NO_OUTCOME
+    reason = f" ({outcome['reason']})" if outcome.get("reason") else ""
+    print(f"safepoint: {what} {outcome['outcome']}{reason}: {outcome['detail']}", flush=True)
+    return EXIT_REFUSED if outcome["outcome"] in ("refused", "expired") else 0
 
 
 def service_holds_of(settings: Settings, cluster: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
@@ -118,9 +134,13 @@ def add_parsers(sub: Any, bootstrap_flag: Any) -> None:
     p.add_argument("cluster")
     p.add_argument("--reason", required=True, help="why (an incident, a restore): shown in the status and the alert")
     bootstrap_flag(p)
-    p = sub.add_parser("resume", help="resume a paused CLUSTER")
-    p.add_argument("cluster")
-    bootstrap_flag(p)
+    q = sub.add_parser("resume", help="resume a paused CLUSTER")
+    q.add_argument("cluster")
+    bootstrap_flag(q)
+    for action in (s, r, p, q):
+        action.add_argument("--wait-timeout", type=float, default=60.0,
+                            help="seconds to wait for the job's outcome (default 60; exit 3 when none came)")
+        action.add_argument("--no-wait", action="store_true", help="publish and exit without waiting for the outcome")
 
 
 def run_args(args: Any, settings: Settings) -> int:
@@ -130,22 +150,15 @@ def run_args(args: Any, settings: Settings) -> int:
 def run(command: str, args: Any, settings: Settings) -> int:
     import json
 
+    wait_s = None if getattr(args, "no_wait", False) else getattr(args, "wait_timeout", None)
     if command in ("pause", "resume"):
-        event = control_event(command, args.cluster, reason=getattr(args, "reason", None))
-        publish_control(settings, event)
-        print(f"safepoint {command}: published to {settings.events_topic} for cluster {args.cluster}")
-        return 0
+        return act(settings, ControlPublisher.event(command, args.cluster, reason=getattr(args, "reason", None)), wait_s)
     if args.hold_action == "set":
-        event = control_event("service_hold", args.cluster, holder=args.holder, ts=args.ts,
-                              ttl_ms=parse_duration_ms(args.ttl), label=args.label)
-        publish_control(settings, event)
-        print(f"safepoint hold set: {args.holder} at ts {args.ts} for {event['ttl_ms']} ms published for cluster "
-              f"{args.cluster} (renew before it runs out; the job refuses a ts below the safe point: see `hold list`)")
-        return 0
+        event = ControlPublisher.event("service_hold", args.cluster, holder=args.holder, ts=args.ts,
+                                       ttl_ms=parse_duration_ms(args.ttl), label=args.label)
+        return act(settings, event, wait_s)
     if args.hold_action == "release":
-        publish_control(settings, control_event("service_release", args.cluster, holder=args.holder))
-        print(f"safepoint hold release: {args.holder} published for cluster {args.cluster}")
-        return 0
+        return act(settings, ControlPublisher.event("service_release", args.cluster, holder=args.holder), wait_s)
     status = service_holds_of(settings, args.cluster)
     if status is None:
         msg = f"no status of cluster {args.cluster!r} in {settings.status_topic} (is the job running with the status on?)"

@@ -4,29 +4,49 @@
 the job's process, where ``/healthz`` also says whether the query is active and how far its input
 lags. Both read the status through a ``StatusStore``. JSON routes are described by the OpenAPI
 document at ``/openapi.json`` (interactive at ``/docs``).
+
+The admin POST routes sit behind ``AdminGate``, an ASGI layer that checks the bearer token before
+a byte of the body is read and refuses a body over ``MAX_ADMIN_BODY`` (413). Each action gets an
+``action_id``; ``GET /api/v1/clusters/{c}/actions/{id}`` shows its outcome once the job reports
+it. Every error is a JSON object ``{"error": ...}`` (422 keeps FastAPI's ``detail``), never a
+bare 500.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
+import json
+import logging
+import re
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query
+from fastapi import Depends, FastAPI, Header, Path, Query
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from safepoint import __version__
+from safepoint.connectors.control import ControlPublisher
 from safepoint.errors import SafepointError
 from safepoint.tools.metrics import StatusCollector
 from safepoint.tools.status_store import StatusStore
 
-__all__ = ["make_app", "HttpServer"]
+__all__ = ["MAX_ADMIN_BODY", "AdminGate", "HttpServer", "make_app"]
+
+log = logging.getLogger("safepoint.http")
+MAX_ADMIN_BODY = 16_384
+"""Largest body an admin POST may send, in bytes (a service hold's is under 400)."""
+ADMIN_PATH = re.compile(r"/api/v1/clusters/[^/]+/(service-holds/[^/]+(/release)?|pause|resume)")
+"""The admin POST routes (``AdminGate`` guards them; another POST is the app's own 404 or 405)."""
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 CLUSTER = Annotated[str, Path(min_length=1, max_length=256, description="cluster id")]
 
@@ -53,21 +73,94 @@ class PauseIn(BaseModel):
     reason: str = Field(min_length=1, max_length=1024)
 
 
+class ActionOut(BaseModel):
+    action_id: str
+    outcome: str = Field(description="the job's outcome once it applied the action (see the actions route)")
+    published: dict[str, Any]
+
+
+class OutcomeOut(BaseModel):
+    id: str
+    outcome: str = Field(description="pending (not in the cluster's status yet), applied, refused, ignored or expired")
+    type: str | None = None
+    holder: str | None = None
+    reason: str | None = None
+    detail: str | None = None
+    cluster_wall_ms: int | None = None
+
+
 ADMIN: dict[int | str, dict[str, Any]] = {
-    202: {"description": "the control event was published to the events topic"},
+    202: {"model": ActionOut, "description": "the control event was published to the events topic"},
     400: {"model": ErrorOut, "description": "the body is not JSON"},
     401: {"model": ErrorOut, "description": "no or a wrong bearer token"},
     403: {"model": ErrorOut, "description": "admin actions are off (no admin_token configured)"},
+    413: {"model": ErrorOut, "description": f"the body is over {MAX_ADMIN_BODY} bytes"},
     503: {"model": ErrorOut, "description": "the broker did not acknowledge the event"},
 }
+
+
+async def _json_error(send: Send, status: int, error: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps({"error": error}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": body})
+
+
+class AdminGate:
+    """ASGI layer in front of the app: a POST is answered 403 (no token configured), 401 (no or a
+    wrong bearer token) or 413 (a body over ``max_body`` bytes) before the app reads its body;
+    an accepted body is read here, bounded, and handed on."""
+
+    def __init__(self, app: Any, token: str, max_body: int = MAX_ADMIN_BODY) -> None:
+        self.app, self.token, self.max_body = app, token.encode(), max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not ADMIN_PATH.fullmatch(scope.get("path", "")):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        if not self.token:
+            await _json_error(send, 403, "admin actions are off: set the admin_token setting to turn them on")
+            return
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
+            await _json_error(send, 401, "a valid bearer token is required", [(b"www-authenticate", b"Bearer")])
+            return
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await _json_error(send, 413, f"the body must be at most {self.max_body} bytes")
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > self.max_body:
+                await _json_error(send, 413, f"the body must be at most {self.max_body} bytes")
+                return
+            if not message.get("more_body"):
+                break
+        handed = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal handed
+            if not handed:
+                handed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 HOLDER = Annotated[str, Path(min_length=1, max_length=256, description="who holds history: backup, cdc-feed-7, ...")]
 
 
 def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None,
-             publish: Callable[[dict[str, Any]], None] | None = None, admin_token: str = "") -> FastAPI:
-    """The app over ``store``; ``health()`` adds the job's own figures to ``/healthz``; ``publish``
-    sends a control event to the events topic for the POST actions, which need ``admin_token``
-    as a bearer token (none configured: every POST is 403)."""
+             publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str = "") -> Any:
+    """The app over ``store``, behind ``AdminGate``; ``health()`` adds the job's own figures to
+    ``/healthz``; ``publish`` sends a control event to the events topic for the POST actions
+    (returns its action id), which need ``admin_token`` as a bearer token (none configured, or
+    no ``publish``: every POST is 403)."""
     app = FastAPI(title="safepoint", version=__version__,
                   description="What pins MVCC history: each cluster's safe point, its round, its blocker and "
                               "every hold, as the safepoint job publishes them.")
@@ -75,17 +168,22 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
     registry.register(StatusCollector(store))
     page = resources.files("safepoint.tools.dashboard").joinpath("index.html").read_text(encoding="utf-8")
 
-    @app.get("/healthz", summary="the process is up; the job's query and input lag where it runs here")
-    def healthz() -> dict[str, Any]:
-        out: dict[str, Any] = {"status": "ok", "clusters": len(store.clusters()), "status_messages": store.messages,
-                               "status_messages_skipped": store.bad}
+    @app.get("/healthz", summary="the process is up; the job's query and input lag where it runs here",
+             responses={503: {"description": "the status follower is stalled (status: stalled, with why)"}})
+    def healthz() -> JSONResponse:
+        stalled = store.stalled()
+        out: dict[str, Any] = {"status": "stalled" if stalled else "ok", "clusters": len(store.clusters()),
+                               "status_messages": store.messages, "status_messages_skipped": store.bad,
+                               "skipped": dict(store.skipped)}
+        if stalled:
+            out["stalled"] = stalled
         if store.error:
             out["status_topic"] = store.error
         if health is not None:
             out["job"] = health()
         elif store.job is not None:
             out["job"] = store.job
-        return out
+        return JSONResponse(out, status_code=503 if stalled else 200)
 
     @app.get("/api/v1/clusters", summary="every cluster's status")
     def clusters() -> dict[str, Any]:
@@ -118,24 +216,28 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
             return _unknown(cluster)
         return {"points": store.history(cluster)}
 
-    def admin(authorization: Annotated[str | None, Header()] = None) -> None:
-        if not admin_token or publish is None:
-            raise HTTPException(403, "admin actions are off: set the admin_token setting to turn them on")
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), admin_token.encode()):
-            raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+    @app.get("/api/v1/clusters/{cluster}/actions/{action_id}", summary="what the job did with an admin action",
+             response_model=OutcomeOut)
+    def action(cluster: CLUSTER, action_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Any:
+        st = store.status(cluster)
+        found = next((a for a in (st or {}).get("actions", []) if a.get("id") == action_id), None)
+        return found if found is not None else {"id": action_id, "outcome": "pending"}
+
+    def authorization_doc(authorization: Annotated[str | None, Header(description="Bearer <admin_token>")] = None) -> None:
+        """Documents the header; ``AdminGate`` checked it before the body was read."""
 
     def act(kind: str, cluster: str, **fields: Any) -> JSONResponse:
-        event = {"v": 1, "type": kind, "cluster": cluster, "wall_ms": time.time_ns() // 1_000_000,
-                 **{k: v for k, v in fields.items() if v is not None}}
-        assert publish is not None
+        event = ControlPublisher.event(kind, cluster, **fields)
+        if publish is None:  # AdminGate lets no POST through without a publisher; kept for a direct call
+            return JSONResponse({"error": "admin actions are off"}, status_code=403)
         try:
-            publish(event)
+            aid = publish(event)
         except SafepointError as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
-        return JSONResponse({"published": event}, status_code=202)
+        return JSONResponse({"action_id": aid, "outcome": f"/api/v1/clusters/{cluster}/actions/{aid}",
+                             "published": event}, status_code=202)
 
-    admin_dep = [Depends(admin)]
+    admin_dep = [Depends(authorization_doc)]
 
     @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}", status_code=202, responses=ADMIN,
               dependencies=admin_dep, summary="set or renew a service hold (publishes service_hold)")
@@ -161,6 +263,16 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
     def http_error(_request: Any, exc: StarletteHTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
+    @app.exception_handler(RequestValidationError)  # FastAPI's 422, without echoing the input (an inf is no JSON)
+    def invalid(_request: Any, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg")), "type": str(e.get("type"))}
+                                        for e in exc.errors()]}, status_code=422)
+
+    @app.exception_handler(Exception)  # anything else: logged, answered as JSON
+    def internal_error(_request: Any, exc: Exception) -> JSONResponse:
+        log.error("HTTP request failed", exc_info=exc)
+        return JSONResponse({"error": f"internal error: {type(exc).__name__}"}, status_code=500)
+
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -169,20 +281,36 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
     def dashboard() -> HTMLResponse:
         return HTMLResponse(page)
 
-    return app
+    return AdminGate(app, admin_token if publish is not None else "")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class HttpServer:
     """uvicorn serving ``app`` in a daemon thread (for ``run`` and the demo, next to their main loop;
     uvicorn installs no signal handlers outside the main thread, so the caller keeps its own)."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: Any, host: str, port: int, *, certfile: str = "", keyfile: str = "") -> None:
         import uvicorn
 
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
+        tls = bool(certfile)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                                    ssl_certfile=certfile or None, ssl_keyfile=keyfile or None))
         self.thread = threading.Thread(target=self.server.run, name="http", daemon=True)
         self.host = host
-        self.url = f"http://{host}:{port}/"
+        self.scheme = "https" if tls else "http"
+        self.url = f"{self.scheme}://{host}:{port}/"
+        if isinstance(app, AdminGate) and app.token and not tls and not _loopback(host):
+            log.warning("the admin routes are served with a token on %s without TLS: the bearer token crosses the "
+                        "network in clear text (set http_tls_certfile and http_tls_keyfile, or bind 127.0.0.1 "
+                        "behind a TLS proxy)", host)
 
     def start(self, timeout_s: float = 10.0) -> HttpServer:
         self.thread.start()
@@ -196,7 +324,7 @@ class HttpServer:
             raise SafepointError(msg)
         bound = [sock.getsockname()[1] for srv in getattr(self.server, "servers", []) for sock in srv.sockets]
         if bound:  # port 0: the one the system chose
-            self.url = f"http://{self.host}:{bound[0]}/"
+            self.url = f"{self.scheme}://{self.host}:{bound[0]}/"
         return self
 
     def stop(self) -> None:

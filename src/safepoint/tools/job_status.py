@@ -1,7 +1,7 @@
 """The job driver's own figures: query active, last batch, input lag, messages by outcome.
 
 ``safepoint run`` feeds each new query progress to ``JobStatus.batch``; it keeps the totals, answers
-``/healthz`` in the job's process, and publishes them to the status topic under ``_job`` so that
+``/healthz`` in the job's process, and publishes them to the status topic under ``%job`` so that
 ``safepoint serve`` shows the same metrics from the topics alone.
 """
 

@@ -18,7 +18,7 @@ from safepoint.connectors.producer import ProducerSlot, producer_conf
 from safepoint.connectors.topics import check_reachable, quiet
 from safepoint.errors import SafepointError
 from safepoint.settings import Secret, Settings
-from safepoint.tools.control_cli import publish_control
+from safepoint.tools.control_cli import publisher
 from safepoint.tools.http_api import HttpServer, make_app
 from safepoint.tools.job_status import JobStatus
 from safepoint.tools.status_store import StatusStore
@@ -27,10 +27,24 @@ __all__ = ["JobSurface", "serve", "serve_args"]
 
 
 def admin_of(settings: Settings) -> dict[str, Any]:
-    """The POST actions' publisher and token (``make_app``'s keywords)."""
+    """The POST actions' publisher and token (``make_app``'s keywords). The control publisher is
+    made at the first action (the broker is checked then, not at start) and kept."""
     token = settings.admin_token
-    return {"publish": lambda event: publish_control(settings, event),
-            "admin_token": token.get() if isinstance(token, Secret) else str(token)}
+    made: list[Any] = []
+    lock = threading.Lock()
+
+    def publish(event: dict[str, Any]) -> str:
+        with lock:
+            if not made:
+                made.append(publisher(settings))
+        return str(made[0].publish(event))
+
+    return {"publish": publish, "admin_token": token.get() if isinstance(token, Secret) else str(token)}
+
+
+def http_server(app: Any, settings: Settings, port: int) -> HttpServer:
+    return HttpServer(app, settings.http_host, port, certfile=settings.http_tls_certfile,
+                      keyfile=settings.http_tls_keyfile).start()
 
 
 class JobSurface:
@@ -53,7 +67,7 @@ class JobSurface:
         self.job = JobStatus(self.producer, settings.status_topic, self.store)
         if self.store is not None:
             app = make_app(self.store, health=lambda: self.job.health(active()), **admin_of(settings))
-            self.server = HttpServer(app, settings.http_host, port).start()
+            self.server = http_server(app, settings, port)
             print(f"{name}: status API, metrics and dashboard at {self.server.url}", flush=True)
 
     def batch(self, progress: dict[str, Any], counts: dict[str, int], rows: int) -> None:
@@ -85,7 +99,7 @@ def serve(settings: Settings) -> int:
     check_reachable(settings.librdkafka())
     store = StatusStore()
     store.follow(settings.librdkafka(), settings.status_topic)
-    server = HttpServer(make_app(store, **admin_of(settings)), settings.http_host, settings.http_port).start()
+    server = http_server(make_app(store, **admin_of(settings)), settings, settings.http_port)
     print(f"safepoint serve: {server.url} (status from {settings.status_topic} at {settings.bootstrap}); Ctrl-C stops",
           flush=True)
     stopping = threading.Event()
