@@ -33,7 +33,10 @@ __all__ = [
     "check_client",
     "crc32_partition",
     "make_client",
+    "end_offsets",
     "make_consumer",
+    "read_positions",
+    "set_paused",
 ]
 
 CONFLUENT = "confluent"
@@ -311,6 +314,26 @@ class PyConsumer:
                 self._buffer.append(_Record(tp.topic, tp.partition, -1, error=_Error(PARTITION_EOF, "end of partition")))
         return self._buffer.popleft() if self._buffer else None
 
+    def _tps(self, topic: str, partitions: Iterable[int]) -> list[Any]:
+        from kafka import TopicPartition
+
+        return [TopicPartition(topic, p) for p in sorted(partitions)]
+
+    def set_paused(self, topic: str, partitions: Iterable[int], paused: bool) -> None:
+        tps = self._tps(topic, partitions)  # kafka-python fetches from where it stood after a resume
+        (self._consumer.pause if paused else self._consumer.resume)(*tps)
+
+    def positions(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        return {tp.partition: int(self._consumer.position(tp)) for tp in self._tps(topic, partitions)}
+
+    def ends(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        from kafka.errors import KafkaError
+
+        try:
+            return {tp.partition: int(end) for tp, end in self._consumer.end_offsets(self._tps(topic, partitions)).items()}
+        except KafkaError as exc:
+            raise ClientError(str(exc)) from exc
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -345,3 +368,40 @@ def assign_from_beginning(consumer: Any, topic: str, partitions: Iterable[int]) 
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
     consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)])
+
+
+def set_paused(consumer: Any, topic: str, positions: Mapping[int, int], paused: bool) -> None:
+    """Stop (or restart, at ``positions``) fetching the partitions of ``topic``, either library.
+    confluent-kafka's consumer drops its assignment and is assigned again (its pause and resume
+    left librdkafka seconds late, or not fetching at all, after a resume on the embedded broker)."""
+    if isinstance(consumer, PyConsumer):
+        consumer.set_paused(topic, positions, paused)
+        return
+    from confluent_kafka import TopicPartition
+
+    if paused:
+        consumer.unassign()
+    else:
+        consumer.assign([TopicPartition(topic, p, offset) for p, offset in sorted(positions.items())])
+
+
+def end_offsets(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Each partition's end offset, asked of the broker now (no fetch), either library."""
+    if isinstance(consumer, PyConsumer):
+        return consumer.ends(topic, partitions)
+    from confluent_kafka import TopicPartition
+
+    return {p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1])
+            for p in sorted(partitions)}
+
+
+def read_positions(consumer: Any, topic: str, partitions: Iterable[int], seen: Mapping[int, int]) -> dict[int, int]:
+    """The offset each partition is read up to: ``seen`` (the next offsets the caller tracked from
+    what it read) with confluent-kafka, the consumer's own positions with kafka-python; before a
+    partition's first record, its first offset (which compaction may have moved on)."""
+    if isinstance(consumer, PyConsumer):
+        return consumer.positions(topic, partitions)
+    from confluent_kafka import TopicPartition
+
+    return {p: seen[p] if p in seen else int(
+        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[0]) for p in sorted(partitions)}

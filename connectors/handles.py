@@ -345,12 +345,18 @@ ExpireCallback = Callable[[Handle, "ExpireDirective"], object]
 """``on_expire(handle, directive)``: cancel the handle's running work now (see :meth:`Reporter.expire`)."""
 
 
-def refuse_below_safe(safe: int | None, what: str, ident: str, ts: int, namespace: str | None = None) -> None:
+def refuse_below_safe(safe: int | None, what: str, ident: str, ts: int, namespace: str | None = None,
+                      from_namespace: bool = False) -> None:
     """Refuse (``ReaderRefused``) a hold below the newest bound the node learnt of: the cluster's
-    safe point, or with ``namespace`` that namespace's bound."""
+    safe point, with ``namespace`` that namespace's bound, or (``from_namespace``, a hold without
+    a namespace) the highest namespace bound above the safe point."""
     if safe is not None and ts < safe:
-        whose = ("the cluster's safe point (or a namespace's bound above it: a hold without a namespace pins them all)"
-                 if namespace is None else f"the bound of namespace {namespace!r}")
+        if namespace is not None:
+            whose = f"the bound of namespace {namespace!r}"
+        elif from_namespace:
+            whose = "a namespace's bound (a hold without a namespace pins every namespace)"
+        else:
+            whose = "the cluster's safe point"
         msg = (
             f"{what} {ident} at {ts} refused: it is below {whose} {safe}, so versions it "
             f"needs may already be compacted; retry with a timestamp >= {safe}"

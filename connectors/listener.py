@@ -45,7 +45,10 @@ from safepoint.connectors.clients import (
     PARTITION_EOF,
     assign_from_beginning,
     check_client,
+    end_offsets,
     make_consumer,
+    read_positions,
+    set_paused,
 )
 from safepoint.connectors.delivery import consumer_conf, deliver_until_stopped
 from safepoint.connectors.directives import (
@@ -57,6 +60,7 @@ from safepoint.connectors.directives import (
     compact_up_to,
     validator,
 )
+from safepoint.connectors.idle import IdlePause
 from safepoint.connectors.node_directives import NodeDirectivesMixin
 from safepoint.errors import BrokerError, ClientClosed, SafepointError
 
@@ -134,6 +138,10 @@ class DirectiveListener(NodeDirectivesMixin):
         self._waiting_logged = False
         self._counts = {f.name: 0 for f in fields(ListenerStats)}
 
+        self._read: dict[int, int] = {}
+        """partition -> the next offset to read, from what was read (records and ends of partition)."""
+        self._idle = IdlePause()
+        """Once caught up, a poll that finds nothing pauses the partitions (``connectors/idle.py``)."""
         self._closed = False
         self._consumer_closed = False
         self._close_lock = threading.Lock()
@@ -213,17 +221,44 @@ class DirectiveListener(NodeDirectivesMixin):
         while True:
             remaining = deadline - time.monotonic()
             try:
-                msg = self._consumer.poll(max(0.0, remaining))
+                if self._caught_up:
+                    go = self._idle.may_poll(self._ends, self._positions(), lambda: self._set_paused(False))
+                    if go is not True:
+                        time.sleep(max(0.0, min(float(go), remaining)))
+                        if deadline - time.monotonic() <= 0:
+                            return None
+                        continue
+                msg = self._consumer.poll(max(0.0, min(remaining, 0.2) if self._caught_up else remaining))
+                offset = msg.offset() if msg is not None else None
+                if msg is not None and msg.partition() is not None and offset is not None and offset >= 0:
+                    err = msg.error()
+                    if err is None:
+                        self._read[msg.partition()] = offset + 1
+                    elif err.code() == PARTITION_EOF:
+                        self._read[msg.partition()] = offset  # an end of partition carries the end offset
+                if self._caught_up:
+                    self._idle.polled(msg is not None, self._positions(), lambda: self._set_paused(True))
             except CLIENT_ERRORS as exc:
                 msg_text = f"cannot read {self.topic} at {self.bootstrap}: {exc}"
                 raise BrokerError(msg_text) from exc
             if msg is None:
+                if deadline - time.monotonic() > 0:
+                    continue
                 return None
             directive = self._handle(msg)
             if directive is not None:
                 return directive
             if remaining <= 0:
                 return None
+
+    def _ends(self) -> dict[int, int]:
+        return end_offsets(self._consumer, self.topic, self._partitions)
+
+    def _positions(self) -> dict[int, int]:
+        return read_positions(self._consumer, self.topic, self._partitions, self._read)
+
+    def _set_paused(self, paused: bool) -> None:
+        set_paused(self._consumer, self.topic, self._positions(), paused)
 
     def _assign(self, deadline: float) -> bool:
         """Assign every partition of the topic from the beginning; False if it does not exist yet."""

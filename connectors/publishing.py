@@ -125,7 +125,8 @@ class HoldsMixin:
             if handle._ts is None:
                 setattr(handle, handle._TS_KEY, check_ts("mvcc_clock()", self._mvcc_clock()))
             assert handle._ts is not None
-            refuse_below_safe(self._bound_of(handle.namespace), what, handle._ident, handle._ts, handle.namespace)
+            bound = self._bound_of(handle.namespace)
+            refuse_below_safe(bound, what, handle._ident, handle._ts, handle.namespace, bound != self._safe_ts)
             if self._lazy.defer(handle._ts):
                 handle.opened_wall_ms = self._wall_clock()
             else:

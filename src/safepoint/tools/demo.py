@@ -27,21 +27,12 @@ class LiveView:
     """Follows the directives, alerts and status topics into a ``ViewState`` (``tools/view.py``)."""
 
     def __init__(self, settings: Settings, expiries: queue.Queue[tuple[str, str, str]] | None = None) -> None:
-        from confluent_kafka import Consumer
+        from safepoint.connectors.follow import TopicFollower
 
         self.settings = settings
-        self.consumer = Consumer(
-            settings.librdkafka(
-                **{
-                    "logger": logging.getLogger("safepoint.librdkafka"),
-                    "group.id": f"safepoint-demo-view-{time.time_ns()}",
-                    "auto.offset.reset": "earliest",
-                    "enable.auto.commit": False,
-                    "receive.message.max.bytes": 1_000_000_000,
-                }
-            )
-        )
-        self.consumer.subscribe([t for t in (settings.directives_topic, settings.alerts_topic, settings.status_topic) if t])
+        self.follower = TopicFollower(settings.librdkafka(logger=logging.getLogger("safepoint.librdkafka")),
+                                      [settings.directives_topic, settings.alerts_topic, settings.status_topic],
+                                      client_id="safepoint-view")  # idle once caught up
         self.state = ViewState(settings.mvcc_unit)
         self.expiries = expiries
 
@@ -56,28 +47,34 @@ class LiveView:
     def poll(self, timeout: float = 0.5) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            msg = self.consumer.poll(0.1)
-            if msg is None or msg.error():
-                continue
-            raw = msg.value()
-            if raw is None:
-                continue
-            if msg.topic() == self.settings.status_topic:
-                self.state.status.apply_raw(msg.key(), raw)
-                continue
-            value = json.loads(raw)
-            if msg.topic() == self.settings.directives_topic:
-                expiry = self.state.directive(value)
-                if expiry is not None and self.expiries is not None and "reader_id" in expiry:
-                    self.expiries.put((expiry["cluster"], expiry["node"], expiry["reader_id"]))
-            elif value.get("type") == "alert":
-                self.state.alert(value)
+            for msg in self.follower.poll(max(0.0, deadline - time.monotonic())):
+                raw = msg.value()
+                if raw is None:
+                    continue
+                if msg.topic() == self.settings.status_topic:
+                    self.state.status.apply_raw(msg.key(), raw)
+                    continue
+                try:
+                    value = json.loads(raw)
+                except ValueError:
+                    continue  # not a record the job writes: the screen shows what it can
+                if not isinstance(value, dict):
+                    continue
+                try:
+                    if msg.topic() == self.settings.directives_topic:
+                        expiry = self.state.directive(value)
+                        if expiry is not None and self.expiries is not None and "reader_id" in expiry:
+                            self.expiries.put((expiry["cluster"], expiry["node"], expiry["reader_id"]))
+                    elif value.get("type") == "alert":
+                        self.state.alert(value)
+                except (KeyError, TypeError):
+                    continue  # a record without the fields the job writes: left off the screen
 
     def render(self, title: str, status: str) -> Group:
         return screen(self.state, title, status, time.time_ns() // 1_000_000)
 
     def close(self) -> None:
-        self.consumer.close()
+        self.follower.close()
 
 
 def show(group: Group, tty: bool, last_print: float) -> float:
