@@ -384,6 +384,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rc: int = module.main(list(args.bench_args))
     return rc
 
+EXTRAS = {"pyspark": "job", "pyarrow": "job", "pandas": "job", "fastapi": "serve", "uvicorn": "serve",
+          "prometheus_client": "serve", "starlette": "serve", "pydantic": "serve", "rich": "serve", "noida_db": "broker",
+          "psutil": "dev", "kafka": "kafka-python"}
+"""The extra that brings a module a command needs (pyproject.toml: the bare install is the node client)."""
 _CONTROL = _tool("safepoint.tools.control_cli", "run_args")
 COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.tools.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
@@ -399,6 +403,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return COMMANDS[args.command](args)
     except SafepointError as exc:
         print(f"safepoint {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(f"safepoint {args.command}: needs {exc.name}, which the bare install (the node client) leaves out: "
+              f"pip install 'safepoint[{extra}]'", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
