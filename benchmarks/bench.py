@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
 
 from bench_common import _empty_node_json, _loadavg, fmt_rate, mb, say  # noqa: E402
-from bench_fleet import core_ratio, fleet_figure  # noqa: E402
+from bench_fleet import core_ratio, directive_sizes, fleet_figure  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
 from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
 from bench_report import build_report, evaluate_targets, findings, plot_latency  # noqa: E402
@@ -239,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             res["core"] = core_ratio(values[:n])
             say(f"(5) core: replay {res['core']['replay_us']:.1f} us/event, json.loads {res['core']['json_loads_us']:.2f} us/event, "
                 f"ratio {res['core']['ratio']:.3f}")
+            res["directive_sizes"] = directive_sizes()
+            say("(5) directive size: " + ", ".join(f"{d['nodes']:,} nodes {d['compaction_bytes']:,} B (members record "
+                                                  f"{d['members_bytes']:,} B)" for d in res["directive_sizes"]))
         if "fleet" in phases:
             say("(6) fleet: a sample of reporters, eager and lazy ...")
             res["fleet"] = fleet_figure(res.get("latency", []), nodes=args.fleet_nodes, seconds=args.fleet_seconds,

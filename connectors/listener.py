@@ -299,6 +299,8 @@ class DirectiveListener(NodeDirectivesMixin):
             self._counts["other_clusters"] += 1
             return None
         kind = obj.get("type")
+        if kind == "members":
+            return None  # the cluster's member set, for a job that lost its checkpoint: nothing for a node
         if kind not in ("compaction", "expire", SNAPSHOT_REQUEST):
             return self._invalid(msg, f"unknown directive type {kind!r}")
         try:

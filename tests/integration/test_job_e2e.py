@@ -108,7 +108,7 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
     applied_1 = run_to_end(spark, settings, ckpt)
     assert applied_1 == 1 + 3 + 2 + 3 + 2
 
-    directives = read_topic(broker.bootstrap, settings.directives_topic)
+    directives = [d for d in read_topic(broker.bootstrap, settings.directives_topic) if d["type"] == "compaction"]
     got = [(d["seq"], d["safe_ts"], d["blocker"]["node"], d["blocker"]["kind"], d["blocker"]["id"]) for d in directives]
     assert got == [
         (1, 900, "n1", "retention", None),
@@ -120,7 +120,8 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
                                         "label": "report"}
     assert directives[3]["basis"] == {n: {"incarnation": 1, "seq": s, "local_min": 2900}
                                       for n, s in (("n1", 3), ("n2", 3), ("n3", 1))}
-    assert all(d["key"] == "c1" and d["cluster"] == "c1" for d in directives)
+    assert directives[3]["members"] == 3 and set(directives[3]["positions"]) <= {"0", "1", "2", "3"}
+    assert all(d["key"] == "c1" and d["cluster"] == "c1" for d in directives)  # the members record: c1/%members
 
     listener = DirectiveListener(broker.bootstrap, "c1", topic=settings.directives_topic, reporter=n3)
     try:
@@ -155,7 +156,9 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
         for r in reporters.values():
             r.close()
 
-    directives = read_topic(broker.bootstrap, settings.directives_topic)
+    everything = read_topic(broker.bootstrap, settings.directives_topic)
+    assert [d["nodes"] for d in everything if d["type"] == "members"] == [["n1", "n2", "n3"]]
+    directives = [d for d in everything if d["type"] == "compaction"]
     seqs = [d["seq"] for d in directives]
     assert seqs == sorted(set(seqs)) == list(range(1, 7)), "no repeated or lost seq across the restart"
     safe = [d["safe_ts"] for d in directives]
@@ -167,6 +170,6 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
     engine = Engine(settings.policy())
     replayed = [encode(o.value) for p, off, v in ordered for o in engine.process(v, Position("x", p, off))
                 if o.channel == "directives"]
-    job_out = [encode({k: v for k, v in d.items() if k != "key"}) for d in directives]
+    job_out = [encode({k: v for k, v in d.items() if k != "key"}) for d in everything]
     assert replayed == job_out
     assert engine.clusters["c1"].safe_ts == 4900

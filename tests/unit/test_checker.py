@@ -96,6 +96,27 @@ def test_the_basis_position_decides_what_is_live() -> None:
     assert not check(log, [d_after]).safety_ok
 
 
+def positioned(seq: int, safe_ts: int, wall: int, positions: dict[str, int]) -> dict[str, Any]:
+    """A bounded directive: no basis to speak of, every node's position from the partitions'."""
+    return {**directive(seq, safe_ts, wall, {}), "members": 2, "positions": positions}
+
+
+def test_a_directives_positions_decide_what_is_live() -> None:
+    """Partition 0 read up to offset 3 (before n1 opens r1) or 4 (after): the same directive is fine
+    at the first and passes the live reader at the second, for every node of the partition."""
+    _n1, _n2, log = base()
+    ok = check(log, [positioned(1, 1000, 1002, {"0": 3})])
+    assert ok.safety_ok and ok.basis_checked == 2, ok.violation_examples
+    wrong = check(log, [positioned(1, 1000, 1002, {"0": 4})])
+    assert not wrong.safety_ok and "passed live reader r1 at 950" in wrong.violation_examples[0]
+
+
+def test_a_position_past_the_log_cannot_be_verified() -> None:
+    _n1, _n2, log = base()
+    r = check(log, [positioned(1, 900, 1002, {"0": 99})])
+    assert r.basis_unverified == 1 and not r.safety_ok
+
+
 def test_a_hold_that_arrives_below_safe_ts_needs_an_alert() -> None:
     n1, n2 = Node("n1"), Node("n2")
     log: list[Any] = [topology("n1", "n2"), n1.ev("heartbeat", 1000, mvcc_now=1000), n2.ev("heartbeat", 1001, mvcc_now=1000)]

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from safepoint.core import ClusterState, NodeState
+from safepoint.core.codec import encode
+from safepoint.core.compaction import BASIS_LISTED
 
 from core_helpers import NodeClient, Run, cluster_event, topology, two_node_cluster
 
@@ -134,7 +136,34 @@ def test_clusters_are_independent() -> None:
     run.feed(a1.hb(T0, 100), b1.hb(T0, 5_000), a1.hb(T0, 200))
     got = [(d["cluster"], d["seq"], d["safe_ts"]) for d in run.directives()]
     assert got == [("a", 1, 100), ("b", 1, 5_000), ("a", 2, 200)]
-    assert [o.key for o in run.outputs] == ["a", "b", "a"], "CONTRACT Directives: key is the cluster id"
+    assert [o.key for o in run.outputs if o.value["type"] == "compaction"] == ["a", "b", "a"], \
+        "CONTRACT Directives: key is the cluster id"
+    assert [(o.key, o.value["nodes"]) for o in run.outputs if o.value["type"] == "members"] == [
+        ("a/%members", ["n1"]), ("b/%members", ["n1"])], "each cluster's member set, once: it did not change"
+
+
+def test_a_directive_stays_small_however_many_members() -> None:
+    """CONTRACT Directives: the basis names at most a few nodes (the lowest minima); the member set
+    goes out as a members record with the first directive after it changed."""
+    run = Run()
+    nodes = [NodeClient(f"n{i:02}") for i in range(40)]
+    run.feed(topology(1, T0, {n.node: [] for n in nodes}))
+    run.feed(*[n.hb(T0 + i, 1_000 + 7 * ((i * 13) % 40)) for i, n in enumerate(nodes)])
+    [d] = run.directives()
+    lowest = sorted((1_000 + 7 * ((i * 13) % 40), n.node) for i, n in enumerate(nodes))[:BASIS_LISTED]
+    assert [(b["local_min"], name) for name, b in d["basis"].items()] == lowest, "the lowest minimums, lowest first"
+    assert d["members"] == 40 and d["positions"] == {"0": 41}
+    assert len(encode(d)) < 1_500
+    [m] = [o.value for o in run.outputs if o.value["type"] == "members"]
+    assert m == {"v": 1, "type": "members", "cluster": "default", "seq": 1, "nodes": sorted(n.node for n in nodes)}
+    run.feed(nodes[0].hb(T0 + 100, 9_000))
+    assert [o.value["type"] for o in run.outputs[-1:]] == ["compaction"], "the same members: no new record"
+    blocker = run.directives()[-1]["blocker"]["node"]  # the lowest member now: its next beat advances the safe point
+    run.feed(topology(2, T0 + 101, {n.node: [] for n in nodes[1:]}),
+             next(n for n in nodes if n.node == blocker).hb(T0 + 102, 9_000))
+    records = [o.value for o in run.outputs if o.value["type"] == "members"]
+    assert len(records) == 2 and records[-1]["nodes"] == sorted(n.node for n in nodes[1:])
+    assert records[-1]["seq"] == run.directives()[-1]["seq"]
 
 
 # -- discovery window --------------------------------------------------------------------------

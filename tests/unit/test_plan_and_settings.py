@@ -85,7 +85,8 @@ def test_replay_command_writes_directives_and_dead_letters(tmp_path: Path, capsy
                "--node-lease-ms", "1000", "--retention", "10"])
     assert rc == 0
     directives = [json.loads(x) for x in out.read_text().splitlines()]
-    assert [(d["seq"], d["safe_ts"]) for d in directives] == [(1, 50)]
+    assert [d["type"] for d in directives] == ["members", "compaction"]
+    assert [(d["seq"], d["safe_ts"]) for d in directives[1:]] == [(1, 50)]
     assert json.loads(dl.read_text())["error"].startswith("not JSON")
     assert "final safe_ts {'default': 50}" in capsys.readouterr().err
 

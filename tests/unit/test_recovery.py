@@ -139,6 +139,40 @@ def test_seeds_take_the_newest_directive_and_the_highest_node_seq() -> None:
     assert StartPlan(recover_all=True).new_cluster("c9").recovery is not None
 
 
+def test_after_bounded_directives_the_members_record_names_whom_to_wait_for() -> None:
+    """A directive lists only the lowest minimums: the nodes a new job waits for come from the
+    newest members record at or below it (a later one belongs to a directive the topic lost)."""
+    values: list[dict[str, Any]] = [
+        {"type": "members", "cluster": "c1", "seq": 2, "nodes": ["a", "b", "c"]},
+        {"type": "compaction", "cluster": "c1", "seq": 4, "safe_ts": 40, "catalog_floor": None, "basis": {"a": {}},
+         "members": 3, "positions": {"0": 9}},
+        {"type": "members", "cluster": "c1", "seq": 1, "nodes": ["a"]},
+        {"type": "members", "cluster": "c2", "seq": 7, "nodes": ["x", "y"]},
+        {"type": "compaction", "cluster": "c2", "seq": 6, "safe_ts": 60, "catalog_floor": None, "basis": {"x": {}},
+         "members": 2, "positions": {}},
+    ]
+    seeds = seeds_from_directives(values)
+    assert seeds["c1"].nodes == ("a", "b", "c") and seeds["c1"].seq == 4
+    assert seeds["c2"].nodes == (), "a members record past the newest directive is not its member set"
+
+
+def test_a_lost_checkpoint_waits_for_every_member_beyond_the_basis() -> None:
+    """Twelve members, eight in the basis: the new job still waits for all twelve."""
+    run = Run(node_lease_ms=5_000)
+    nodes = [NodeClient(f"n{i:02}") for i in range(12)]
+    run.feed(topology(1, T0, {n.node: [] for n in nodes}), *[n.hb(T0 + i, 1_000 + i) for i, n in enumerate(nodes)])
+    assert len(run.directives()[-1]["basis"]) == 8 and run.directives()[-1]["members"] == 12
+    new = Run(node_lease_ms=5_000, start=plan_after(run))
+    for n in nodes[:11]:
+        new.feed(n.snapshot(T0 + 6_000, readers=[], txs=[]), n.hb(T0 + 6_001, 2_000))
+    for i in range(7, 14):
+        new.feed(nodes[0].hb(T0 + i * 1_000, 2_000 + i))
+    assert new.directives() == [], "n11 (not in the basis) has not sent its snapshot"
+    assert "default/awaiting_snapshot/n11" in {a["id"] for a in new.alerts("awaiting_snapshot", "raised")}
+    new.feed(nodes[11].snapshot(T0 + 14_100, readers=[], txs=[]), *[n.hb(T0 + 14_101, 2_000) for n in nodes])
+    assert new.directives() and new.directives()[-1]["safe_ts"] == 2_000
+
+
 # -- property: through a lost checkpoint, the safe point never passes a live reader ------------
 
 ops = st.lists(st.tuples(st.sampled_from(["open", "close", "hb", "hb", "hb"]), st.integers(0, 2), st.integers(0, 60)),

@@ -184,6 +184,8 @@ def test_the_json_routes(client: TestClient) -> None:
     assert [h["label"] for h in holds] == ["nightly-report", "etl"]
     assert {"node", "kind", "id", "ts", "age_ms", "label"} <= set(holds[0])
     assert [n["node"] for n in client.get("/api/v1/clusters/c1/nodes").json()["nodes"]] == ["n1", "n2", "n3"]
+    page = client.get("/api/v1/clusters/c1/nodes", params={"limit": 2, "offset": 1}).json()
+    assert [n["node"] for n in page["nodes"]] == ["n2", "n3"] and page["total"] == 3 and page["offset"] == 1
 
 
 def test_bad_input_is_a_4xx_with_a_json_error(client: TestClient) -> None:

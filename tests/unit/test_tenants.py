@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from test_properties import shortcut_equals_the_walk
 
 from safepoint.core import Engine, Position
+from safepoint.core.codec import encode
 from safepoint.core.policy import Policy
 from safepoint.replay import final_status, replay_file
 
@@ -224,9 +225,28 @@ def test_without_namespaces_the_outputs_are_exactly_those_of_the_core_before_ten
                                    for ev in tenant_log(seed)))
             out = io.StringIO()
             replay_file(str(log), out, Policy(retention=R, node_lease_ms=60_000), io.StringIO())
-            digest.update(out.getvalue().encode())
-            lines += out.getvalue().count("\n")
+            text = as_before_bounded_directives(out.getvalue())
+            digest.update(text.encode())
+            lines += text.count("\n")
     assert (digest.hexdigest(), lines) == BEFORE_TENANTS
+
+
+def as_before_bounded_directives(text: str) -> str:
+    """Replay's output as the core wrote it before directives were bounded: no ``members`` records,
+    no ``members`` and ``positions`` in a directive, and its basis (here every member: these logs
+    have at most 8 nodes) in node order."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        value = json.loads(line)
+        if value.get("type") == "members":
+            continue
+        if value.get("type") == "compaction":
+            assert len(value["basis"]) == value["members"] <= 8, "the basis lists every member"
+            value["basis"] = dict(sorted(value["basis"].items()))
+            del value["members"], value["positions"]
+            line = encode(value) + "\n"
+        lines.append(line)
+    return "".join(lines)
 
 
 @settings(max_examples=40, deadline=None)

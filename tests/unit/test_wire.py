@@ -45,9 +45,11 @@ DIRECTIVE_WIRE = (
     '"cluster_wall_ms": 1700000000123, '
     '"blocker": {"node": "n2", "kind": "reader", "id": "r-991", "ts": 1700000000000000, "age_ms": 5400000, '
     '"label": "report-job"}, '
-    '"basis": {"n1": {"incarnation": 0, "seq": 0, "local_min": 1700000000500000}, '
-    '"n2": {"incarnation": 0, "seq": 1, "local_min": 1700000000000000}}, '
-    '"retention": 0}'  # the contract's example plus the job's retention (lazy registration checks it)
+    '"basis": {"n2": {"incarnation": 0, "seq": 1, "local_min": 1700000000000000}, '
+    '"n1": {"incarnation": 0, "seq": 0, "local_min": 1700000000500000}}, '
+    '"members": 2, "positions": {"0": 5}, '
+    '"retention": 0}'  # the contract's example (the lowest minimums first), the member count, each partition's
+    # position, and the job's retention (lazy registration checks it)
 )
 
 VIOLATION_WIRE = (
@@ -85,9 +87,11 @@ def wire_examples() -> tuple[Run, list[Any]]:
 def test_contract_directive_example_exact_bytes() -> None:
     """CONTRACT Directives example; STYLE rule 8: exact bytes of a directive, keys in contract order."""
     run = contract_example_run()
-    [d] = [o for o in run.outputs if o.channel == "directives"]
+    [m, d] = [o for o in run.outputs if o.channel == "directives"]
     assert d.key == "c1"
     assert json.dumps(d.value) == DIRECTIVE_WIRE
+    assert m.key == "c1/%members"
+    assert json.dumps(m.value) == '{"v": 1, "type": "members", "cluster": "c1", "seq": 1, "nodes": ["n1", "n2"]}'
 
 
 def test_alert_and_dead_letter_exact_bytes() -> None:

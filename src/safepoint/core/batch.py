@@ -282,7 +282,7 @@ def run_cluster(
         else:
             if state is None:
                 state = start.new_cluster(cluster) if start is not None else ClusterState(cluster)
-            cluster_stage(state, item, policy, out)
+            cluster_stage(state, item, policy, out, partition, offset)
             touched = True
         for o in out:
             outputs.append((o.channel, o.key, o.value))

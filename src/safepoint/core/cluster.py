@@ -23,7 +23,7 @@ from safepoint.core.alerts import (
     raise_violation,
     stamp_signal,
 )
-from safepoint.core.compaction import catalog_floor_at, compaction_directive
+from safepoint.core.compaction import catalog_floor_at, compaction_directive, members_key, members_record
 from safepoint.core.control import (
     CONTROL_TYPES,
     Control,
@@ -70,6 +70,8 @@ class ClusterState:
         "eseq",
         "last_advance_wall",
         "recovery",
+        "positions",
+        "members_announced",
         "_members",
         "_mins",
         "_walls",
@@ -107,6 +109,12 @@ class ClusterState:
         self.topology_wall: int | None = None
         self.eseq = 0
         self.last_advance_wall: int | None = None
+        self.positions: dict[int, int] = {}
+        """Events partition -> the offset after the cluster's last message this stage saw there: a
+        directive carries them, so that a checker can replay every node to where the job had it
+        (``compaction.positions``); bounded by the partitions, not the nodes."""
+        self.members_announced = False
+        """The member set went out on the directives topic (a ``members`` record) since it last changed."""
         self.recovery: dict[str, Any] | None = None
         """Set after a start on empty state (``core/recovery.py``): ``expected`` nodes (the last
         directive's basis), ``complete`` nodes (sent a snapshot since), ``requested`` node -> the
@@ -141,6 +149,8 @@ class ClusterState:
             "topology_wall": self.topology_wall,
             "eseq": self.eseq,
             "last_advance_wall": self.last_advance_wall,
+            "positions": [[p, o] for p, o in sorted(self.positions.items())],
+            "members_announced": self.members_announced,
             "recovery": None if self.recovery is None else {
                 "expected": sorted(self.recovery["expected"]),
                 "complete": sorted(self.recovery["complete"]),
@@ -170,6 +180,8 @@ class ClusterState:
         state.topology_wall = data["topology_wall"]
         state.eseq = data.get("eseq", 0)
         state.last_advance_wall = data.get("last_advance_wall")
+        state.positions = {p: o for p, o in data.get("positions") or ()}
+        state.members_announced = bool(data.get("members_announced"))  # a state from before: announce them again
         state.control = Control.from_json(data.get("control"))
         state.tenants = data.get("tenants", {})
         recovery = data.get("recovery")
@@ -295,6 +307,7 @@ class ClusterState:
             self.nodes[u.node] = rec
             if self.topology is None:
                 self._members.add(u.node)
+                self.members_announced = False
                 member = True
             self._never.discard(u.node)
             self.dirty = True
@@ -370,6 +383,8 @@ class ClusterState:
             self.topology = {n: list(gs) for n, gs in event["nodes"].items()}
             self.topology_wall = self.cluster_time
             self._rebuild()
+            if self._members != before:
+                self.members_announced = False
             for node in sorted(self._members - before):
                 check_join(self, node, out)
         elif kind == "catalog":
@@ -447,4 +462,7 @@ class ClusterState:
         self.dseq += 1
         self.last_directive_wall = now
         self.control.announce = False
+        if not self.members_announced:
+            self.members_announced = True
+            out.append(Output(DIRECTIVES, members_key(self.name), members_record(self)))
         out.append(Output(DIRECTIVES, self.name, compaction_directive(self, gnode, now, policy.retention)))

@@ -1,16 +1,29 @@
-"""The outputs of an advancing round: the catalog floor and the compaction directive."""
+"""The outputs of an advancing round: the catalog floor and the compaction directive.
+
+A directive's size does not grow with the cluster: it names the blocker, the ``BASIS_LISTED``
+members with the lowest minimums (their incarnation, seq and minimum), how many members there
+are, and ``positions``: per events partition, the offset after the cluster's last message the
+job had applied, from which a checker replays every node to where the job had it (one entry per
+partition, not per node). Every node's own figures are in the status. The member set itself,
+which a job that lost its checkpoint must wait for, goes out as a ``members`` record (key
+``<cluster>/%members``) on the directives topic with the first directive after it changed.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from safepoint.core.control import service_blocker
+from safepoint.core.ids import escape
 from safepoint.core.tenants import directive_fields
 
 if TYPE_CHECKING:
     from safepoint.core.cluster import ClusterState
 
-__all__ = ["catalog_floor_at", "compaction_directive"]
+__all__ = ["BASIS_LISTED", "catalog_floor_at", "compaction_directive", "members_key", "members_record"]
+
+BASIS_LISTED = 8
+"""Members a directive's ``basis`` names: those with the lowest minimums."""
 
 
 def catalog_floor_at(state: ClusterState, safe: int) -> int | None:
@@ -46,10 +59,8 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
     # carried so that a job that lost its checkpoint keeps them (core/recovery.py)
     holds = state.control.holds
     pause = state.control.paused
-    basis = {
-        n: {"incarnation": state.nodes[n].incarnation, "seq": state.nodes[n].seq, "local_min": state.nodes[n].local_min}
-        for n in sorted(state._members)
-    }
+    lowest = state._mins[:BASIS_LISTED]  # (local_min, node) of the members, lowest first
+    basis = {n: {"incarnation": state.nodes[n].incarnation, "seq": state.nodes[n].seq, "local_min": m} for m, n in lowest}
     return {
         "v": 1,
         "type": "compaction",
@@ -60,8 +71,20 @@ def compaction_directive(state: ClusterState, gnode: str, now: int, retention: i
         "cluster_wall_ms": now,
         "blocker": blocker_out,
         "basis": basis,
+        "members": len(state._members),
+        "positions": {str(p): o for p, o in sorted(state.positions.items())},
         "retention": retention,
         **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
         **({"paused": {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}} if pause else {}),
         **directive_fields(state),
     }
+
+
+def members_key(cluster: str) -> str:
+    """The directives topic's key of a cluster's member set (no escaped node id starts with ``%``)."""
+    return f"{escape(cluster)}/%members"
+
+
+def members_record(state: ClusterState) -> dict[str, Any]:
+    """The cluster's member set, as of the directive ``state.dseq`` (``core/recovery.py`` reads it)."""
+    return {"v": 1, "type": "members", "cluster": state.name, "seq": state.dseq, "nodes": sorted(state._members)}

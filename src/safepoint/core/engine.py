@@ -112,11 +112,14 @@ def apply_stage(
     return StageOne(cluster=cluster, outcome=APPLIED, update=result)
 
 
-def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list[Output]) -> str:
-    """Apply one stage-one result to its cluster. Returns the final outcome label."""
+def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list[Output], partition: int,
+                  offset: int) -> str:
+    """Apply one stage-one result, the message at ``partition``/``offset``, to its cluster.
+    Returns the final outcome label."""
     if item.output is not None:
         out.append(item.output)
         return DEADLETTERED
+    state.positions[partition] = offset + 1  # a directive out of this message counts it
     if item.update is not None:
         state.apply_node_update(item.update, policy, out)
         return APPLIED
@@ -160,7 +163,7 @@ class Engine:
         if state is None:
             state = self.clusters[item.cluster] = self.start.new_cluster(item.cluster)
             state.reference = self.reference
-        outcome = cluster_stage(state, item, self.policy, out)
+        outcome = cluster_stage(state, item, self.policy, out, pos.partition, pos.offset)
         self.counts[outcome] += 1
         return out
 

@@ -50,7 +50,9 @@ class Seed:
     node_seq: int = 0
     """Highest ``seq`` of the per-node directives (``expire``, ``snapshot_request``)."""
     nodes: tuple[str, ...] = ()
-    """The nodes the newest compaction directive was computed over (its ``basis``)."""
+    """The cluster's members as of its newest compaction directive: the newest ``members`` record
+    at or below its ``seq`` (a directive of an older job: the nodes of its ``basis``, which named
+    every member)."""
     service_holds: Mapping[str, Any] = field(default_factory=dict)
     """The service holds the newest compaction directive carried (holder -> hold)."""
     tenants: Mapping[str, Any] = field(default_factory=dict)
@@ -75,12 +77,17 @@ def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed
     repeats allowed): the compaction directive with the highest ``seq``, and the highest ``seq``
     of the per-node directives. Values that are not directives are skipped."""
     newest: dict[str, Mapping[str, Any]] = {}
+    members: dict[str, Mapping[str, Any]] = {}
     node_seq: dict[str, int] = {}
     for value in values:
         cluster, kind, seq = value.get("cluster"), value.get("type"), value.get("seq")
         if not isinstance(cluster, str) or not isinstance(seq, int) or isinstance(seq, bool):
             continue
-        if kind == "compaction":
+        if kind == "members" and isinstance(value.get("nodes"), list):
+            best = members.get(cluster)
+            if best is None or seq > best["seq"]:
+                members[cluster] = value
+        elif kind == "compaction":
             best = newest.get(cluster)
             if best is None or seq > best["seq"]:
                 newest[cluster] = value
@@ -93,12 +100,17 @@ def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed
             seeds[cluster] = Seed(node_seq=node_seq[cluster])
             continue
         basis = d.get("basis")
+        listed = members.get(cluster)
+        if "members" in d:  # a bounded directive: its members went out in a members record
+            nodes = tuple(sorted(str(n) for n in listed["nodes"])) if listed is not None and listed["seq"] <= d["seq"] else ()
+        else:
+            nodes = tuple(sorted(basis)) if isinstance(basis, Mapping) else ()
         seeds[cluster] = Seed(
             safe_ts=d.get("safe_ts"),
             catalog_floor=d.get("catalog_floor"),
             seq=d["seq"],
             node_seq=node_seq.get(cluster, 0),
-            nodes=tuple(sorted(basis)) if isinstance(basis, Mapping) else (),
+            nodes=nodes,
             service_holds=dict(d["service_holds"]) if isinstance(d.get("service_holds"), Mapping) else {},
             tenants={"base": d["namespace_safe_ts"], "bounds": dict(d.get("namespaces") or {})}
             if isinstance(d.get("namespace_safe_ts"), int) else {},

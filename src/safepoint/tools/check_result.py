@@ -39,6 +39,7 @@ class CheckResult:
     basis_unverified: int = 0
     basis_min_mismatches: int = 0
     basis_not_topology: int = 0
+    members_records: int = 0
     violations: int = 0
     order_violations: int = 0
     violation_examples: list[str] = field(default_factory=list)
@@ -103,6 +104,7 @@ class CheckResult:
             "basis_unverified": self.basis_unverified,
             "basis_min_mismatches": self.basis_min_mismatches,
             "basis_not_topology": self.basis_not_topology,
+            "members_records": self.members_records,
             "violations": self.violations,
             "order_violations": self.order_violations,
             "violation_examples": self.violation_examples,

@@ -5,15 +5,19 @@ It never imports ``safepoint.core``: its model of a node (readers, transactions,
 snapshots, duplicates) and its validation of a message are written again here, as simply as
 possible, from CONTRACT.md. A bug shared by the job and this module would have to be made twice.
 
-Safety. A compaction directive carries ``basis``: for every member node, the incarnation and seq
-of the node's last event the job had applied when it emitted the directive. A node's events share
-a Kafka key, so they sit in one partition in order, and the node's state after that event is a
-pure function of the log: this checker replays each node up to that position and requires the
-directive's ``safe_ts`` to be <= every hold live there (reader ``read_ts``, transaction
+Safety. A compaction directive carries ``positions``: for every events partition, the offset
+after the cluster's last message the job had applied when it emitted the directive. A node's
+events share a Kafka key, so they sit in one partition in order, and the node's state there is a
+pure function of the log: when this checker, reading a partition in offset order, reaches a
+directive's position in it, every node of the cluster in that partition is where the job had it,
+and the directive's ``safe_ts`` must be <= every hold live there (reader ``read_ts``, transaction
 ``begin_ts`` prepared or not, a group's published min tx time, ``mvcc_now - retention``). A hold
 below ``safe_ts`` is excused only if it was already below the previous directive's ``safe_ts``
 (it arrived late: nothing could protect it any more) and a ``horizon_violation`` alert names it.
 By induction over the directives this catches every directive that passed a hold it had counted.
+A directive of an older job without ``positions`` names every member's (incarnation, seq) in its
+``basis`` instead, and is checked at those positions. ``members`` records (a cluster's member set)
+are counted.
 
 Liveness. The lag is ``cluster_wall_ms * mvcc_per_ms - safe_ts``; its worst value is just before
 an advance (``cluster_wall_ms`` of directive k against ``safe_ts`` of k-1) or at the end of the
@@ -84,13 +88,24 @@ class _Checker:
         self.at: dict[tuple[str, str], dict[tuple[int, int], list[tuple[dict[str, Any], int | None]]]] = defaultdict(
             lambda: defaultdict(list)
         )
+        # (partition, offset) -> [(cluster, directive, previous safe_ts)]: checked when the partition reaches it
+        self.at_offset: dict[tuple[int, int], list[tuple[str, dict[str, Any], int | None]]] = defaultdict(list)
+        self.in_partition: dict[tuple[str, int], set[str]] = defaultdict(set)
+        """(cluster, partition) -> the nodes whose events are there."""
+        self.read_to: dict[int, int] = {}
+        """partition -> the offset after the last message read."""
         self.pending = 0
         for cluster, ds in self.by_cluster.items():
             prev: int | None = None
             for d in ds:
-                for node, b in (d.get("basis") or {}).items():
-                    self.at[(cluster, node)][(b["incarnation"], b["seq"])].append((d, prev))
-                    self.pending += 1
+                if "positions" in d:
+                    for part, offset in d["positions"].items():
+                        self.at_offset[(int(part), offset)].append((cluster, d, prev))
+                        self.pending += 1
+                else:  # an older job's directive: every member at its own (incarnation, seq)
+                    for node, b in (d.get("basis") or {}).items():
+                        self.at[(cluster, node)][(b["incarnation"], b["seq"])].append((d, prev))
+                        self.pending += 1
                 prev = d["safe_ts"]
 
     def _alerts(self, alerts: list[dict[str, Any]]) -> None:
@@ -115,6 +130,9 @@ class _Checker:
                 continue
             if d.get("type") == "snapshot_request":
                 self.r.snapshot_requests += 1
+                continue
+            if d.get("type") == "members":
+                self.r.members_records += 1
                 continue
             if d.get("type") != "compaction":
                 self.r.violation(f"unknown directive type {d.get('type')!r}", order=True)
@@ -146,8 +164,18 @@ class _Checker:
         return out
 
     # -- the log ------------------------------------------------------------------------
+    def reached(self, partition: int, offset: int) -> None:
+        """The partition is read up to ``offset`` (the next message, or its end): check the
+        directives whose position in it is that offset, on every node of theirs there."""
+        for cluster, d, prev in self.at_offset.pop((partition, offset), ()):
+            self.pending -= 1
+            for name in sorted(self.in_partition.get((cluster, partition), ())):
+                self._check(cluster, name, self.nodes[(cluster, name)], d, prev)
+
     def message(self, partition: int, offset: int, value: bytes | str | None) -> bool:
         """Classify and apply one message. Returns False when it is bad (a dead letter is due)."""
+        self.reached(partition, offset)
+        self.read_to[partition] = offset + 1
         self.r.messages += 1
         ev, why = validate_event(value)
         if ev is None:
@@ -162,6 +190,7 @@ class _Checker:
         node = self.nodes.get(key)
         if node is None:
             node = self.nodes[key] = _Node()
+        self.in_partition[(cluster, partition)].add(ev["node"])
         if not self._apply(node, ev):
             self.r.ignored += 1
             return True
@@ -275,7 +304,10 @@ class _Checker:
                     r.violation(f"{where}: {kind} {hid} at {hold.ts} arrived below safe_ts {prev} with no horizon_violation alert")
                 continue
             r.violation(f"{where}: passed live {kind} {hid} at {hold.ts}" + (" (prepared)" if hold.prepared else ""))
-        reported = (d.get("basis") or {}).get(name, {}).get("local_min")
+        listed = d.get("basis") or {}
+        if "positions" in d and name not in listed:
+            return  # the basis lists only the lowest minimums
+        reported = listed.get(name, {}).get("local_min")
         if reported != local_min:
             r.basis_min_mismatches += 1
             if r.basis_min_mismatches <= 3:
@@ -283,9 +315,12 @@ class _Checker:
 
     def finish(self, mvcc_per_ms: int, node_lease_ms: int, directive_interval_ms: int, warmup_ms: int) -> None:
         r = self.r
+        for partition, stop in self.read_to.items():
+            self.reached(partition, stop)  # positions at a partition's end
         r.basis_unverified = self.pending
         if self.pending:
-            left = [(k, pos) for k, positions in self.at.items() for pos in positions]
+            left: list[Any] = [(k, pos) for k, positions in self.at.items() for pos in positions]
+            left += list(self.at_offset)
             r.violation(
                 f"{self.pending} basis positions name events this checker never applied, e.g. {left[:3]}: "
                 "those directives cannot be verified"
@@ -297,8 +332,10 @@ class _Checker:
                     r.longest_hold_ms = max(r.longest_hold_ms, end - hold.opened_wall)
         for cluster, ds in self.by_cluster.items():
             tops = set(self.topologies.get(cluster, {}).values())
-            if tops:
-                r.basis_not_topology += sum(1 for d in ds if frozenset(d.get("basis") or {}) not in tops)
+            if tops:  # the members a directive counts are a topology's nodes (the basis lists the lowest of them)
+                r.basis_not_topology += sum(
+                    1 for d in ds if not any(frozenset(d.get("basis") or {}) <= t and d.get("members", len(t)) == len(t)
+                                             and ("members" in d or frozenset(d.get("basis") or {}) == t) for t in tops))
         if self.cluster_first:
             r.first_wall_ms = min(self.cluster_first.values())
             r.last_wall_ms = max(self.cluster_last.values())

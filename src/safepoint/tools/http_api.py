@@ -204,10 +204,16 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
         held = st["holds"] if namespace is None else [h for h in st["holds"] if h.get("namespace") in (namespace, None)]
         return {"holds": held[:limit], "counts": st["hold_counts"]}
 
-    @app.get("/api/v1/clusters/{cluster}/nodes", summary="the cluster's nodes", responses=NOT_FOUND)
-    def nodes(cluster: CLUSTER) -> Any:
+    @app.get("/api/v1/clusters/{cluster}/nodes", summary="the cluster's nodes (each one's minimum, incarnation, "
+             "seq and lease: what a directive's basis lists for its lowest few), by name, a page at a time",
+             responses=NOT_FOUND)
+    def nodes(cluster: CLUSTER, limit: Annotated[int | None, Query(ge=1, le=100_000)] = None,
+              offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0) -> Any:
         st = store.status(cluster)
-        return _unknown(cluster) if st is None else {"nodes": st["nodes"]}
+        if st is None:
+            return _unknown(cluster)
+        listed = st["nodes"][offset:] if limit is None else st["nodes"][offset:offset + limit]
+        return {"nodes": listed, "total": len(st["nodes"]), "offset": offset}
 
     @app.get("/api/v1/clusters/{cluster}/history", summary="recent safe points and lags, oldest first",
              responses=NOT_FOUND)
