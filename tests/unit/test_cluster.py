@@ -15,6 +15,7 @@ from pathlib import Path
 from safepoint.core import ClusterState, NodeState
 from safepoint.core.codec import encode
 from safepoint.core.compaction import BASIS_LISTED
+from safepoint.core.ids import join_id, split_id
 
 from core_helpers import NodeClient, Run, cluster_event, topology, two_node_cluster
 
@@ -569,3 +570,58 @@ def test_outputs_do_not_depend_on_the_hash_seed() -> None:
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True, timeout=60)
         results.add(done.stdout)
     assert len(results) == 1
+
+
+# -- horizon violations and alert ids at the edges ------------------------------------------------
+
+
+def raised_ids(run: Run, kind: str = "horizon_violation") -> list[str]:
+    return [a["id"] for a in run.alerts(kind, "raised")]
+
+
+def test_a_joining_node_has_every_hold_below_safe_ts_alerted_even_behind_a_lower_group() -> None:
+    run = Run()
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(topology(1, T0, {"n1": []}), n1.hb(T0, 1_000))
+    run.feed(n2.open("r1", 1_300, T0), n2.begin("t1", 1_400, T0),
+             n2.hb(T0, 3_000, groups=[{"group": "g", "leader": False, "published_min_tx_time": 1_100}]))
+    run.feed(n1.hb(T0 + 1, 2_000))
+    assert run.last_safe_ts() == 2_000 and run.alerts() == []
+    run.feed(topology(2, T0 + 2, {"n1": [], "n2": []}))
+    assert sorted(raised_ids(run)) == [
+        "default/horizon_violation/n2/group/g",
+        "default/horizon_violation/n2/reader/r1",
+        "default/horizon_violation/n2/tx/t1",
+    ]
+
+
+def test_ids_with_slashes_stay_apart() -> None:
+    """Node "n1" with reader "reader/x" and node "n1/reader" with reader "x" once shared one alert id."""
+    run = Run()
+    a, b = NodeClient("n1"), NodeClient("n1/reader")
+    run.feed(topology(1, T0, {"n1": [], "n1/reader": []}), a.hb(T0, 1_000), b.hb(T0, 1_000))
+    run.feed(a.open("reader/x", 10, T0 + 1), b.open("x", 20, T0 + 1))
+    ids = raised_ids(run)
+    assert len(set(ids)) == 2, ids
+    assert ids == ["default/horizon_violation/n1/reader/reader%2Fx", "default/horizon_violation/n1%2Freader/reader/x"]
+    run.feed(b.close("x", T0 + 2))
+    cleared = [x["id"] for x in run.alerts("horizon_violation", "cleared")]
+    assert cleared == [ids[1]], "a clear of one is not a clear of the other"
+    assert split_id(ids[0].split("/", 1)[1]) == ["horizon_violation", "n1", "reader", "reader/x"]
+    assert join_id("c/1", "n%", "x") == "c%2F1/n%25/x"
+
+
+def test_mvcc_now_or_a_group_time_below_safe_ts_is_a_horizon_violation() -> None:
+    run = Run()
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(topology(1, T0, {"n1": [], "n2": []}), n1.hb(T0, 1_000), n2.hb(T0, 1_000))
+    assert run.last_safe_ts() == 1_000
+    run.feed(n1.hb(T0 + 1, 800))  # the node's clock went back below the safe point
+    [a] = run.alerts("horizon_violation", "raised")
+    assert (a["id"], a["value"], a["threshold"]) == ("default/horizon_violation/n1/retention/-", 800, 1_000)
+    assert "retention bound" in a["detail"]
+    run.feed(n1.hb(T0 + 2, 1_200))
+    assert [x["id"] for x in run.alerts("horizon_violation", "cleared")] == [a["id"]]
+    run.feed(n2.hb(T0 + 3, 1_500, groups=[{"group": "g7", "leader": True, "published_min_tx_time": 900}]))
+    assert raised_ids(run)[-1] == "default/horizon_violation/n2/group/g7"
+    assert run.last_safe_ts() == 1_000, "never lowered"

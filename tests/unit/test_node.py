@@ -406,3 +406,26 @@ def test_a_close_that_restarts_the_node_walks_its_holds_again() -> None:
     u = ns.apply(ev("reader_close", 2, 1, reader_id="never-held"), policy)
     assert isinstance(u, NodeUpdate) and u.local_min == 900 and u.blocker is not None and u.blocker.kind == "retention"
     assert u.changed
+
+
+# -- a snapshot or heartbeat that names a hold or a group twice -----------------------------------
+
+
+def test_a_hold_listed_twice_keeps_the_lower_entry() -> None:
+    for readers in ([{"reader_id": "r1", "read_ts": 500}, {"reader_id": "r1", "read_ts": 900}],
+                    [{"reader_id": "r1", "read_ts": 900}, {"reader_id": "r1", "read_ts": 500}]):
+        run = Run()
+        n1 = NodeClient("n1")
+        run.feed(topology(1, WALL, {"n1": []}), n1.snapshot(WALL, readers=readers, txs=[
+            {"tx_id": "t1", "begin_ts": 800}, {"tx_id": "t1", "begin_ts": 700}]), n1.hb(WALL, 2_000))
+        assert run.last_safe_ts() == 500
+    groups = [{"group": "g", "leader": True, "published_min_tx_time": 300},
+              {"group": "g", "leader": False, "published_min_tx_time": 100}]
+    run = Run()
+    n1 = NodeClient("n1")
+    run.feed(topology(1, WALL, {"n1": []}), n1.hb(WALL, 2_000, groups=groups))
+    assert run.last_safe_ts() == 100
+    groups[0]["published_min_tx_time"] = None  # one entry says the leader has not published: unknown
+    run.feed(n1.hb(WALL + 1, 3_000, groups=groups))
+    assert run.last_safe_ts() == 100
+    assert [a["kind"] for a in run.alerts(state="raised")] == ["unknown_node_min"]

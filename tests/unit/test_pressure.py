@@ -26,8 +26,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from safepoint.core import DIRECTIVES, Engine, Output, Policy, Position
+from safepoint.core import DIRECTIVES, Engine, NodeState, Output, Policy, Position
 from safepoint.core.bands import BandSpec, band_step, new_band
+from safepoint.core.records import Expiry
 
 from core_helpers import EVENTS_TOPIC, NodeClient, Run, check_output, restore_engine, topology, validator
 
@@ -1183,3 +1184,52 @@ def test_a_graceful_expiry_is_not_made_hard_once_pressure_left_critical() -> Non
     u = state.apply({**ev, "type": "heartbeat", "seq": 4, "wall_ms": 5_000, "mvcc_now": 10, "pinned_bytes": 0}, policy)
     assert state.pinned_band.level == 0 and not [s for s in u.signals if s[0] == "expire"]
     assert band_step is not None
+
+
+# -- forced expiry and in-doubt transactions at the edges -----------------------------------------
+
+
+EXPIRY_PRESSURE = dict(pinned_critical_enter_bytes=100, pinned_critical_exit_bytes=80, pinned_warning_enter_bytes=50,
+                       pinned_warning_exit_bytes=40, band_enter_window_ms=0, band_exit_window_ms=0, expire_after_ms=0,
+                       max_reader_lifetime_ms=0, expire_grace_ms=1_000, max_expiries_per_window=10)
+
+
+def raised_ids(run: Run, kind: str = "horizon_violation") -> list[str]:
+    return [a["id"] for a in run.alerts(kind, "raised")]
+
+
+def test_a_reader_and_a_transaction_with_one_id_are_two_holds_for_forced_expiry() -> None:
+    run = Run(Policy(**EXPIRY_PRESSURE))
+    n1 = NodeClient("n1")
+    run.feed(topology(1, T0, {"n1": []}), n1.hb(T0, 1_000))
+    run.feed(n1.open("h1", 500, T0 + 1), n1.begin("h1", 600, T0 + 1))
+    outs = run.feed(n1.hb(T0 + 2, 1_000, pinned_bytes=500), n1.hb(T0 + 3, 1_000, pinned_bytes=500))
+    keys = sorted(o.key for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire")
+    assert keys == ["default/n1/reader/h1", "default/n1/tx/h1"]
+    assert sorted(raised_ids(run, "forced_expiry")) == ["default/forced_expiry/n1/reader/h1",
+                                                        "default/forced_expiry/n1/tx/h1"]
+    run.feed(n1.close("h1", T0 + 4))
+    assert [a["id"] for a in run.alerts("forced_expiry", "cleared")] == ["default/forced_expiry/n1/reader/h1"]
+    # the transaction is still expiring: after the grace period it turns hard
+    outs = run.feed(n1.hb(T0 + 2_000, 1_000, pinned_bytes=500))
+    hard = [o.value for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
+    assert [(e.get("tx_id"), e["mode"]) for e in hard] == [("h1", "hard")]
+
+
+def test_an_older_state_of_expiries_restores() -> None:
+    data = {"c": "default", "n": "n1", "i": 0, "s": 1, "w": T0, "r": {"r1": [5, T0, None, 0]},
+            "ex": {"r1": ["reader", "graceful", T0]}}  # state version 1, before kinds were told apart
+    restored = NodeState.from_json(json.loads(json.dumps(data)))
+    assert restored.expiries == {"reader/r1": Expiry("reader", "graceful", T0, "r1")}
+    assert "ex" not in restored.to_json() and restored.to_json()["expiries"] == {"reader/r1": ["reader", "graceful", T0, "r1"]}
+
+
+def test_wall_ms_zero_is_a_time_for_the_in_doubt_timer() -> None:
+    run = Run(in_doubt_timeout_ms=1_000)
+    n1 = NodeClient("n1")
+    run.feed(topology(1, 0, {"n1": []}), n1.hb(0, 1_000), n1.begin("t1", 900, 0), n1.prepare("t1", 0))
+    # a snapshot before the timeout names the prepared transaction again: it was prepared at 0, not now
+    run.feed(n1.snapshot(500, readers=[], txs=[{"tx_id": "t1", "begin_ts": 900, "prepared": True}]))
+    run.feed(n1.hb(1_000, 1_000))
+    [a] = run.alerts("in_doubt_tx", "raised")
+    assert (a["since_wall_ms"], a["value"]) == (0, 1_000)
