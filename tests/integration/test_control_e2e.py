@@ -24,10 +24,12 @@ from safepoint.tools.broker import free_port
 
 from doc_blocks import block
 from kafka_util import read_topic
-from test_faults import (
+from tests_support import (
     JOB_START_TIMEOUT_S,
     JobProcess,
+    answers,
     caught_up,
+    get,
     job_env,
     job_flags,
     make_settings,
@@ -36,7 +38,6 @@ from test_faults import (
     verify,
     wait_for,
 )
-from tests_support import answers, get
 
 pytestmark = pytest.mark.integration
 TOKEN = "e2e-admin-token"

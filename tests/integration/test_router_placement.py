@@ -4,7 +4,7 @@ in a separate mapInArrow: same log, same outputs, and both are replay's.
 A generated multi-partition log with two clusters, restarts, duplicates and bad messages is in
 the broker before either query starts, so both plan the same micro-batches; every output topic
 (directives, alerts, dead letters, per-offset accounting) and the observed counters must match,
-and each run is checked against ``Engine`` replayed in the job's batch order (test_faults.verify).
+and each run is checked against ``Engine`` replayed in the job's batch order (tests_support.verify).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from safepoint.streaming.job import build_query, messages_in
 from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
-from test_faults import verify
+from tests_support import verify
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ import pytest
 from safepoint.tools.broker import free_port
 
 from doc_blocks import ROOT, block
-from test_faults import (
+from tests_support import (
     CATCH_UP_TIMEOUT_S,
     JOB_START_TIMEOUT_S,
     JobProcess,

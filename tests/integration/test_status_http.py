@@ -26,8 +26,7 @@ from safepoint.tools.broker import free_port
 
 from doc_blocks import block
 from observers import Prometheus, browser_missing, dashboard_text, missing_tool, prometheus_missing
-from test_faults import JOB_START_TIMEOUT_S, JobProcess, job_env, job_flags, make_settings, send, wait_for
-from tests_support import answers, get
+from tests_support import JOB_START_TIMEOUT_S, JobProcess, answers, get, job_env, job_flags, make_settings, send, wait_for
 
 pytestmark = pytest.mark.integration
 T0 = 1_767_225_600_000

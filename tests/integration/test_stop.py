@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from test_faults import job_env, make_settings
+from tests_support import job_env, make_settings
 
 pytestmark = pytest.mark.integration
 

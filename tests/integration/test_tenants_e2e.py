@@ -15,7 +15,7 @@ from safepoint.connectors.listener import DirectiveListener, compact_up_to
 from safepoint.connectors.reporter import Reporter
 from safepoint.errors import ReaderRefused
 
-from test_faults import JOB_START_TIMEOUT_S, JobProcess, caught_up, job_flags, make_settings, topic_ends, verify, wait_for
+from tests_support import JOB_START_TIMEOUT_S, JobProcess, caught_up, job_flags, make_settings, topic_ends, verify, wait_for
 
 pytestmark = pytest.mark.integration
 RETENTION_US = 1_000_000  # one second of a microsecond MVCC clock
