@@ -7,10 +7,7 @@ import importlib
 import json
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -252,50 +249,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from safepoint.connectors.topics import ensure_topics, topic_specs
-    from safepoint.streaming.job import batch_accounting, build_query, messages_in
-    from safepoint.streaming.session import build_session
+    from safepoint.streaming.driver import run_job
     from safepoint.tools.serve import JobSurface
 
     settings = _settings(args)
-    if not settings.checkpoint:
-        msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
-        raise SafepointError(msg)
-    created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
-    if created:
-        print(f"created topics: {', '.join(created)}", flush=True)
-    query: Any = None
-    surface = JobSurface(settings, lambda: bool(query is not None and query.isActive))  # binds its port first
-    spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui)
-    if settings.spark_ui:
-        print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
-    query = build_query(spark, settings)
-    print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    last = None
-    try:
-        while not stopping.is_set() and query.isActive:
-            time.sleep(0.5)
-            progress = query.lastProgress
-            if progress and progress.get("batchId") != last:
-                last = progress.get("batchId")
-                counts = " ".join(f"{k}={v}" for k, v in batch_accounting(progress).items() if v and k != "consumed")
-                took = ((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
-                n = messages_in(progress)
-                print(f"batch {last}: {n} events, {n / took if took else 0:.0f}/s {counts}".rstrip(), flush=True)
-                surface.batch(progress, batch_accounting(progress), n)
-        if not query.isActive and query.exception() is not None:
-            print(f"safepoint run: the query failed: {query.exception()}", file=sys.stderr)
-            return 1
-    finally:
-        if query.isActive:
-            query.stop()
-        surface.close()
-        spark.stop()
-    print("safepoint run: stopped", flush=True)
-    return 0
+    return run_job(settings, lambda active: JobSurface(settings, active))
 
 
 def _tool(module: str, func: str) -> Callable[[argparse.Namespace], int]:

@@ -1,0 +1,74 @@
+"""The driver loop of ``safepoint run``: create the topics, start Spark and the query, report each
+finished micro-batch, and stop cleanly on SIGINT or SIGTERM.
+
+What the job shows of itself (its progress record on the status topic, the HTTP surface in its
+process) is the caller's ``surface``, made by ``surface_for(active)`` before the Spark session
+starts (so that its port is bound first); ``active()`` says whether the query runs.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.errors import SafepointError
+from safepoint.settings import Settings
+
+__all__ = ["Surface", "run_job"]
+
+
+class Surface(Protocol):
+    def batch(self, progress: dict[str, Any], counts: dict[str, int], rows: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
+    """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
+    from safepoint.streaming.job import batch_accounting, build_query, messages_in
+    from safepoint.streaming.session import build_session
+
+    if not settings.checkpoint:
+        msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
+        raise SafepointError(msg)
+    created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
+    if created:
+        print(f"created topics: {', '.join(created)}", flush=True)
+    query: Any = None
+    surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
+    spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui)
+    if settings.spark_ui:
+        print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
+    query = build_query(spark, settings)
+    print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    last = None
+    try:
+        while not stopping.is_set() and query.isActive:
+            time.sleep(0.5)
+            progress = query.lastProgress
+            if progress and progress.get("batchId") != last:
+                last = progress.get("batchId")
+                counts = batch_accounting(progress)
+                shown = " ".join(f"{k}={v}" for k, v in counts.items() if v and k != "consumed")
+                took = ((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
+                n = messages_in(progress)
+                print(f"batch {last}: {n} events, {n / took if took else 0:.0f}/s {shown}".rstrip(), flush=True)
+                surface.batch(progress, counts, n)
+        if not query.isActive and query.exception() is not None:
+            print(f"safepoint run: the query failed: {query.exception()}", file=sys.stderr)
+            return 1
+    finally:
+        if query.isActive:
+            query.stop()
+        surface.close()
+        spark.stop()
+    print("safepoint run: stopped", flush=True)
+    return 0
