@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     phases = set(args.phases.split(","))
     rates = [float(r) for r in args.rate.split(",") if r.strip()]
-    from safepoint.tools.broker import EmbeddedBroker
+    from safepoint.devtools.broker import EmbeddedBroker
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from typing import Any
 from bench_common import _T0, PROTO, cpu_delta, cpu_snapshot, proc_tree, rss_sample
 from bench_workload import consumer, logical_state, producer
 
-from safepoint.tools.soak import dir_size
+from safepoint.devtools.soak import dir_size
 
 
 def worker_plain(spec: dict[str, Any]) -> int:

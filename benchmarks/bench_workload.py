@@ -49,7 +49,7 @@ def build_workload(
     and closes the oldest, so each close frees the blocker and yields exactly one directive whose
     ``cluster_wall_ms`` is that close's ``wall_ms`` (and whose blocker is the next probe reader).
     """
-    from safepoint.tools.simulate import ClusterSim, SimConfig, key_of
+    from safepoint.devtools.simulate import ClusterSim, SimConfig, key_of
 
     hb = heartbeat_ms_for(nodes, rate)
     probe_rate = 2 * probe_hz + 1000 / hb

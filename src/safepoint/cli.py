@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--report", default=None, help=f"also write the report as JSON to this file [env {env_name('report')}]")
 
-    from safepoint.tools.control_cli import add_parsers
+    from safepoint.ops.control_cli import add_parsers
 
     add_parsers(sub, _control_flags)
 
@@ -198,7 +198,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
-    from safepoint.tools.broker import run_foreground
+    from safepoint.devtools.broker import run_foreground
 
     port = _env_or(args, "port", 9092, int)
     return run_foreground(port, _env_or(args, "data_dir", None, str))
@@ -233,7 +233,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from safepoint.tools.simulate import SimConfig, run_simulator
+    from safepoint.devtools.simulate import SimConfig, run_simulator
 
     settings = _settings(args)
     cfg = SimConfig(_env_or(args, "nodes", 3, int), _env_or(args, "rate", 200.0, float), namespaces=_env_or(args, "namespaces", 0, int))
@@ -249,8 +249,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from safepoint.ops.serve import JobSurface
     from safepoint.streaming.driver import run_job
-    from safepoint.tools.serve import JobSurface
 
     settings = _settings(args)
     return run_job(settings, lambda active: JobSurface(settings, active))
@@ -262,7 +262,7 @@ def _tool(module: str, func: str) -> Callable[[argparse.Namespace], int]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from safepoint.tools.demo import run_demo
+    from safepoint.devtools.demo import run_demo
 
     settings = _settings(args)
     return run_demo(
@@ -308,13 +308,13 @@ def cmd_check_node(args: argparse.Namespace) -> int:
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from safepoint.tools.demo import follow
+    from safepoint.ops.view import follow
 
     return follow(_settings(args), _env_or(args, "duration", None, float))
 
 
 def cmd_soak(args: argparse.Namespace) -> int:
-    from safepoint.tools.soak import SoakConfig, run_soak
+    from safepoint.devtools.soak import SoakConfig, run_soak
 
     cfg = SoakConfig(
         duration_s=_env_or(args, "duration", 300.0, float),
@@ -346,8 +346,8 @@ EXTRAS = {"pyspark": "job", "pyarrow": "job", "pandas": "job", "fastapi": "serve
           "prometheus_client": "serve", "starlette": "serve", "pydantic": "serve", "rich": "serve", "noida_db": "broker",
           "psutil": "dev", "kafka": "kafka-python"}
 """The extra that brings a module a command needs (pyproject.toml: the bare install is the node client)."""
-_CONTROL = _tool("safepoint.tools.control_cli", "run_args")
-COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.tools.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
+_CONTROL = _tool("safepoint.ops.control_cli", "run_args")
+COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.tools.broker import EmbeddedBroker
+from safepoint.devtools.broker import EmbeddedBroker
 
 KAFKA_IMAGE = "apache/kafka:4.1.0"
 

@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from safepoint.tools.broker import free_port
+from safepoint.devtools.broker import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from safepoint.tools.broker import free_port, wait_for_kafka
+from safepoint.devtools.broker import free_port, wait_for_kafka
 
 pytestmark = pytest.mark.integration
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, kafka_connector_missing, kafka_options
-from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
 

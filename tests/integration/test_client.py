@@ -21,10 +21,10 @@ from safepoint.connectors.clients import CLIENTS
 from safepoint.connectors.listener import Directive, DirectiveListener, ExpireDirective, compact_up_to
 from safepoint.connectors.reporter import Handle, Reader, Reporter, default_incarnation
 from safepoint.connectors.topics import ensure_topics
+from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.errors import ClientClosed, ReaderExpired, ReaderRefused
 from safepoint.schemas import load
 from safepoint.settings import Settings
-from safepoint.tools.broker import EmbeddedBroker
 
 pytestmark = pytest.mark.integration
 

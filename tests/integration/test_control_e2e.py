@@ -20,7 +20,7 @@ import pytest
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import Reporter
 from safepoint.connectors.service_hold import HoldRefused, ServiceHold
-from safepoint.tools.broker import free_port
+from safepoint.devtools.broker import free_port
 
 from doc_blocks import block
 from kafka_util import read_topic

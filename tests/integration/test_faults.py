@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.devtools.broker import EmbeddedBroker, free_port
 from safepoint.settings import Settings
 from safepoint.streaming.job import build_query, messages_in
-from safepoint.tools.broker import EmbeddedBroker, free_port
 
 from kafka_util import read_topic, unique
 from tests_support import (

@@ -42,14 +42,14 @@ while not listener.caught_up or listener.seq == 0:
     time.sleep(0.1)
 """,
     "status-follower": """
-from safepoint.tools.status_store import StatusStore
+from safepoint.ops.status_store import StatusStore
 store = StatusStore()
 store.follow(S.librdkafka(), S.status_topic)
 while store.messages < 1:
     time.sleep(0.1)
 """,
     "view": """
-from safepoint.tools.demo import LiveView
+from safepoint.ops.view import LiveView
 view = LiveView(S)
 while view.count < 1:
     view.poll(0.5)

@@ -25,9 +25,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from safepoint.connectors.clients import KAFKA_PYTHON, crc32_partition
 from safepoint.connectors.producer import make_producer
 from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.devtools.simulate import SimConfig, generate_log
 from safepoint.schemas import load
 from safepoint.settings import Settings, load_settings
-from safepoint.tools.simulate import SimConfig, generate_log
 
 from kafka_util import produce, unique
 from test_parity import as_message, drained

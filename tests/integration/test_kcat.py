@@ -13,7 +13,7 @@ import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core.events import parse
-from safepoint.tools.broker import EmbeddedBroker
+from safepoint.devtools.broker import EmbeddedBroker
 
 from doc_blocks import block
 from kafka_util import produce, read_topic

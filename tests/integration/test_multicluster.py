@@ -11,9 +11,9 @@ import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
+from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
-from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
 

@@ -13,9 +13,9 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
 from safepoint.core.batch import BY_NAME, merge_log_order
 from safepoint.core.codec import encode
+from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, messages_in
-from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
-from safepoint.tools.broker import EmbeddedBroker
 
 from doc_blocks import block
 

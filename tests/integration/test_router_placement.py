@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, messages_in
-from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import produce, read_topic, unique
 from tests_support import verify

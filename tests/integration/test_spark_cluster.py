@@ -25,7 +25,7 @@ from typing import Any
 import psutil
 import pytest
 
-from safepoint.tools.broker import free_port
+from safepoint.devtools.broker import free_port
 
 from doc_blocks import ROOT, block
 from tests_support import (

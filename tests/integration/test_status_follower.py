@@ -20,10 +20,10 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.core.status import cluster_status, node_status, status_key
+from safepoint.devtools.broker import EmbeddedBroker
+from safepoint.ops.http_api import make_app
+from safepoint.ops.status_store import StatusStore
 from safepoint.settings import load_settings
-from safepoint.tools.broker import EmbeddedBroker
-from safepoint.tools.http_api import make_app
-from safepoint.tools.status_store import StatusStore
 
 from kafka_util import produce, read_topic, unique
 

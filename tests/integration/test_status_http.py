@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.tools.broker import free_port
+from safepoint.devtools.broker import free_port
 
 from doc_blocks import block
 from observers import Prometheus, browser_missing, dashboard_text, missing_tool, prometheus_missing

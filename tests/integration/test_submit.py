@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from safepoint.tools.broker import EmbeddedBroker
+from safepoint.devtools.broker import EmbeddedBroker
 
 from doc_blocks import ROOT, block
 from kafka_util import produce, read_topic

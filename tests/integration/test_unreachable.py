@@ -10,8 +10,8 @@ import time
 import pytest
 
 from safepoint.connectors.topics import REACH_TIMEOUT_S
-from safepoint.tools.broker import EmbeddedBroker, free_port
-from safepoint.tools.control_cli import CONTROL_REACH_TIMEOUT_S
+from safepoint.devtools.broker import EmbeddedBroker, free_port
+from safepoint.ops.control_cli import CONTROL_REACH_TIMEOUT_S
 
 pytestmark = pytest.mark.integration
 

@@ -43,8 +43,8 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position, node_stage
 from safepoint.core.batch import BY_NAME, encode_staged, merge_log_order
 from safepoint.core.codec import encode
+from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import Settings, load_settings
-from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from kafka_util import read_topic, unique
 

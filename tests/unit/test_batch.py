@@ -22,9 +22,9 @@ from safepoint.core.batch import METRICS, Routed, bucket_of, counts_of, encode_s
 from safepoint.core.engine import node_stage
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
+from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.replay import final_status
-from safepoint.tools.simulate import SimConfig, generate_log, key_of
 
 from core_helpers import validator
 from local_job import LocalJob, Message

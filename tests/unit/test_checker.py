@@ -1,4 +1,4 @@
-"""The soak's independent checker (safepoint.tools.checker) on small hand-made logs: it must pass a
+"""The soak's independent checker (safepoint.devtools.checker) on small hand-made logs: it must pass a
 correct run and catch each kind of wrong one (a directive past a live hold, a late hold with no
 alert, a prepared transaction forgotten across a restart, seq gaps, safe_ts going back, a lost
 message, a lagging safe point)."""
@@ -13,8 +13,8 @@ import pytest
 
 from safepoint.core import Engine, Policy, Position, parse
 from safepoint.core.events import Rejected
-from safepoint.tools.checker import CheckResult, check_logs, validate_event
-from safepoint.tools.simulate import BAD_KINDS, SimConfig, bad_message, generate_log
+from safepoint.devtools.checker import CheckResult, check_logs, validate_event
+from safepoint.devtools.simulate import BAD_KINDS, SimConfig, bad_message, generate_log
 
 T0 = 1_700_000_000_000
 
@@ -288,7 +288,7 @@ def test_a_directive_nudged_past_its_blocker_is_caught(simulated: tuple[list[byt
 
 
 def test_the_soaks_flat_verdict_ignores_warm_up_and_smooths_the_saw_tooth() -> None:
-    from safepoint.tools.soak import Sample, growth
+    from safepoint.devtools.soak import Sample, growth
 
     def run(values: list[int], start_batch_at: int = 2) -> list[Sample]:
         return [Sample(t_s=10.0 * i, jvm_rss=v, workers_rss=v, driver_rss=v, state_bytes=v, checkpoint_bytes=v, workers=1,

@@ -2,7 +2,8 @@
 import which, what the node client leaves out, and the import circles left inside the core.
 
 The parts, bottom up: ``errors`` and ``schemas``; the pure ``core``; ``settings``; the ``connectors``
-(Kafka, the node client); the ``streaming`` job; the ``tools`` and the top-level commands.
+(Kafka, the node client); the ``streaming`` job; what operators run (``ops``); what developers run
+(``devtools``) and the commands on top.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = {"core": ROOT / "src/safepoint/core", "connectors": ROOT / "connectors", "streaming": ROOT / "streaming",
-         "tools": ROOT / "src/safepoint/tools"}
+         "ops": ROOT / "src/safepoint/ops", "devtools": ROOT / "src/safepoint/devtools"}
 TOP = ROOT / "src/safepoint"
 
 ALLOWED = {
@@ -24,8 +25,10 @@ ALLOWED = {
     "streaming": {"core", "connectors", "errors", "settings", "gcfreeze"},
     "replay": {"core", "errors", "settings"},
     "checknode": {"core", "connectors", "errors", "settings"},
+    "ops": {"core", "connectors", "streaming", "errors", "schemas", "settings"},
 }
-"""Which parts each part may import (``tools`` and ``cli`` sit on top and may import any)."""
+"""Which parts each part may import (``devtools`` and ``cli`` sit on top and may import any): what
+operators run never needs what developers run."""
 
 NODE_CLIENT = ["reporter", "sender", "handles", "publishing", "heartbeat", "incarnation", "expiry", "listener",
                "directives", "node_directives", "delivery", "service_hold", "control", "follow", "idle", "clients",

@@ -22,9 +22,9 @@ from safepoint.core.codec import encode
 from safepoint.core.engine import Engine
 from safepoint.core.events import parse
 from safepoint.core.status import assemble, cluster_status, node_status, status_key
+from safepoint.ops.http_api import MAX_ADMIN_BODY, HttpServer, make_app
+from safepoint.ops.status_store import JOB_KEY, StatusStore
 from safepoint.replay import final_status
-from safepoint.tools.http_api import MAX_ADMIN_BODY, HttpServer, make_app
-from safepoint.tools.status_store import JOB_KEY, StatusStore
 
 from core_helpers import NodeClient, Run, topology
 
@@ -141,7 +141,7 @@ def test_a_large_cluster_status_part_is_bounded_and_assembles_to_the_same_status
     by_name = {n["node"]: n for n in b["nodes"]}
     assert all(n == by_name[n["node"]] for n in a["nodes"]), "every node shown as the unbounded status shows it"
     assert a["holds"] == b["holds"] and a["hold_counts"] == b["hold_counts"]
-    from safepoint.tools.metrics import StatusCollector
+    from safepoint.ops.metrics import StatusCollector
 
     def samples(run: Run) -> dict[tuple[str, tuple[str, ...]], float]:
         store = store_of(run.engine)

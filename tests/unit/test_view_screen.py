@@ -4,7 +4,7 @@ apart from the pressure bands, human units."""
 
 from __future__ import annotations
 
-from safepoint.tools.view import ViewState, human_bytes, human_ms, render_text, screen
+from safepoint.ops.view import ViewState, human_bytes, human_ms, render_text, screen
 
 T = 1_700_000_000_000  # ms: 2023-11-14 22:13:20 UTC
 

@@ -34,8 +34,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from safepoint import __version__
 from safepoint.connectors.control import ControlPublisher
 from safepoint.errors import SafepointError
-from safepoint.tools.metrics import StatusCollector
-from safepoint.tools.status_store import StatusStore
+from safepoint.ops.metrics import StatusCollector
+from safepoint.ops.status_store import StatusStore
 
 __all__ = ["MAX_ADMIN_BODY", "AdminGate", "HttpServer", "make_app"]
 
@@ -166,7 +166,7 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
                               "every hold, as the safepoint job publishes them.")
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StatusCollector(store))
-    page = resources.files("safepoint.tools.dashboard").joinpath("index.html").read_text(encoding="utf-8")
+    page = resources.files("safepoint.ops.dashboard").joinpath("index.html").read_text(encoding="utf-8")
 
     @app.get("/healthz", summary="the process is up; the job's query and input lag where it runs here",
              responses={503: {"description": "the status follower is stalled (status: stalled, with why)"}})

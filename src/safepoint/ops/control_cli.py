@@ -85,7 +85,7 @@ def service_holds_of(settings: Settings, cluster: str, timeout_s: float = 10.0) 
     published one)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from safepoint.tools.status_store import StatusStore
+    from safepoint.ops.status_store import StatusStore
 
     conf = settings.librdkafka()
     check_reachable(conf, CONTROL_REACH_TIMEOUT_S)

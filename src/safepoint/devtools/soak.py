@@ -6,7 +6,7 @@ a bad message (poison or duplicate), and the streaming job on a temporary checkp
 ``sample_s`` it records the resident memory of the job's processes (the JVM, the Python workers
 under it, and this driver process) and the size of the checkpoint's state. At the end the
 simulator stops, the job drains what is left (``processAllAvailable``) and stops, and
-``safepoint.tools.checker`` reads every topic back and checks safety, order, liveness and accounting
+``safepoint.devtools.checker`` reads every topic back and checks safety, order, liveness and accounting
 with a model of its own. Exit status: 0 when every check passes, 1 when safety fails, 3 when
 safety holds but liveness or accounting fails, 2 when the run could not be made.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from safepoint.devtools.check_kafka import check_kafka
+from safepoint.devtools.check_result import CheckResult
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
-from safepoint.tools.check_kafka import check_kafka
-from safepoint.tools.check_result import CheckResult
 
 __all__ = ["SoakConfig", "Sample", "run_soak", "sample_processes", "dir_size", "growth", "format_report"]
 
@@ -166,10 +166,10 @@ class _Accounting:
 def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -> int:
     """Run the soak and print its report. Returns the exit status (see the module doc)."""
     from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.devtools.broker import EmbeddedBroker
+    from safepoint.devtools.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import build_query
     from safepoint.streaming.session import build_session, check_java
-    from safepoint.tools.broker import EmbeddedBroker
-    from safepoint.tools.simulate import SimConfig, run_simulator
 
     out = out or sys.stdout
     check_java()

@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from safepoint.core.ids import join_id
-from safepoint.tools.check_result import CheckResult
-from safepoint.tools.check_validate import CLUSTER_TYPES, INT64_MIN, is_int, validate_event
+from safepoint.devtools.check_result import CheckResult
+from safepoint.devtools.check_validate import CLUSTER_TYPES, INT64_MIN, is_int, validate_event
 
 __all__ = ["CheckResult", "check_logs", "validate_event"]
 

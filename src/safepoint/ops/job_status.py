@@ -14,7 +14,7 @@ from typing import Any
 
 from safepoint.connectors.producer import ProducerSlot, is_fatal_exception
 from safepoint.core.codec import encode
-from safepoint.tools.status_store import JOB_KEY, StatusStore
+from safepoint.ops.status_store import JOB_KEY, StatusStore
 
 __all__ = ["JobStatus", "input_lag"]
 

@@ -1,7 +1,7 @@
 """``safepoint serve`` and the HTTP surface of ``safepoint run --http-port``.
 
-Both serve ``tools/http_api.py`` over a ``StatusStore`` following the status topic; in the job's
-process ``/healthz`` also has the query's own figures (``tools/job_status.py``), which the job
+Both serve ``ops/http_api.py`` over a ``StatusStore`` following the status topic; in the job's
+process ``/healthz`` also has the query's own figures (``ops/job_status.py``), which the job
 publishes to the status topic for ``serve``.
 """
 
@@ -17,11 +17,11 @@ from typing import Any
 from safepoint.connectors.producer import ProducerSlot, producer_conf
 from safepoint.connectors.topics import check_reachable, quiet
 from safepoint.errors import SafepointError
+from safepoint.ops.control_cli import publisher
+from safepoint.ops.http_api import HttpServer, make_app
+from safepoint.ops.job_status import JobStatus
+from safepoint.ops.status_store import StatusStore
 from safepoint.settings import Secret, Settings
-from safepoint.tools.control_cli import publisher
-from safepoint.tools.http_api import HttpServer, make_app
-from safepoint.tools.job_status import JobStatus
-from safepoint.tools.status_store import StatusStore
 
 __all__ = ["JobSurface", "serve", "serve_args"]
 

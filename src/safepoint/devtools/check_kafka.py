@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from safepoint.tools.check_result import CheckResult
-from safepoint.tools.checker import check_logs
+from safepoint.devtools.check_result import CheckResult
+from safepoint.devtools.checker import check_logs
 
 __all__ = ["check_kafka", "read_topic"]
 

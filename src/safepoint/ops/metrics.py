@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from safepoint.tools.status_store import StatusStore
+from safepoint.ops.status_store import StatusStore
 
 __all__ = ["REASONS", "StatusCollector"]
 

@@ -14,6 +14,12 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
+import logging
+import os
+import queue
+import sys
+import time
 from collections import deque
 from typing import Any
 
@@ -21,9 +27,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from safepoint.tools.status_store import StatusStore
+from safepoint.ops.status_store import StatusStore
+from safepoint.settings import Settings
 
-__all__ = ["MVCC_UNITS", "ViewState", "human_bytes", "human_ms", "render_text", "screen"]
+__all__ = ["MVCC_UNITS", "LiveView", "ViewState", "follow", "human_bytes", "human_ms", "render_text", "screen", "show"]
 
 MVCC_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 """Seconds per MVCC unit, for the units that are times (``none``: an opaque counter)."""
@@ -200,3 +207,95 @@ def render_text(group: Group, width: int) -> str:
     out = io.StringIO()
     Console(file=out, width=width, force_terminal=False, color_system=None, soft_wrap=False).print(group)
     return out.getvalue()
+
+
+# -- following a running job: safepoint view (and the demo's screen) ---------------------------------
+
+
+class LiveView:
+    """Follows the directives, alerts and status topics into a ``ViewState`` (``ops/view.py``)."""
+
+    def __init__(self, settings: Settings, expiries: queue.Queue[tuple[str, str, str]] | None = None) -> None:
+        from safepoint.connectors.follow import TopicFollower
+
+        self.settings = settings
+        self.follower = TopicFollower(settings.librdkafka(logger=logging.getLogger("safepoint.librdkafka")),
+                                      [settings.directives_topic, settings.alerts_topic, settings.status_topic],
+                                      client_id="safepoint-view")  # idle once caught up
+        self.state = ViewState(settings.mvcc_unit)
+        self.expiries = expiries
+
+    @property
+    def count(self) -> int:
+        return self.state.count
+
+    @property
+    def latest(self) -> dict[str, dict[str, Any]]:
+        return self.state.latest
+
+    def poll(self, timeout: float = 0.5) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for msg in self.follower.poll(max(0.0, deadline - time.monotonic())):
+                raw = msg.value()
+                if raw is None:
+                    continue
+                if msg.topic() == self.settings.status_topic:
+                    self.state.status.apply_raw(msg.key(), raw)
+                    continue
+                try:
+                    value = json.loads(raw)
+                except ValueError:
+                    continue  # not a record the job writes: the screen shows what it can
+                if not isinstance(value, dict):
+                    continue
+                try:
+                    if msg.topic() == self.settings.directives_topic:
+                        expiry = self.state.directive(value)
+                        if expiry is not None and self.expiries is not None and "reader_id" in expiry:
+                            self.expiries.put((expiry["cluster"], expiry["node"], expiry["reader_id"]))
+                    elif value.get("type") == "alert":
+                        self.state.alert(value)
+                except (KeyError, TypeError):
+                    continue  # a record without the fields the job writes: left off the screen
+
+    def render(self, title: str, status: str) -> Group:
+        return screen(self.state, title, status, time.time_ns() // 1_000_000)
+
+    def close(self) -> None:
+        self.follower.close()
+
+
+def show(group: Group, tty: bool, last_print: float) -> float:
+    """Redraw the screen on a terminal (fitted to its width); elsewhere (logs, CI) print it every
+    5 s, 120 columns wide (or $COLUMNS). Returns last_print."""
+    if tty:
+        console = Console()
+        console.clear()
+        console.print(group)
+    elif time.monotonic() - last_print >= 5:
+        last_print = time.monotonic()
+        print(render_text(group, int(os.environ.get("COLUMNS", "120"))), flush=True)
+    return last_print
+
+
+def follow(settings: Settings, duration_s: float | None) -> int:
+    """``safepoint view``: follow a running job's outputs until Ctrl-C or the duration ends."""
+    from safepoint.connectors.topics import check_reachable
+
+    check_reachable(settings.librdkafka())
+    view = LiveView(settings)
+    start = time.monotonic()
+    tty = sys.stdout.isatty()
+    last_print = 0.0
+    try:
+        while duration_s is None or time.monotonic() - start < duration_s:
+            view.poll(1.0)
+            group = view.render(f"safepoint view {settings.bootstrap} {settings.directives_topic}",
+                                f"t+{time.monotonic() - start:.0f}s")
+            last_print = show(group, tty, last_print)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        view.close()
+    return 0
