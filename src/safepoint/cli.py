@@ -346,6 +346,9 @@ EXTRAS = {"pyspark": "job", "pyarrow": "job", "pandas": "job", "fastapi": "serve
           "prometheus_client": "serve", "starlette": "serve", "pydantic": "serve", "rich": "serve", "noida_db": "broker",
           "psutil": "dev", "kafka": "kafka-python"}
 """The extra that brings a module a command needs (pyproject.toml: the bare install is the node client)."""
+COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "serve", "broker": "broker", "demo": "dev",
+                  "soak": "dev", "bench": "dev"}
+"""The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
 COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
@@ -363,9 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"safepoint {args.command}: {exc}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
-        extra = EXTRAS.get((exc.name or "").split(".")[0])
-        if extra is None:
+        if (exc.name or "").split(".")[0] not in EXTRAS:
             raise
+        extra = COMMAND_EXTRAS.get(args.command) or EXTRAS[(exc.name or "").split(".")[0]]
         print(f"safepoint {args.command}: needs {exc.name}, which the bare install (the node client) leaves out: "
               f"pip install 'safepoint[{extra}]'", file=sys.stderr)
         return 2
