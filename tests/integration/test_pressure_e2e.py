@@ -16,6 +16,7 @@ from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, read_topic, unique
+from tests_support import events_by_partition
 
 pytestmark = pytest.mark.integration
 
@@ -86,10 +87,14 @@ def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any
     assert alerts.index(critical) < cleared
     assert next(a for a in alerts if a["kind"] == "pinned_bytes" and a["state"] == "cleared")["cluster_wall_ms"] >= 14_000
 
+    # replay in the log's order, each event at the partition and offset the job read it from (a
+    # directive's positions name them)
+    at = {value: (p, o) for p, o, _key, value in events_by_partition(broker.bootstrap, settings.events_topic)}
     engine = Engine(settings.policy())
     expected = {"directives": [], "alerts": []}
-    for i, e in enumerate(log):
-        for o in engine.process(json.dumps(e), Position("x", 0, i)):
+    for e in log:
+        value = json.dumps(e).encode()
+        for o in engine.process(value, Position(settings.events_topic, *at[value])):
             expected[o.channel].append(encode(o.value))
     strip = [encode({k: v for k, v in m.items() if k != "key"}) for m in directives]
     assert sorted(strip) == sorted(expected["directives"])
