@@ -60,6 +60,7 @@ class TopicFollower:
         found: list[TP] = []
         for topic in self.topics:
             md = self._consumer.list_topics(topic, timeout=5).topics.get(topic)
+            self.last_poll = time.monotonic()  # the broker answered (a topic not made yet is no stall)
             if md is None or md.error is not None or not md.partitions:
                 self.error = f"topic {topic} not found yet"
                 return False
