@@ -87,7 +87,7 @@ def test_the_readmes_spark_submit_command(kafka: EmbeddedBroker, tmp_path: Path)
                 [heartbeat("n1", 1, 1_000), heartbeat("n2", 1, 1_000), heartbeat("n1", 2, 32_000),
                  heartbeat("n2", 2, 32_000)])
         directives: list[dict[str, object]] = []
-        while not directives:
+        while not any(x["type"] == "compaction" for x in directives):
             assert proc.poll() is None, log.read_text(errors="replace")[-4000:]
             assert time.monotonic() < deadline, "no directive within 240 s:\n" + log.read_text(errors="replace")[-4000:]
             time.sleep(2)
@@ -99,8 +99,9 @@ def test_the_readmes_spark_submit_command(kafka: EmbeddedBroker, tmp_path: Path)
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-    [d] = directives
+    [d] = [x for x in directives if x["type"] == "compaction"]
     assert d["cluster"] == "c1" and d["seq"] == 1 and d["safe_ts"] == 32_000_000, d
+    assert [x["nodes"] for x in directives if x["type"] == "members"] == [["n1", "n2"]] and d["members"] == 2
     assert json.loads((tmp_path / "ckpt" / "safepoint.json").read_text())["node_buckets"] == 32
 
 
