@@ -26,12 +26,13 @@ from safepoint.core.codec import encode
 from safepoint.core.ids import escape
 from safepoint.errors import BrokerError, SafepointError
 
-__all__ = ["ActionOutcomes", "ActionRefused", "ControlPublisher", "FINAL", "new_action_id"]
+__all__ = ["LOST", "ActionOutcomes", "ActionRefused", "ControlPublisher", "new_action_id"]
 
 log = logging.getLogger("safepoint.control")
 
-FINAL = ("refused", "ignored", "expired")
-"""Outcomes after which an action changes nothing more (``applied`` may still become ``expired``)."""
+LOST = ("refused", "expired")
+"""Outcomes after which a hold the action set or moved does not protect anything (the CLI exits 1,
+``ServiceHold`` raises or reports it lost)."""
 
 
 class ActionRefused(SafepointError):
@@ -63,8 +64,8 @@ class ControlPublisher:
         return {"v": 1, "type": kind, "cluster": cluster, "wall_ms": time.time_ns() // 1_000_000,
                 "action_id": new_action_id(), **{k: v for k, v in fields.items() if v is not None}}
 
-    def publish(self, event: dict[str, Any], *, wait: bool = True) -> str:
-        """Check ``event`` against the contract, publish it and (``wait``) wait for the broker's
+    def publish(self, event: dict[str, Any]) -> str:
+        """Check ``event`` against the contract, publish it and wait for the broker's
         acknowledgement; returns its ``action_id``. ``BrokerError`` when it was not acknowledged."""
         from safepoint.core.events import parse
 
@@ -78,9 +79,6 @@ class ControlPublisher:
         with self._lock:
             self.producer.produce(self.topic, key=event["cluster"].encode(), value=value.encode(),
                                   on_delivery=lambda err, _m: errors.append(err) if err is not None else None)
-            if not wait:
-                self.producer.poll(0)
-                return str(event["action_id"])
             left = self.producer.flush(self.ack_timeout_s)
         if left or errors:
             msg = (f"the {event['type']} event was not acknowledged by {self.bootstrap}: "

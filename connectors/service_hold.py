@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from safepoint.connectors.control import ActionOutcomes, ActionRefused, ControlPublisher
+from safepoint.connectors.control import LOST, ActionOutcomes, ActionRefused, ControlPublisher
 from safepoint.errors import SafepointError
 
 __all__ = ["HoldLost", "HoldRefused", "ServiceHold"]
@@ -106,7 +106,7 @@ class ServiceHold:
                             self.holder, self.outcome_timeout_s)
             else:
                 self.last_outcome = outcome
-                if outcome["outcome"] in ("refused", "expired"):
+                if outcome["outcome"] in LOST:
                     self._end_quietly()
                     raise HoldRefused(outcome)
         self._thread = threading.Thread(target=self._renew, name=f"service-hold-{self.holder}", daemon=True)
@@ -134,7 +134,7 @@ class ServiceHold:
         newest = [o for o in changed if o["id"] in mine and o["type"] == "service_hold"]
         for outcome in newest:
             self.last_outcome = outcome
-            if outcome["outcome"] in ("refused", "expired") and self.lost is None:
+            if outcome["outcome"] in LOST and self.lost is None:
                 self.lost = outcome
                 log.error("service hold %s %s by the job: %s", self.holder, outcome["outcome"], outcome["detail"])
                 if self.on_lost is not None:

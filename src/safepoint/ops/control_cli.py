@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from safepoint.connectors.control import ActionOutcomes, ControlPublisher
+from safepoint.connectors.control import LOST, ActionOutcomes, ControlPublisher
 from safepoint.connectors.topics import check_reachable, quiet
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
@@ -77,7 +77,7 @@ def act(settings: Settings, event: dict[str, Any], wait_s: float | None) -> int:
         return EXIT_NO_OUTCOME
     reason = f" ({outcome['reason']})" if outcome.get("reason") else ""
     print(f"safepoint: {what} {outcome['outcome']}{reason}: {outcome['detail']}", flush=True)
-    return EXIT_REFUSED if outcome["outcome"] in ("refused", "expired") else 0
+    return EXIT_REFUSED if outcome["outcome"] in LOST else 0
 
 
 def service_holds_of(settings: Settings, cluster: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
