@@ -71,10 +71,10 @@ def why_no_safe_point(state: ClusterState, policy: Policy) -> str | None:
     now, first = state.cluster_time, state.first_wall
     if now is None or first is None:
         return "no node event yet (cluster time starts with the nodes' wall_ms)"
-    if state.topology is None and now < first + policy.node_lease_ms:
+    if state.members.topology is None and now < first + policy.node_lease_ms:
         return (f"no topology yet and the discovery window has not ended: cluster time is {now - first} ms past the "
                 f"first event, node_lease_ms is {policy.node_lease_ms}")
-    found = [p.detail for p in sorted(problems(state, policy).values())]
+    found = [p.detail for p in sorted(problems(state.members, state.recovery, now, policy).values())]
     if found:
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         return "the round is aborted: " + "; ".join(found[:3]) + more

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from safepoint.core import ClusterState, NodeState
 from safepoint.core.codec import encode
-from safepoint.core.compaction import BASIS_LISTED
+from safepoint.core.directives import BASIS_LISTED
 from safepoint.core.ids import join_id, split_id
 
 from core_helpers import NodeClient, Run, cluster_event, topology, two_node_cluster
@@ -123,7 +123,7 @@ def test_stale_topology_version_is_ignored_and_counted() -> None:
     n1 = NodeClient("n1")
     run.feed(topology(5, T0, {"n1": []}), n1.hb(T0, 1_000))
     assert run.feed(topology(5, T0, {"n1": [], "n2": []}), topology(3, T0, {"n2": []})) == []
-    assert run.engine.clusters["default"].topology == {"n1": []}
+    assert run.engine.clusters["default"].members.topology == {"n1": []}
     # versions are per type: a catalog with version 1 is not stale next to topology version 5
     run.feed(catalog(1, 1, 500))
     assert run.counts == {"applied": 3, "ignored:stale_version": 2}

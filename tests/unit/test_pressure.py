@@ -1182,7 +1182,7 @@ def test_a_graceful_expiry_is_not_made_hard_once_pressure_left_critical() -> Non
     assert isinstance(u, object) and [s[1]["mode"] for s in u.signals if s[0] == "expire"] == ["graceful"]
     u = state.apply({**ev, "type": "heartbeat", "seq": 3, "wall_ms": 3, "mvcc_now": 10, "pinned_bytes": 0}, policy)
     u = state.apply({**ev, "type": "heartbeat", "seq": 4, "wall_ms": 5_000, "mvcc_now": 10, "pinned_bytes": 0}, policy)
-    assert state.pinned_band.level == 0 and not [s for s in u.signals if s[0] == "expire"]
+    assert state.pressure.pinned_band.level == 0 and not [s for s in u.signals if s[0] == "expire"]
     assert band_step is not None
 
 
@@ -1220,7 +1220,7 @@ def test_an_older_state_of_expiries_restores() -> None:
     data = {"c": "default", "n": "n1", "i": 0, "s": 1, "w": T0, "r": {"r1": [5, T0, None, 0]},
             "ex": {"r1": ["reader", "graceful", T0]}}  # state version 1, before kinds were told apart
     restored = NodeState.from_json(json.loads(json.dumps(data)))
-    assert restored.expiries == {"reader/r1": Expiry("reader", "graceful", T0, "r1")}
+    assert restored.pressure.expiries == {"reader/r1": Expiry("reader", "graceful", T0, "r1")}
     assert "ex" not in restored.to_json() and restored.to_json()["expiries"] == {"reader/r1": ["reader", "graceful", T0, "r1"]}
 
 

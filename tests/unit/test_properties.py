@@ -506,8 +506,8 @@ def test_d_liveness_when_holds_close_and_nodes_heartbeat(sc: Scenario) -> None:
 
 
 def _indexes(state: ClusterState) -> tuple[Any, ...]:
-    return (list(state._mins), state._walls.entries(), dict(sorted(state._unknown.items())),
-            dict(sorted(state._missing_groups.items())), sorted(state._never), sorted(state._members))
+    return (state.members.indexes(), sorted(state.members.leaderless), sorted(state.members.ns_nodes),
+            dict(sorted(state.alerts.floor.items())))
 
 
 @SETTINGS
@@ -515,7 +515,7 @@ def _indexes(state: ClusterState) -> tuple[Any, ...]:
 def test_e_incremental_indexes_equal_a_rebuild(sc: Scenario) -> None:
     """The cluster stage updates its derived indexes (minimums, last walls, unknown minimums,
     missing groups) incrementally on every node update; after every message they must equal
-    what ``_rebuild`` derives from the persisted fields alone (what a restore from state gives)."""
+    what ``Members.rebuild`` derives from the persisted fields alone (what a restore from state gives)."""
     builder = LogBuilder(sc)
     log = builder.build() + builder.settle()
     engine = Engine(sc.policy)

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from safepoint.core import DIRECTIVES, Output, Policy
+from safepoint.core.cluster import ClusterState
 from safepoint.core.recovery import Seed, StartPlan, seeds_from_directives
 
 from core_helpers import NodeClient, Run, topology
@@ -134,9 +135,9 @@ def test_seeds_take_the_newest_directive_and_the_highest_node_seq() -> None:
     assert seeds == {"c1": Seed(50, 2, 5, 9, ("a", "b")), "c2": Seed(node_seq=2)}
     plan = StartPlan(seeds)
     assert StartPlan.from_json(plan.to_json()) == plan
-    assert plan.new_cluster("c9").recovery is None  # a cluster the topic never saw starts fresh
-    assert plan.new_cluster("c1").dseq == 5 and plan.new_cluster("c1").recovery is not None
-    assert StartPlan(recover_all=True).new_cluster("c9").recovery is not None
+    assert ClusterState.starting("c9", plan).recovery is None  # a cluster the topic never saw starts fresh
+    assert ClusterState.starting("c1", plan).dseq == 5 and ClusterState.starting("c1", plan).recovery is not None
+    assert ClusterState.starting("c9", StartPlan(recover_all=True)).recovery is not None
 
 
 def test_after_bounded_directives_the_members_record_names_whom_to_wait_for() -> None:

@@ -273,7 +273,7 @@ def test_engine_and_file_order_agree_on_namespace_bounds() -> None:
     for i, ev in enumerate(tenant_log(5)):
         engine.process(json.dumps(ev), Position("ev", 0, i, None))
     t = engine.clusters["c1"].tenants
-    assert t and t["base"] >= engine.clusters["c1"].safe_ts
+    assert t and t.base is not None and t.base >= engine.clusters["c1"].safe_ts
 
 
 def test_namespace_bounds_outlive_a_lost_checkpoint() -> None:

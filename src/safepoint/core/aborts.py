@@ -10,17 +10,16 @@ Only the members touched since the last sync can have a different problem, besid
 lease ran out or came back (the stale set, kept as of the last sync). ``sync_aborts`` looks at
 those alone and emits exactly what the full walk would: the clears in the order they were raised,
 then the new ones by id. After a restore, a topology, a recovery start (anything that runs
-``ClusterState._rebuild``) it does the full walk once. A cluster in reference mode
+``Members.rebuild``) it does the full walk once. A cluster in reference mode
 (``Engine(reference=True)``) walks every member every time (for tests: both must give the same
 outputs).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from safepoint.core.alerts import (
     ABORT_KINDS,
+    AlertBook,
     Problem,
     awaiting_problem,
     group_problem,
@@ -29,16 +28,14 @@ from safepoint.core.alerts import (
     problems,
     raise_new,
     stale_problem,
-    stamp_alert,
     sync_abort_alerts,
     unknown_problem,
 )
 from safepoint.core.ids import join_id
+from safepoint.core.members import Members
 from safepoint.core.outputs import Output
 from safepoint.core.policy import Policy
-
-if TYPE_CHECKING:
-    from safepoint.core.cluster import ClusterState
+from safepoint.core.recovery import Recovery
 
 __all__ = ["AbortSync", "sync_aborts"]
 
@@ -67,68 +64,68 @@ class AbortSync:
         return ids
 
 
-def _stale_now(state: ClusterState, limit: int) -> dict[str, int]:
-    low = state._walls.lowest()
+def _stale_now(members: Members, limit: int) -> dict[str, int]:
+    low = members.walls.lowest()
     if low is None or low >= limit:
         return {}
-    return {node: last for last, node in state._walls.older_than(limit)}
+    return {node: last for last, node in members.walls.older_than(limit)}
 
 
-def _node_problems(state: ClusterState, node: str, stale: dict[str, int], now: int, policy: Policy) -> dict[str, Problem]:
+def _node_problems(members: Members, recovery: Recovery | None, node: str, stale: dict[str, int], now: int,
+                   policy: Policy) -> dict[str, Problem]:
     """``problems`` restricted to one node (the same ids and bodies)."""
     found: dict[str, Problem] = {}
-    if node in state._never:
+    if node in members.never:
         found[join_id("missing_node", node)] = never_problem(node)
     if node in stale:
         found[join_id("missing_node", node)] = stale_problem(node, stale[node], now, policy)
-    why = state._unknown.get(node)
+    why = members.unknown.get(node)
     if why is not None:
         found[join_id("unknown_node_min", node)] = unknown_problem(node, why)
-    groups = state._missing_groups.get(node)
+    groups = members.missing_groups.get(node)
     if groups is not None:
         found[join_id("missing_group", node)] = group_problem(node, groups)
-    if node in state._awaiting:
-        found[join_id("awaiting_snapshot", node)] = awaiting_problem(state, node)
+    if recovery is not None and node in recovery.awaiting:
+        found[join_id("awaiting_snapshot", node)] = awaiting_problem(recovery, node)
     return found
 
 
-def sync_aborts(state: ClusterState, policy: Policy, out: list[Output]) -> bool:
-    """Bring the raised abort alerts in step with the problems now; True when the round aborts."""
-    now = state.cluster_time
-    assert now is not None
-    sync = state._aborts
-    stale = _stale_now(state, now - policy.node_lease_ms)
-    aborted = bool(state._never or state._unknown or state._missing_groups or state._awaiting or stale
-                   or state._leaderless)
-    if sync.full or state.reference:
-        sync_abort_alerts(state, problems(state, policy), out)
+def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, book: AlertBook, now: int,
+                policy: Policy, reference: bool, out: list[Output]) -> bool:
+    """Bring the book's abort alerts in step with the problems now; True when the round aborts.
+    ``reference``: walk every member (the reference the incremental sync is tested against)."""
+    stale = _stale_now(members, now - policy.node_lease_ms)
+    leaderless = members.leaderless
+    aborted = bool(members.aborting() or (recovery is not None and recovery.awaiting) or stale)
+    if sync.full or reference:
+        sync_abort_alerts(book, problems(members, recovery, now, policy), now, out)
         sync.full = False
         sync.touched = set()
         sync.stale = set(stale)
-        sync.leaderless = set(state._leaderless)
+        sync.leaderless = set(leaderless)
         return aborted
     look = sync.touched
     if stale or sync.stale:
         look = look | (sync.stale ^ stale.keys())
-    groups = sync.leaderless ^ state._leaderless if (sync.leaderless or state._leaderless) else set()
+    groups = sync.leaderless ^ leaderless if (sync.leaderless or leaderless) else set()
     sync.touched = set()
     sync.stale = set(stale)
-    sync.leaderless = set(state._leaderless)
+    sync.leaderless = set(leaderless)
     if not look and not groups:
         return aborted
     found: dict[str, Problem] = {}
     for node in look:
-        found.update(_node_problems(state, node, stale, now, policy))
-    for group in groups & state._leaderless:
-        found[join_id("leaderless_group", group)] = leaderless_problem(state, group)
-    raised = state.raised
+        found.update(_node_problems(members, recovery, node, stale, now, policy))
+    for group in groups & leaderless:
+        found[join_id("leaderless_group", group)] = leaderless_problem(members, group)
+    raised = book.raised
     gone = [aid for node in look for aid in sync.ids_of(node) if aid in raised and aid not in found]
-    gone += [aid for group in groups - state._leaderless if (aid := join_id("leaderless_group", group)) in raised]
+    gone += [aid for group in groups - leaderless if (aid := join_id("leaderless_group", group)) in raised]
     if len(gone) > 1:
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)
     for aid in gone:
-        out.append(stamp_alert(state, raised.pop(aid), "cleared", now))
+        out.append(book.stamp(raised.pop(aid), "cleared", now))
     if found:
-        raise_new(state, found, now, out)
+        raise_new(book, found, now, out)
     return aborted

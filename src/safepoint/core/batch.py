@@ -281,7 +281,7 @@ def run_cluster(
             out.append(item.output)  # a dead letter touches no state
         else:
             if state is None:
-                state = start.new_cluster(cluster) if start is not None else ClusterState(cluster)
+                state = ClusterState.starting(cluster, start)
             cluster_stage(state, item, policy, out, partition, offset)
             touched = True
         for o in out:

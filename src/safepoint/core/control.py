@@ -29,31 +29,28 @@ Whatever a control event could not do is also counted by reason (``ignored``: ``
 
 What must survive a lost checkpoint (the service holds and the pause) rides on every compaction
 directive; ``announce`` asks the cluster for a directive when it changed (``core/cluster.py``).
+
+``Control`` is the cluster's part that owns all of it; its alerts go through the cluster's
+``AlertBook``, and a method that changes what the round may pass returns True (the cluster is
+dirty: its next round runs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from safepoint.core.alerts import stamp_alert
+from safepoint.core.alerts import AlertBook, Bound
 from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
-if TYPE_CHECKING:
-    from safepoint.core.cluster import ClusterState
-
-__all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "apply_control", "count_ignored", "expire_service_holds",
-           "paused", "service_blocker", "service_min"]
+__all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control"]
 
 CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
 ACTIONS_KEPT = 256
 """Outcomes of the most recent actions a cluster keeps (and its status shows)."""
 PAUSED_ID = "paused/-"
-
-Bound = tuple[int, str]
-"""A bound a hold that pins every namespace must not lie below: (ts, what it is, for the alert)."""
 
 
 class Control:
@@ -95,12 +92,17 @@ class Control:
         c.announce = bool(data.get("announce"))
         return c
 
-    def seed(self, holds: dict[str, Any], pause: dict[str, Any] | None) -> None:
+    def seed(self, holds: Mapping[str, Any], pause: Mapping[str, Any] | None, book: AlertBook) -> None:
         """Continue from a directive's ``service_holds`` and ``paused`` after a lost checkpoint:
         each hold's TTL starts again at the new job's first cluster time (a deadline from the old
-        one may be on a clock this job never sees; at most one TTL is added)."""
+        one may be on a clock this job never sees; at most one TTL is added). A pause is put in
+        the book as raised again, so that the resume clears it."""
         self.holds = {h: {**_hold_of(v), "applied_ms": None, "expires_ms": None} for h, v in holds.items()}
         self.paused = dict(pause) if pause else None
+        if pause:
+            book.raised[PAUSED_ID] = {"id": PAUSED_ID, "kind": "paused", "node": None, "severity": "warning",
+                                      "value": None, "threshold": None, "since": pause.get("since_wall_ms"),
+                                      "detail": f"paused: {pause.get('reason')} (carried over a lost checkpoint)"}
 
     def action(self, action_id: str | None) -> dict[str, Any] | None:
         if action_id is None:
@@ -117,6 +119,123 @@ class Control:
         if len(self.actions) > ACTIONS_KEPT:
             del self.actions[: len(self.actions) - ACTIONS_KEPT]
 
+    def count(self, reason: str) -> None:
+        """Count what a control event (or an expiry while paused) could not do, by reason."""
+        self.ignored[reason] = self.ignored.get(reason, 0) + 1
+
+    def lowest(self) -> tuple[int, str] | None:
+        """The lowest service hold: (ts, holder), or None."""
+        if not self.holds:
+            return None
+        return min((h["ts"], holder) for holder, h in self.holds.items())
+
+    def blocker(self, now: int) -> dict[str, Any] | None:
+        """The lowest service hold as a directive's ``blocker`` (``node`` null, ``kind`` service)."""
+        lowest = self.lowest()
+        if lowest is None:
+            return None
+        h = self.holds[lowest[1]]
+        since = h["since_wall_ms"]
+        return {"node": None, "kind": "service", "id": lowest[1], "ts": h["ts"],
+                "age_ms": now - since if since is not None else None, "label": h.get("label")}
+
+    # -- control events, in log order ---------------------------------------------------------
+    def apply(self, event: dict[str, Any], bound: Callable[[], Bound | None], known: int | None, book: AlertBook,
+              out: list[Output]) -> bool:
+        """Apply one control event in log order at cluster time ``known`` (None: no node reported
+        yet). ``bound()`` is the highest bound already sent that a hold pinning every namespace
+        must respect (``safe_ts``, or a namespace's bound above it). True: the cluster is dirty."""
+        if self.action(event.get("action_id")) is not None:
+            self.count("repeated")  # the same action delivered again
+            return False
+        kind = event["type"]
+        now = known if known is not None else event["wall_ms"]  # only stamps alerts before any node reported
+        if kind == "pause":
+            was = self.paused
+            self.paused = {"reason": event["reason"], "since_wall_ms": was["since_wall_ms"] if was else now,
+                           "action_id": event.get("action_id")}
+            book.raised.pop(PAUSED_ID, None)
+            out.append(book.raise_(_body(PAUSED_ID, "paused", None, None, now,
+                                         f"paused: {event['reason']}; no directive advances and no forced expiry "
+                                         "is issued until resume"), now))
+            self.announce = True
+            self.record(event, "applied", None, f"paused: {event['reason']}", known)
+            return False
+        if kind == "resume":
+            if self.paused is None:
+                self.count("not_paused")
+                self.record(event, "ignored", "not_paused", "the cluster was not paused", known)
+                return False
+            self.paused = None
+            _clear(book, PAUSED_ID, now, out)
+            self.announce = True
+            self.record(event, "applied", None, "resumed", known)
+            return True  # what the pause held back goes out at the next round
+        if kind == "service_release":
+            holder = event["holder"]
+            dirty = self.holds.pop(holder, None) is not None
+            if not dirty:
+                self.count("unknown_holder")
+                self.record(event, "ignored", "unknown_holder", f"no service hold of {holder}", known)
+            else:
+                self.announce = True
+                self.record(event, "applied", None, f"service hold of {holder} released", known)
+            _clear(book, join_id("service_hold_refused", holder), now, out)
+            _clear(book, join_id("service_hold_expired", holder), now, out)
+            return dirty
+        return self._set_hold(event, bound(), known, now, book, out)
+
+    def _set_hold(self, event: dict[str, Any], bound: Bound | None, known: int | None, now: int, book: AlertBook,
+                  out: list[Output]) -> bool:
+        holder, ts, ttl = event["holder"], event["ts"], event["ttl_ms"]
+        if bound is not None and ts < bound[0]:
+            reason = "below_safe_ts" if bound[1] == "safe_ts" else "below_namespace_bound"
+            self.count(reason)
+            detail = (f"service hold {holder} at ts {ts} refused: below {bound[1]} {bound[0]} already sent "
+                      "(that history may be compacted)")
+            aid = join_id("service_hold_refused", holder)
+            book.raised.pop(aid, None)
+            out.append(book.raise_(_body(aid, "service_hold_refused", ts, bound[0], now, detail), now))
+            self.record(event, "refused", reason, detail, known)
+            return False
+        previous = self.holds.get(holder)
+        self.holds[holder] = {"ts": ts, "ttl_ms": ttl, "wall_ms": event["wall_ms"], "applied_ms": known,
+                              "expires_ms": None if known is None else known + ttl, "label": event.get("label"),
+                              "since_wall_ms": previous["since_wall_ms"] if previous else now,
+                              "action_id": event.get("action_id")}
+        moved = previous is None or previous["ts"] != ts
+        if moved:
+            self.announce = True  # a new or moved hold rides on a directive at once (a renewal need not)
+        self.record(event, "applied", None, f"service hold {holder} at ts {ts} for {ttl} ms of cluster time", known)
+        _clear(book, join_id("service_hold_refused", holder), now, out)
+        _clear(book, join_id("service_hold_expired", holder), now, out)
+        return moved
+
+    def expire(self, now: int, book: AlertBook, out: list[Output]) -> bool:
+        """Start the TTL of holds applied before any cluster time; drop every hold whose deadline
+        cluster time has passed (its last action's outcome becomes ``expired``). True: one expired."""
+        if not self.holds:
+            return False
+        gone: list[str] = []
+        for holder, h in self.holds.items():
+            if h["expires_ms"] is None:
+                h["applied_ms"], h["expires_ms"] = now, now + h["ttl_ms"]
+            elif now > h["expires_ms"]:
+                gone.append(holder)
+        for holder in sorted(gone):
+            h = self.holds.pop(holder)
+            label = f" ({h['label']})" if h.get("label") else ""
+            detail = (f"service hold {holder}{label} at ts {h['ts']} expired: not renewed within its TTL of "
+                      f"{h['ttl_ms']} ms of cluster time (last applied at {h['applied_ms']})")
+            aid = join_id("service_hold_expired", holder)
+            out.append(book.raise_(_body(aid, "service_hold_expired", now - h["expires_ms"], h["ttl_ms"], now, detail),
+                                   now))
+            last = self.action(h.get("action_id"))
+            if last is not None:
+                last.update(outcome="expired", reason="ttl", detail=detail, cluster_wall_ms=now)
+            self.announce = True
+        return bool(gone)
+
 
 def _hold_of(v: dict[str, Any]) -> dict[str, Any]:
     """A hold as stored, from this version or one before it (which ordered by the publisher's
@@ -130,151 +249,12 @@ def _hold_of(v: dict[str, Any]) -> dict[str, Any]:
     return h
 
 
-def seed_control(state: ClusterState, holds: dict[str, Any], pause: Mapping[str, Any] | None) -> None:
-    """Continue from a directive's service holds and pause (``Control.seed``); a pause is alerted
-    as raised again, so that the resume clears it."""
-    state.control.seed(holds, dict(pause) if pause else None)
-    if pause:
-        state.raised[PAUSED_ID] = {"id": PAUSED_ID, "kind": "paused", "node": None, "severity": "warning", "value": None,
-                                   "threshold": None, "since": pause.get("since_wall_ms"),
-                                   "detail": f"paused: {pause.get('reason')} (carried over a lost checkpoint)"}
-
-
-def paused(state: ClusterState) -> dict[str, Any] | None:
-    return state.control.paused
-
-
-def count_ignored(state: ClusterState, reason: str) -> None:
-    ignored = state.control.ignored
-    ignored[reason] = ignored.get(reason, 0) + 1
-
-
-def service_min(state: ClusterState) -> tuple[int, str] | None:
-    """The lowest service hold: (ts, holder), or None."""
-    holds = state.control.holds
-    if not holds:
-        return None
-    return min((h["ts"], holder) for holder, h in holds.items())
-
-
-def service_blocker(state: ClusterState, now: int) -> dict[str, Any] | None:
-    """The lowest service hold as a directive's ``blocker`` (``node`` null, ``kind`` service)."""
-    lowest = service_min(state)
-    if lowest is None:
-        return None
-    h = state.control.holds[lowest[1]]
-    since = h["since_wall_ms"]
-    return {"node": None, "kind": "service", "id": lowest[1], "ts": h["ts"],
-            "age_ms": now - since if since is not None else None, "label": h.get("label")}
-
-
-def _raise(state: ClusterState, aid: str, kind: str, severity: str, value: int | None, threshold: int | None,
-           detail: str, now: int, out: list[Output]) -> None:
-    body = {"id": aid, "kind": kind, "node": None, "severity": severity, "value": value, "threshold": threshold,
+def _body(aid: str, kind: str, value: int | None, threshold: int | None, now: int, detail: str) -> dict[str, Any]:
+    return {"id": aid, "kind": kind, "node": None, "severity": "warning", "value": value, "threshold": threshold,
             "since": now, "detail": detail}
-    state.raised[aid] = body
-    out.append(stamp_alert(state, body, "raised", now))
 
 
-def _clear(state: ClusterState, aid: str, now: int, out: list[Output]) -> None:
-    body = state.raised.pop(aid, None)
-    if body is not None:
-        out.append(stamp_alert(state, body, "cleared", now))
-
-
-def apply_control(state: ClusterState, event: dict[str, Any], bound: Callable[[], Bound | None],
-                  out: list[Output]) -> None:
-    """Apply one control event in log order. ``bound()`` is the highest bound already sent that a
-    hold pinning every namespace must respect (``safe_ts``, or a namespace's bound above it)."""
-    c = state.control
-    if c.action(event.get("action_id")) is not None:
-        count_ignored(state, "repeated")  # the same action delivered again
-        return
-    kind = event["type"]
-    known = state.cluster_time
-    now = known if known is not None else event["wall_ms"]  # only stamps alerts before any node reported
-    if kind == "pause":
-        was = c.paused
-        c.paused = {"reason": event["reason"], "since_wall_ms": was["since_wall_ms"] if was else now,
-                    "action_id": event.get("action_id")}
-        state.raised.pop(PAUSED_ID, None)
-        _raise(state, PAUSED_ID, "paused", "warning", None, None,
-               f"paused: {event['reason']}; no directive advances and no forced expiry is issued until resume", now, out)
-        c.announce = True
-        c.record(event, "applied", None, f"paused: {event['reason']}", known)
-    elif kind == "resume":
-        if c.paused is None:
-            count_ignored(state, "not_paused")
-            c.record(event, "ignored", "not_paused", "the cluster was not paused", known)
-            return
-        c.paused = None
-        _clear(state, PAUSED_ID, now, out)
-        state.dirty = True  # what the pause held back goes out at the next round
-        c.announce = True
-        c.record(event, "applied", None, "resumed", known)
-    elif kind == "service_release":
-        holder = event["holder"]
-        if c.holds.pop(holder, None) is None:
-            count_ignored(state, "unknown_holder")
-            c.record(event, "ignored", "unknown_holder", f"no service hold of {holder}", known)
-        else:
-            state.dirty = True
-            c.announce = True
-            c.record(event, "applied", None, f"service hold of {holder} released", known)
-        _clear(state, join_id("service_hold_refused", holder), now, out)
-        _clear(state, join_id("service_hold_expired", holder), now, out)
-    else:
-        _set_hold(state, event, bound(), known, now, out)
-
-
-def _set_hold(state: ClusterState, event: dict[str, Any], bound: Bound | None, known: int | None, now: int,
-              out: list[Output]) -> None:
-    c = state.control
-    holder, ts, ttl = event["holder"], event["ts"], event["ttl_ms"]
-    if bound is not None and ts < bound[0]:
-        reason = "below_safe_ts" if bound[1] == "safe_ts" else "below_namespace_bound"
-        count_ignored(state, reason)
-        detail = (f"service hold {holder} at ts {ts} refused: below {bound[1]} {bound[0]} already sent "
-                  "(that history may be compacted)")
-        aid = join_id("service_hold_refused", holder)
-        state.raised.pop(aid, None)
-        _raise(state, aid, "service_hold_refused", "warning", ts, bound[0], detail, now, out)
-        c.record(event, "refused", reason, detail, known)
-        return
-    previous = c.holds.get(holder)
-    c.holds[holder] = {"ts": ts, "ttl_ms": ttl, "wall_ms": event["wall_ms"], "applied_ms": known,
-                       "expires_ms": None if known is None else known + ttl, "label": event.get("label"),
-                       "since_wall_ms": previous["since_wall_ms"] if previous else now,
-                       "action_id": event.get("action_id")}
-    if previous is None or previous["ts"] != ts:
-        state.dirty = True
-        c.announce = True  # a new or moved hold rides on a directive at once (a renewal need not)
-    c.record(event, "applied", None, f"service hold {holder} at ts {ts} for {ttl} ms of cluster time", known)
-    _clear(state, join_id("service_hold_refused", holder), now, out)
-    _clear(state, join_id("service_hold_expired", holder), now, out)
-
-
-def expire_service_holds(state: ClusterState, now: int, out: list[Output]) -> None:
-    """Start the TTL of holds applied before any cluster time; drop every hold whose deadline
-    cluster time has passed (its last action's outcome becomes ``expired``)."""
-    c = state.control
-    if not c.holds:
-        return
-    gone: list[str] = []
-    for holder, h in c.holds.items():
-        if h["expires_ms"] is None:
-            h["applied_ms"], h["expires_ms"] = now, now + h["ttl_ms"]
-        elif now > h["expires_ms"]:
-            gone.append(holder)
-    for holder in sorted(gone):
-        h = c.holds.pop(holder)
-        label = f" ({h['label']})" if h.get("label") else ""
-        detail = (f"service hold {holder}{label} at ts {h['ts']} expired: not renewed within its TTL of "
-                  f"{h['ttl_ms']} ms of cluster time (last applied at {h['applied_ms']})")
-        _raise(state, join_id("service_hold_expired", holder), "service_hold_expired", "warning",
-               now - h["expires_ms"], h["ttl_ms"], detail, now, out)
-        last = c.action(h.get("action_id"))
-        if last is not None:
-            last.update(outcome="expired", reason="ttl", detail=detail, cluster_wall_ms=now)
-        state.dirty = True
-        c.announce = True
+def _clear(book: AlertBook, aid: str, now: int, out: list[Output]) -> None:
+    cleared = book.clear(aid, now)
+    if cleared is not None:
+        out.append(cleared)

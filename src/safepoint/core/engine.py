@@ -119,7 +119,7 @@ def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list
     if item.output is not None:
         out.append(item.output)
         return DEADLETTERED
-    state.positions[partition] = offset + 1  # a directive out of this message counts it
+    state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
     if item.update is not None:
         state.apply_node_update(item.update, policy, out)
         return APPLIED
@@ -161,7 +161,7 @@ class Engine:
             return out
         state = self.clusters.get(item.cluster)
         if state is None:
-            state = self.clusters[item.cluster] = self.start.new_cluster(item.cluster)
+            state = self.clusters[item.cluster] = ClusterState.starting(item.cluster, self.start)
             state.reference = self.reference
         outcome = cluster_stage(state, item, self.policy, out, pos.partition, pos.offset)
         self.counts[outcome] += 1

@@ -12,62 +12,76 @@ the holds that can matter), and a node that does not send the counts is never ju
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from safepoint.core.ids import join_id
+from safepoint.core.policy import Policy
+from safepoint.core.records import Hold
 
-if TYPE_CHECKING:
-    from safepoint.core.node import NodeState
-    from safepoint.core.policy import Policy
-
-__all__ = ["check_leaks"]
+__all__ = ["LeakWatch"]
 
 SUSPECTS_NAMED = 5
 
 
-def _alert(node: NodeState, state: str, value: int | None, threshold: int | None, since: int, detail: str) -> list[Any]:
-    return ["alert", {"id": join_id("leaked_hold", node.node), "kind": "leaked_hold", "state": state,
-                      "severity": "warning", "node": node.node, "value": value, "threshold": threshold, "since": since,
-                      "detail": detail}]
+class LeakWatch:
+    """A node's leak state: since when (node time) the job holds more than the node reports, whether
+    that was alerted, and when a snapshot was last requested. Stored as ``{"since", "alerted",
+    "requested"}`` (absent: no leak)."""
 
+    __slots__ = ("node", "state")
 
-def check_leaks(node: NodeState, event: dict[str, Any], policy: Policy, signals: list[list[Any]]) -> None:
-    """After one applied event of ``node``: start, raise, repeat the request for, or clear a leak."""
-    now = node.last_wall_ms
-    if event["type"] == "snapshot" or not policy.leak_window_ms:
-        if node.leak is not None:
-            if node.leak.get("alerted"):
-                signals.append(_alert(node, "cleared", None, None, node.leak["since"], "the node's snapshot replaced its holds"))
-            node.leak = None
-        return
-    if event["type"] != "heartbeat" or "active_readers" not in event or "active_txs" not in event:
-        return
-    extra_r = len(node.readers) - event["active_readers"]
-    extra_t = len(node.txs) - event["active_txs"]
-    if extra_r <= 0 and extra_t <= 0:
-        if node.leak is not None:
-            if node.leak.get("alerted"):
-                signals.append(_alert(node, "cleared", None, None, node.leak["since"], "the node's counts match again"))
-            node.leak = None
-        return
-    if node.leak is None:
-        node.leak = {"since": now}
-        return
-    waited = now - node.leak["since"]
-    if waited < policy.leak_window_ms:
-        return
-    if not node.leak.get("alerted"):
-        suspects = sorted(node.readers.items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(extra_r, 0)]
-        tx_suspects = sorted(node.txs.items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(extra_t, 0)]
-        named = [f"reader {rid}" for rid, _ in suspects] + [f"tx {tid}" for tid, _ in tx_suspects]
-        more = f" and {len(named) - SUSPECTS_NAMED} more" if len(named) > SUSPECTS_NAMED else ""
-        signals.append(_alert(
-            node, "raised", max(extra_r, 0) + max(extra_t, 0), policy.leak_window_ms, node.leak["since"],
-            f"the job holds {len(node.readers)} reader(s) and {len(node.txs)} transaction(s) of node {node.node}, which "
-            f"reports {event['active_readers']} and {event['active_txs']} for {waited} ms: suspects (oldest first) "
-            f"{', '.join(named[:SUSPECTS_NAMED])}{more}; a snapshot was requested"))
-        node.leak["alerted"] = True
-    elif now - node.leak.get("requested", now) < policy.leak_window_ms:
-        return
-    node.leak["requested"] = now
-    signals.append(["snapshot_request", {"v": 1, "type": "snapshot_request", "node": node.node, "reason": "leaked_hold"}])
+    def __init__(self, node: str, state: dict[str, Any] | None = None) -> None:
+        self.node = node
+        self.state = state
+
+    def __bool__(self) -> bool:
+        return self.state is not None
+
+    def _alert(self, state: str, value: int | None, threshold: int | None, since: int, detail: str) -> list[Any]:
+        return ["alert", {"id": join_id("leaked_hold", self.node), "kind": "leaked_hold", "state": state,
+                          "severity": "warning", "node": self.node, "value": value, "threshold": threshold,
+                          "since": since, "detail": detail}]
+
+    def _end(self, why: str, signals: list[list[Any]]) -> None:
+        leak = self.state
+        if leak is not None:
+            if leak.get("alerted"):
+                signals.append(self._alert("cleared", None, None, leak["since"], why))
+            self.state = None
+
+    def check(self, readers: dict[str, Hold], txs: dict[str, Hold], event: dict[str, Any], now: int, policy: Policy,
+              signals: list[list[Any]]) -> None:
+        """After one applied event of the node (at its time ``now``): start, raise, repeat the
+        request for, or clear a leak."""
+        if event["type"] == "snapshot" or not policy.leak_window_ms:
+            self._end("the node's snapshot replaced its holds", signals)
+            return
+        if event["type"] != "heartbeat" or "active_readers" not in event or "active_txs" not in event:
+            return
+        extra_r = len(readers) - event["active_readers"]
+        extra_t = len(txs) - event["active_txs"]
+        if extra_r <= 0 and extra_t <= 0:
+            self._end("the node's counts match again", signals)
+            return
+        leak = self.state
+        if leak is None:
+            self.state = {"since": now}
+            return
+        waited = now - leak["since"]
+        if waited < policy.leak_window_ms:
+            return
+        if not leak.get("alerted"):
+            suspects = sorted(readers.items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(extra_r, 0)]
+            tx_suspects = sorted(txs.items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(extra_t, 0)]
+            named = [f"reader {rid}" for rid, _ in suspects] + [f"tx {tid}" for tid, _ in tx_suspects]
+            more = f" and {len(named) - SUSPECTS_NAMED} more" if len(named) > SUSPECTS_NAMED else ""
+            signals.append(self._alert(
+                "raised", max(extra_r, 0) + max(extra_t, 0), policy.leak_window_ms, leak["since"],
+                f"the job holds {len(readers)} reader(s) and {len(txs)} transaction(s) of node {self.node}, which "
+                f"reports {event['active_readers']} and {event['active_txs']} for {waited} ms: suspects (oldest "
+                f"first) {', '.join(named[:SUSPECTS_NAMED])}{more}; a snapshot was requested"))
+            leak["alerted"] = True
+        elif now - leak.get("requested", now) < policy.leak_window_ms:
+            return
+        leak["requested"] = now
+        signals.append(["snapshot_request", {"node": self.node, "reason": "leaked_hold"}])

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from safepoint.core.bands import Band
 from safepoint.core.ids import join_id
-from safepoint.core.leaks import check_leaks
+from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
-from safepoint.core.pressure import apply_pressure
-from safepoint.core.records import FLOOR_KINDS, Blocker, Expiry, Hold, HoldRef, NodeUpdate, OpenedHold
+from safepoint.core.pressure import Holds, Pressure
+from safepoint.core.records import FLOOR_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
            "NODE_STATE_KEYS"]
@@ -48,11 +47,7 @@ class NodeState:
         "debt_bytes",
         "last_wall_ms",
         "_summary",
-        "pinned_band",
-        "age_band",
-        "in_doubt",
-        "expiries",
-        "expire_walls",
+        "pressure",
         "leak",
         "_low",
         "reference",
@@ -71,12 +66,10 @@ class NodeState:
         self.debt_bytes: int | None = None
         self.last_wall_ms = -1
         self._summary: tuple[Any, ...] | None = None
-        self.pinned_band = Band()
-        self.age_band = Band()
-        self.in_doubt: list[str] = []  # prepared tx ids alerted as in doubt
-        self.expiries: dict[str, Expiry] = {}  # join_id(kind, id) -> its expiry
-        self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
-        self.leak: dict[str, Any] | None = None  # since when the job holds more than the node reports (core/leaks.py)
+        self.pressure = Pressure()
+        """Bands, in-doubt transactions and forced expiries (``core/pressure.py``)."""
+        self.leak = LeakWatch(node)
+        """Since when the job holds more than the node reports (``core/leaks.py``)."""
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
         self.reference = reference
@@ -94,10 +87,8 @@ class NodeState:
             ("txs", {tid: h.to_json() for tid, h in self.txs.items()}),
             ("mvcc_now", self.mvcc_now), ("groups", self.groups), ("pinned_bytes", self.pinned_bytes),
             ("debt_bytes", self.debt_bytes), ("summary", list(self._summary) if self._summary is not None else None),
-            ("pinned_band", None if self.pinned_band.quiet else self.pinned_band.to_json()),
-            ("age_band", None if self.age_band.quiet else self.age_band.to_json()),
-            ("in_doubt", self.in_doubt), ("expiries", {k: e.to_json() for k, e in self.expiries.items()}),
-            ("expire_walls", self.expire_walls), ("leak", self.leak),
+            *self.pressure.to_json().items(),
+            ("leak", self.leak.state),
         )
         for key, value in optional:
             if value is not None and value != [] and value != {}:
@@ -122,13 +113,8 @@ class NodeState:
         state.last_wall_ms = data["last_wall_ms"]
         summary = data.get("summary")
         state._summary = tuple(summary) if summary is not None else None
-        # Checkpoints written before the pressure policy existed restore with empty pressure state.
-        state.pinned_band = Band.from_json(data.get("pinned_band"))
-        state.age_band = Band.from_json(data.get("age_band"))
-        state.in_doubt = data.get("in_doubt") or []
-        state.expiries = {k: Expiry.from_json(e) for k, e in (data.get("expiries") or {}).items()}
-        state.expire_walls = data.get("expire_walls") or []
-        state.leak = data.get("leak")
+        state.pressure = Pressure.from_json(data)
+        state.leak = LeakWatch(state.node, data.get("leak"))
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -225,9 +211,11 @@ class NodeState:
             raise ValueError(msg)
         update = self._update(wall, opened, closed, groups_changed, policy, quiet)
         update.snapshot = kind == "snapshot"
-        apply_pressure(self, kind == "heartbeat" and "pinned_bytes" in event, closed, policy, update.signals)
-        if self.leak is not None or kind in ("heartbeat", "snapshot"):
-            check_leaks(self, event, policy, update.signals)
+        holds = Holds(self.node, self.readers, self.txs, self.pinned_bytes)
+        self.pressure.step(holds, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
+                           update.signals)
+        if self.leak or kind in ("heartbeat", "snapshot"):
+            self.leak.check(self.readers, self.txs, event, self.last_wall_ms, policy, update.signals)
         return update
 
     def _above(self, ts: int) -> bool:

@@ -22,21 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from safepoint.core.ids import join_id
-from safepoint.core.outputs import DIRECTIVES, Output
+from safepoint.core.records import NodeUpdate
 
-if TYPE_CHECKING:
-    from safepoint.core.cluster import ClusterState
-    from safepoint.core.node import NodeUpdate
-    from safepoint.core.policy import Policy
+__all__ = ["ASK", "COMPLETED", "Recovery", "Seed", "StartPlan", "seeds_from_directives"]
 
-
-SNAPSHOT_REQUEST = "snapshot_request"
-"""The directive that asks a node for its complete set of holds."""
-
-__all__ = ["Seed", "StartPlan", "seeds_from_directives"]
+COMPLETED = "completed"
+ASK = "ask"
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,20 +125,10 @@ class StartPlan:
     seeds: Mapping[str, Seed] = field(default_factory=dict)
     recover_all: bool = False
 
-    def new_cluster(self, name: str) -> ClusterState:
-        from safepoint.core.cluster import ClusterState
-        from safepoint.core.control import seed_control
-
-        state = ClusterState(name)
-        seed = self.seeds.get(name)
-        if seed is not None or self.recover_all:
-            seed = seed or Seed()
-            state.start_recovery(seed.safe_ts, seed.catalog_floor, seed.seq, seed.node_seq, seed.nodes)
-            # a backup's hold outlives the checkpoint (its TTL still runs), and so does a pause
-            seed_control(state, dict(seed.service_holds), seed.paused)
-            if seed.tenants:  # every namespace's bound keeps going forward only
-                state.tenants = {"base": seed.tenants["base"], "bounds": dict(seed.tenants["bounds"])}
-        return state
+    def seed_of(self, cluster: str) -> Seed | None:
+        """The seed a cluster met for the first time starts from (None: it starts fresh)."""
+        seed = self.seeds.get(cluster)
+        return seed if seed is not None or not self.recover_all else Seed()
 
     def to_json(self) -> dict[str, Any]:
         return {"seeds": {c: s.to_json() for c, s in self.seeds.items()}, "recover_all": self.recover_all}
@@ -157,31 +140,56 @@ class StartPlan:
         return cls({c: Seed.from_json(s) for c, s in (data.get("seeds") or {}).items()}, bool(data.get("recover_all")))
 
 
-def recover_node(state: ClusterState, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
-    """A snapshot completes a node's picture; any other event of an incomplete node that the
-    round needs asks it for one (again after a lease without an answer)."""
-    rec = state.recovery
-    assert rec is not None
-    if u.snapshot:
-        if u.node not in rec["complete"]:
-            rec["complete"].add(u.node)
-            rec["requested"].pop(u.node, None)
-            state._awaiting.discard(u.node)
-            state.dirty = True
-        return
-    if u.node in rec["complete"]:
-        return
-    if u.node in state._members:
-        state._awaiting.add(u.node)
-    if u.node not in state._awaiting:
-        return  # not in the topology: it does not count, so it is not asked (yet)
-    now = state.cluster_time
-    assert now is not None
-    last = rec["requested"].get(u.node)
-    if last is not None and now - last < policy.node_lease_ms:
-        return
-    rec["requested"][u.node] = now
-    state.eseq += 1
-    out.append(Output(DIRECTIVES, join_id(state.name, u.node), {
-        "v": 1, "type": SNAPSHOT_REQUEST, "cluster": state.name, "node": u.node, "seq": state.eseq,
-        "reason": "recovery", "cluster_wall_ms": now}))
+class Recovery:
+    """A cluster's part after a start on empty state: which nodes still owe a snapshot.
+
+    ``expected``: the nodes of the last directive's member set; ``complete``: the nodes that sent a
+    snapshot since; ``requested``: node -> the cluster time of its last snapshot request;
+    ``awaiting`` (derived): the members (and, without a topology, the expected nodes) that are
+    not complete. The round aborts while ``awaiting`` is not empty."""
+
+    __slots__ = ("expected", "complete", "requested", "awaiting")
+
+    def __init__(self, expected: Iterable[str], complete: Iterable[str] = (),
+                 requested: Mapping[str, int] | None = None) -> None:
+        self.expected = set(expected)
+        self.complete = set(complete)
+        self.requested: dict[str, int] = dict(requested or {})
+        self.awaiting: set[str] = set()
+
+    def rebuild(self, members: set[str], topology_known: bool) -> None:
+        """Recompute ``awaiting`` for the member set ``members``."""
+        needed = members | (self.expected if not topology_known else set())
+        self.awaiting = needed - self.complete
+
+    def take(self, u: NodeUpdate, member: bool, now: int, lease_ms: int) -> str | None:
+        """A snapshot completes a node's picture (``COMPLETED``: the round may pass now); any other
+        event of an incomplete node that the round needs asks it for one, again after a lease
+        without an answer (``ASK``: a ``snapshot_request`` must go to the node now)."""
+        if u.snapshot:
+            if u.node in self.complete:
+                return None
+            self.complete.add(u.node)
+            self.requested.pop(u.node, None)
+            self.awaiting.discard(u.node)
+            return COMPLETED
+        if u.node in self.complete:
+            return None
+        if member:
+            self.awaiting.add(u.node)
+        if u.node not in self.awaiting:
+            return None  # not in the topology: it does not count, so it is not asked (yet)
+        last = self.requested.get(u.node)
+        if last is not None and now - last < lease_ms:
+            return None
+        self.requested[u.node] = now
+        return ASK
+
+    def to_json(self) -> dict[str, Any]:
+        return {"expected": sorted(self.expected), "complete": sorted(self.complete), "requested": self.requested}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Recovery | None:
+        if data is None:
+            return None
+        return cls(data["expected"], data["complete"], data["requested"])

@@ -23,7 +23,6 @@ from typing import Any
 
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
-from safepoint.core.control import paused
 from safepoint.core.ids import escape, join_id
 from safepoint.core.node import NodeState
 from safepoint.core.policy import Policy
@@ -71,9 +70,9 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         "pinned_bytes": ns.pinned_bytes,
         "local_min": lmin,
         "unknown": unknown,
-        "bands": {"pinned": LEVELS[ns.pinned_band.level], "age": LEVELS[ns.age_band.level]},
-        "in_doubt": sorted(ns.in_doubt),
-        "expiring": len(ns.expiries),
+        "bands": {"pinned": LEVELS[ns.pressure.pinned_band.level], "age": LEVELS[ns.pressure.age_band.level]},
+        "in_doubt": sorted(ns.pressure.in_doubt),
+        "expiring": len(ns.pressure.expiries),
         "open": open_counts,
         "floors": floors,
         "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label,
@@ -87,16 +86,16 @@ def _round(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     if now is None or cs.first_wall is None:
         return {"aborted": True, "reasons": [{"kind": "no_events", "node": None,
                                               "detail": "no event of the cluster has been applied yet"}]}
-    if cs.topology is None and now < cs.first_wall + policy.node_lease_ms:
+    if cs.members.topology is None and now < cs.first_wall + policy.node_lease_ms:
         ends = cs.first_wall + policy.node_lease_ms
         return {"aborted": True, "reasons": [{
             "kind": "discovery", "node": None, "value": ends - now, "threshold": policy.node_lease_ms,
             "detail": f"no topology yet and the discovery window has not ended: it ends in {ends - now} ms of "
                       f"cluster time (node_lease_ms {policy.node_lease_ms})"}]}
-    found = sorted(problems(cs, policy).items())
+    found = sorted(problems(cs.members, cs.recovery, now, policy).items())
     reasons = [{"kind": p.kind, "node": p.node, "value": p.value, "threshold": p.threshold, "detail": p.detail}
                for _, p in found[:LISTED]]
-    if not reasons and not cs._members:
+    if not reasons and not cs.members.names:
         reasons.append({"kind": "no_nodes", "node": None, "value": None, "threshold": None,
                         "detail": "no node of the cluster is live"})
     out: dict[str, Any] = {"aborted": bool(reasons), "reasons": reasons}
@@ -113,17 +112,19 @@ def _listed(cs: ClusterState, policy: Policy, now: int | None, never: list[str])
     every node when they fit, else those with a problem (never reported, stale, unknown minimum,
     missing group, awaiting a snapshot, not a member) first, then the lowest minimums; and how many
     nodes with a problem did not fit (then an unlisted node is not known to be a member)."""
-    names = sorted(cs.nodes) + never
+    records = cs.members.nodes
+    names = sorted(records) + never
     if len(names) <= policy.status_nodes:
         return names, 0
     lease = policy.node_lease_ms
+    awaiting = cs.recovery.awaiting if cs.recovery is not None else set()
 
     def rank(name: str) -> tuple[int, int, str]:
-        rec = cs.nodes.get(name)
+        rec = records.get(name)
         if rec is None:
             return (0, 0, name)
-        trouble = (rec.local_min is None or name in cs._missing_groups or name in cs._awaiting
-                   or name not in cs._members or (now is not None and now - rec.last_wall > lease))
+        trouble = (rec.local_min is None or name in cs.members.missing_groups or name in awaiting
+                   or name not in cs.members or (now is not None and now - rec.last_wall > lease))
         return (0 if trouble else 1, rec.local_min if rec.local_min is not None else 0, name)
 
     listed = heapq.nsmallest(policy.status_nodes, names, key=rank)
@@ -135,28 +136,30 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     """The cluster stage's part of a cluster's status."""
     now = cs.cluster_time
     blocker = None
-    if cs._mins:
-        _, gnode = cs._mins[0]
-        b = cs.nodes[gnode].blocker
+    records = cs.members.nodes
+    lowest = cs.members.lowest()
+    if lowest is not None:
+        _, gnode = lowest
+        b = records[gnode].blocker
         if b is not None:
             blocker = {"node": gnode, "kind": b.kind, "id": b.id, "ts": b.ts,
                        "age_ms": now - b.opened_wall if now is not None and b.opened_wall is not None else None,
                        "label": b.label}
     lease = policy.node_lease_ms
-    topology = set(cs.topology or ())
-    never = sorted(topology - set(cs.nodes))
+    topology = set(cs.members.topology or ())
+    never = sorted(topology - set(records))
     nodes: dict[str, dict[str, Any]] = {}
     listed, unlisted_trouble = _listed(cs, policy, now, never)
     for name in listed:
-        rec = cs.nodes.get(name)
+        rec = records.get(name)
         nodes[name] = ({"incarnation": None, "seq": None, "local_min": None, "unknown": "never reported",
                         "last_wall_ms": None, "stale": True, "member": False, "in_topology": True} if rec is None else
                        {"incarnation": rec.incarnation, "seq": rec.seq, "local_min": rec.local_min, "unknown": rec.unknown,
                         "last_wall_ms": rec.last_wall, "stale": now is not None and now - rec.last_wall > lease,
-                        "member": name in cs._members, "in_topology": name in topology})
-    pause = paused(cs)
+                        "member": name in cs.members, "in_topology": name in topology})
+    pause = cs.control.paused
     pause = None if pause is None else {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}
-    raised = sorted(cs.raised.items())
+    raised = sorted(cs.alerts.raised.items())
     alerts = [{k: a.get(k) for k in ("id", "kind", "node", "severity", "since", "detail")} for _, a in raised[:LISTED]]
     cut: dict[str, Any] = {}
     if len(raised) > LISTED:  # the list is cut: count them all
@@ -181,13 +184,12 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
                           for holder, h in sorted(cs.control.holds.items())],
         "control_ignored": dict(sorted(cs.control.ignored.items())),
         "actions": [dict(a) for a in cs.control.actions],
-        **({"namespace_safe_ts": cs.tenants.get("base"), "namespaces": dict(sorted(cs.tenants.get("bounds", {}).items()))}
-           if cs.tenants else {}),
+        **cs.tenants.directive_fields(),
         "round": _round(cs, policy),
         "blocker": blocker,
         "node_lease_ms": lease,
-        "has_topology": cs.topology is not None,
-        "nodes_total": len(cs.nodes) + len(never),
+        "has_topology": cs.members.topology is not None,
+        "nodes_total": len(records) + len(never),
         **({"unlisted_trouble": unlisted_trouble} if unlisted_trouble else {}),
         "nodes": nodes,
         "alerts": alerts,

@@ -1,0 +1,57 @@
+"""A cluster's catalog versions and what holds them back: the catalog floor.
+
+Catalog events say when each catalog version became active; index builds and rebalances that
+have started and not finished pin the catalog version they began under. The *catalog floor* for a
+safe point is the newest version activated at or before it, held back by those pins, and never
+below the floor already sent (versions below it are dropped: nothing needs them again).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Catalog"]
+
+
+class Catalog:
+    """Activation times of the catalog versions, the unfinished index builds and rebalances, and
+    the floor already sent (``floor``: it only goes forward)."""
+
+    __slots__ = ("activated", "index_builds", "rebalances", "floor")
+
+    def __init__(self) -> None:
+        self.activated: dict[int, int] = {}  # catalog version -> activated_at
+        self.index_builds: dict[str, int] = {}  # index -> the catalog version it started under
+        self.rebalances: dict[str, int] = {}  # group -> the catalog version it started under
+        self.floor: int | None = None
+
+    def apply(self, event: dict[str, Any]) -> None:
+        """Take a ``catalog``, ``index_build`` or ``rebalance`` event (past its version gate)."""
+        kind = event["type"]
+        if kind == "catalog":
+            self.activated[event["catalog_version"]] = event["activated_at"]
+        elif kind == "index_build":
+            if event["state"] == "started":
+                self.index_builds[event["index"]] = event["catalog_version"]
+            else:
+                self.index_builds.pop(event["index"], None)
+        elif kind == "rebalance":
+            if event["state"] == "started":
+                self.rebalances[event["group"]] = event["catalog_version"]
+            else:
+                self.rebalances.pop(event["group"], None)
+
+    def floor_at(self, safe: int) -> int | None:
+        """The catalog floor for ``safe`` (drops the versions below it)."""
+        eligible = [v for v, at in self.activated.items() if at <= safe]
+        if not eligible:
+            return self.floor
+        candidate = max(eligible)
+        pins = list(self.index_builds.values()) + list(self.rebalances.values())
+        if pins:
+            candidate = min(candidate, min(pins))
+        if self.floor is not None and candidate < self.floor:
+            return self.floor
+        for v in [v for v in self.activated if v < candidate]:
+            del self.activated[v]  # dropped versions are never needed again
+        return candidate

@@ -1,0 +1,120 @@
+"""Every directive the job writes, built in one place: compaction, members, expire, snapshot_request.
+
+A compaction directive's size does not grow with the cluster: it names the blocker, the
+``BASIS_LISTED`` members with the lowest minimums (their incarnation, seq and minimum), how many
+members there are, and ``positions``: per events partition, the offset after the cluster's last
+message the job had applied, from which a checker replays every node to where the job had it (one
+entry per partition, not per node). Every node's own figures are in the status. The member set
+itself, which a job that lost its checkpoint must wait for, goes out as a ``members`` record (key
+``<cluster>/%members``) on the directives topic with the first directive after it changed.
+
+Per-node directives (``expire``, ``snapshot_request``) are keyed by the node (and the hold) and
+numbered by their own sequence, ``node_seq``.
+
+``Directives`` is the cluster's part that numbers them and remembers where the cluster's input
+stood; the cluster decides when one goes out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from safepoint.core.control import Control
+from safepoint.core.ids import escape, join_id
+from safepoint.core.members import Members
+from safepoint.core.outputs import DIRECTIVES, Output
+from safepoint.core.tenants import Tenants
+
+__all__ = ["BASIS_LISTED", "SNAPSHOT_REQUEST", "Directives", "members_key"]
+
+BASIS_LISTED = 8
+"""Members a directive's ``basis`` names: those with the lowest minimums."""
+SNAPSHOT_REQUEST = "snapshot_request"
+"""The directive that asks a node for its complete set of holds."""
+EXPIRE_FIELDS = ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq", "cluster_wall_ms")
+
+
+def members_key(cluster: str) -> str:
+    """The directives topic's key of a cluster's member set (no escaped node id starts with ``%``)."""
+    return f"{escape(cluster)}/%members"
+
+
+class Directives:
+    """A cluster's directive sequences and input positions.
+
+    ``seq`` numbers compaction directives (and the ``members`` records that go with them),
+    ``node_seq`` the per-node ones; both only go up, also across a lost checkpoint (a seed
+    continues them). ``positions``: events partition -> the offset after the cluster's last
+    message this stage saw there, bounded by the partitions, not the nodes."""
+
+    __slots__ = ("cluster", "seq", "node_seq", "last_wall", "positions")
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.seq = 0
+        self.node_seq = 0
+        self.last_wall: int | None = None
+        """Cluster time of the last compaction directive (``directive_interval_ms`` counts from it)."""
+        self.positions: dict[int, int] = {}
+
+    def compaction(self, *, safe_ts: int | None, catalog_floor: int | None, gnode: str, members: Members,
+                   control: Control, tenants: Tenants, now: int, retention: int) -> list[Output]:
+        """The next compaction directive (``gnode``: the blocking node, "" for a service hold), after
+        the ``members`` record when the member set changed since it last went out."""
+        self.seq += 1
+        self.last_wall = now
+        out: list[Output] = []
+        if not members.announced:
+            members.announced = True
+            out.append(Output(DIRECTIVES, members_key(self.cluster), {
+                "v": 1, "type": "members", "cluster": self.cluster, "seq": self.seq, "nodes": sorted(members.names)}))
+        blocker = members.nodes[gnode].blocker if gnode else None
+        blocker_out = control.blocker(now) if not gnode else None
+        if blocker is not None:
+            blocker_out = {
+                "node": gnode,
+                "kind": blocker.kind,
+                "id": blocker.id,
+                "ts": blocker.ts,
+                "age_ms": now - blocker.opened_wall if blocker.opened_wall is not None else None,
+                "label": blocker.label,
+            }
+        # carried so that a job that lost its checkpoint keeps them (core/recovery.py)
+        holds = control.holds
+        pause = control.paused
+        nodes = members.nodes
+        basis = {n: {"incarnation": nodes[n].incarnation, "seq": nodes[n].seq, "local_min": m}
+                 for m, n in members.mins[:BASIS_LISTED]}
+        out.append(Output(DIRECTIVES, self.cluster, {
+            "v": 1,
+            "type": "compaction",
+            "cluster": self.cluster,
+            "seq": self.seq,
+            "safe_ts": safe_ts,
+            "catalog_floor": catalog_floor,
+            "cluster_wall_ms": now,
+            "blocker": blocker_out,
+            "basis": basis,
+            "members": len(members),
+            "positions": {str(p): o for p, o in sorted(self.positions.items())},
+            "retention": retention,
+            **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
+            **({"paused": {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}} if pause else {}),
+            **tenants.directive_fields(),
+        }))
+        return out
+
+    def snapshot_request(self, node: str, reason: str, now: int) -> Output:
+        """Ask ``node`` for its complete set of holds (``core/recovery.py``, ``core/leaks.py``)."""
+        self.node_seq += 1
+        return Output(DIRECTIVES, join_id(self.cluster, node), {
+            "v": 1, "type": SNAPSHOT_REQUEST, "cluster": self.cluster, "node": node, "reason": reason,
+            "seq": self.node_seq, "cluster_wall_ms": now})
+
+    def expire(self, node: str, body: dict[str, Any], now: int) -> Output:
+        """Tell ``node`` to end one reader or transaction (the node stage decided it: ``core/pressure.py``)."""
+        self.node_seq += 1
+        kind, hid = ("reader", body["reader_id"]) if "reader_id" in body else ("tx", body["tx_id"])
+        value = {**body, "cluster": self.cluster, "seq": self.node_seq, "cluster_wall_ms": now}
+        return Output(DIRECTIVES, join_id(self.cluster, node, kind, hid),
+                      {k: value[k] for k in EXPIRE_FIELDS if k in value})
