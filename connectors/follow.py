@@ -5,19 +5,20 @@ their end as it is when the follower starts) with ``assign()`` only, so it never
 or another reader. Once caught up it drops its assignment and only asks for the end
 offsets (``connectors/idle.py``): a caught-up follower costs next to nothing, even on the embedded broker.
 A broker error is kept in ``error`` and the consumer is rebuilt where it stood; the caller's loop
-goes on.
+goes on. ``read_to_end`` reads what the topics hold now and stops: the one way the project reads a
+topic back (the job's seeds, ``hold list``, ``check-node``, the run checker).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from safepoint.connectors.idle import IdlePause
 
-__all__ = ["TopicFollower"]
+__all__ = ["TopicFollower", "read_to_end"]
 
 log = logging.getLogger("safepoint.follow")
 
@@ -27,9 +28,10 @@ TP = tuple[str, int]
 class TopicFollower:
     def __init__(self, conf: Mapping[str, Any], topics: str | Sequence[str],
                  start: Literal["beginning", "end"] = "beginning", idle_s: float = 0.25,
-                 client_id: str = "safepoint-follow") -> None:
+                 client_id: str = "safepoint-follow", eof: bool = False) -> None:
         self.conf = {**conf, "group.id": f"{client_id}-{time.time_ns()}", "enable.auto.commit": False,
                      "enable.auto.offset.store": False, "receive.message.max.bytes": 1_000_000_000,
+                     "enable.partition.eof": eof,
                      "client.id": client_id, "logger": logging.getLogger("safepoint.follow.librdkafka")}
         self.topics = [topics] if isinstance(topics, str) else [t for t in topics if t]
         self.start = start
@@ -137,7 +139,58 @@ class TopicFollower:
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             return []
 
+    def read_to_end(self, timeout_s: float = 60.0) -> Iterator[Any]:
+        """Every message from where the follower stands up to the topics' ends as they are now,
+        then stop (a follower made with ``eof=True`` also stops at a tail without records, such as
+        a transaction marker). Nothing when a topic does not exist; ``TimeoutError`` when ``timeout_s`` pass
+        without progress; a broker error is raised (``BrokerError``), not kept."""
+        from confluent_kafka import KafkaError
+
+        from safepoint.errors import BrokerError
+
+        try:
+            if self._consumer is None and not self._assign():
+                return
+            ends = self._ends()
+            positions = self._positions()
+        except Exception as exc:
+            msg = f"cannot read {', '.join(self.topics)} at {self.conf.get('bootstrap.servers')}: {exc}"
+            raise BrokerError(msg) from exc
+        left = {tp for tp, end in ends.items() if positions[tp] < end}
+        deadline = time.monotonic() + timeout_s
+        while left:
+            if time.monotonic() > deadline:
+                where = ", ".join(f"{t}[{p}] at {positions.get((t, p))} of {ends[(t, p)]}" for t, p in sorted(left))
+                msg = f"reading stopped after {timeout_s:.0f} s without progress: {where}"
+                raise TimeoutError(msg)
+            msgs = self._consumer.consume(1000, 0.5)
+            for m in msgs:
+                tp = (m.topic(), m.partition())
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        left.discard(tp)  # past the last record (a compacted or transactional tail)
+                    continue
+                offset = m.offset()
+                if offset is None or tp not in ends or offset >= ends[tp]:
+                    continue
+                self._next[tp] = positions[tp] = offset + 1
+                deadline = time.monotonic() + timeout_s
+                if offset + 1 >= ends[tp]:
+                    left.discard(tp)
+                yield m
+
     def close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def read_to_end(conf: Mapping[str, Any], topic: str, timeout_s: float = 60.0,
+                client_id: str = "safepoint-read") -> Iterator[Any]:
+    """Every message ``topic`` holds now, from its first offset to its end (``TopicFollower.read_to_end``)."""
+    follower = TopicFollower(conf, topic, "beginning", client_id=client_id, eof=True)
+    try:
+        yield from follower.read_to_end(timeout_s)
+    finally:
+        follower.close()

@@ -194,35 +194,26 @@ def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginnin
               node: str) -> Iterator[tuple[bytes | None, bytes | None, int, int]]:
     """The events topic's messages that may be the node's, for ``duration_s`` (from the current end,
     or from the beginning), without a consumer group: the job's reading is not disturbed."""
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
-
+    from safepoint.connectors.follow import TopicFollower
     from safepoint.connectors.topics import check_reachable, quiet
     from safepoint.errors import BrokerError
 
     check_reachable(conf)
-    consumer = Consumer(quiet({**conf, "group.id": f"safepoint-check-node-{time.time_ns()}", "enable.auto.commit": False,
-                               "receive.message.max.bytes": 1_000_000_000}))
+    follower = TopicFollower(quiet(conf), topic, "beginning" if from_beginning else "end",
+                             client_id="safepoint-check-node")
     try:
-        meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
-        if meta is None or meta.error is not None:
-            msg = f"topic {topic} does not exist at {conf.get('bootstrap.servers')}"
+        if not follower.open():
+            msg = f"cannot read {topic} at {conf.get('bootstrap.servers')}: {follower.error}"
             raise BrokerError(msg)
-        start = OFFSET_BEGINNING if from_beginning else OFFSET_END
-        consumer.assign([TopicPartition(topic, p, start) for p in sorted(meta.partitions)])
         needle = json.dumps(node).encode()
         deadline = time.monotonic() + duration_s
         while time.monotonic() < deadline:
-            msg_ = consumer.poll(min(0.5, max(0.0, deadline - time.monotonic())))
-            if msg_ is None or msg_.error() is not None:
-                continue
-            key, value = msg_.key(), msg_.value()
-            if key == node.encode() or (value is not None and needle in value):
-                yield key, value, msg_.partition() or 0, msg_.offset() or 0
-    except KafkaException as exc:
-        msg = f"cannot read {topic} at {conf.get('bootstrap.servers')}: {exc}"
-        raise BrokerError(msg) from exc
+            for m in follower.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
+                key, value = m.key(), m.value()
+                if key == node.encode() or (value is not None and needle in value):
+                    yield key, value, m.partition() or 0, m.offset() or 0
     finally:
-        consumer.close()
+        follower.close()
 
 
 def announced_retention(conf: dict[str, Any], directives_topic: str, cluster: str, timeout_s: float = 10.0) -> int | None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 
 def unique(prefix: str) -> str:
@@ -26,23 +25,16 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[str | None, Any]]) 
 
 
 def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Every message of a topic, in offset order per partition, values parsed as JSON."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": unique("read"), "enable.auto.commit": False,
-                  "receive.message.max.bytes": 1_000_000_000})
+    """Every message of a topic up to its end now, in offset order per partition, values parsed as
+    JSON (the project's own reader, ``connectors/follow.read_to_end``; what it read when
+    ``timeout_s`` pass without progress)."""
+    from safepoint.connectors.follow import read_to_end
+
+    out: dict[int, list[dict[str, Any]]] = {}
     try:
-        md = c.list_topics(topic, timeout=10)
-        parts = sorted(md.topics[topic].partitions)
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
-        c.assign([TopicPartition(topic, p, 0) for p in parts])
-        out: dict[int, list[dict[str, Any]]] = {p: [] for p in parts}
-        pos = {p: 0 for p in parts}
-        deadline = time.monotonic() + timeout_s
-        while any(pos[p] < ends[p] for p in parts) and time.monotonic() < deadline:
-            m = c.poll(0.2)
-            if m is None or m.error():
-                continue
-            pos[m.partition()] = m.offset() + 1
-            out[m.partition()].append({"key": m.key().decode() if m.key() else None, **json.loads(m.value())})
-        return [x for p in parts for x in out[p]]
-    finally:
-        c.close()
+        for m in read_to_end({"bootstrap.servers": bootstrap}, topic, timeout_s, client_id=unique("read")):
+            out.setdefault(m.partition(), []).append({"key": m.key().decode() if m.key() else None,
+                                                      **json.loads(m.value())})
+    except TimeoutError:
+        pass
+    return [x for p in sorted(out) for x in out[p]]

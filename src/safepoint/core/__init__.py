@@ -1,7 +1,7 @@
 """The pure core: no Spark, no Kafka, no clock. Time comes from the events."""
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import Engine, Position, StageOne, cluster_stage, node_stage
+from safepoint.core.engine import Engine, Outcome, Position, StageOne, cluster_stage, node_stage
 from safepoint.core.events import Rejected, parse
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES, Output
@@ -15,6 +15,7 @@ __all__ = [
     "Engine",
     "NodeState",
     "NodeUpdate",
+    "Outcome",
     "Output",
     "Policy",
     "Position",

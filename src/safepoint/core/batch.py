@@ -273,20 +273,17 @@ def run_cluster(
     """
     touched = False
     outputs: list[Emitted] = []
-    out: list[Output] = []
     for partition, offset, label, item in entries:
         if accounting:
             outputs.append((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
         if item.output is not None:
-            out.append(item.output)  # a dead letter touches no state
+            emitted = [item.output]  # a dead letter touches no state
         else:
             if state is None:
                 state = ClusterState.starting(cluster, start)
-            cluster_stage(state, item, policy, out, partition, offset)
+            emitted = cluster_stage(state, item, policy, partition, offset).outputs
             touched = True
-        for o in out:
-            outputs.append((o.channel, o.key, o.value))
-        out.clear()
+        outputs += [(o.channel, o.key, o.value) for o in emitted]
     return state, touched, outputs
 
 

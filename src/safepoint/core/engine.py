@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from safepoint.core.cluster import IGNORED_STALE_VERSION, ClusterState
 from safepoint.core.control import CONTROL_TYPES
@@ -19,7 +19,7 @@ from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
 
-__all__ = ["Engine", "StageOne", "node_stage", "parse_stage", "apply_stage", "cluster_stage", "Position"]
+__all__ = ["Engine", "Outcome", "StageOne", "node_stage", "parse_stage", "apply_stage", "cluster_stage", "Position"]
 
 APPLIED = "applied"
 IGNORED = "ignored"
@@ -112,21 +112,28 @@ def apply_stage(
     return StageOne(cluster=cluster, outcome=APPLIED, update=result)
 
 
-def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, out: list[Output], partition: int,
-                  offset: int) -> str:
-    """Apply one stage-one result, the message at ``partition``/``offset``, to its cluster.
-    Returns the final outcome label."""
+class Outcome(NamedTuple):
+    """What one message did in the cluster stage: its final accounting label (``applied``, or the
+    outcome class: ``ignored``, ``deadlettered``) and what it emits, in order (directives, alerts,
+    dead letters)."""
+
+    label: str
+    outputs: list[Output]
+
+
+def cluster_stage(state: ClusterState, item: StageOne, policy: Policy, partition: int, offset: int) -> Outcome:
+    """Apply one stage-one result, the message at ``partition``/``offset``, to its cluster."""
     if item.output is not None:
-        out.append(item.output)
-        return DEADLETTERED
+        return Outcome(DEADLETTERED, [item.output])
     state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
+    out: list[Output] = []
     if item.update is not None:
         state.apply_node_update(item.update, policy, out)
-        return APPLIED
+        return Outcome(APPLIED, out)
     if item.event is not None:
         ignored = state.apply_cluster_event(item.event, policy, out)
-        return APPLIED if ignored is None else f"{IGNORED}:{ignored}"
-    return f"{IGNORED}:{item.reason}"
+        return Outcome(APPLIED if ignored is None else f"{IGNORED}:{ignored}", out)
+    return Outcome(f"{IGNORED}:{item.reason}", out)
 
 
 class Engine:
@@ -150,22 +157,21 @@ class Engine:
         """With ``record``: (partition, offset, label) of every message, in order."""
 
     def process(self, value: bytes | str | None, pos: Position) -> list[Output]:
-        out: list[Output] = []
+        """One message through both stages: what it emits."""
         item = node_stage(self.nodes, value, pos, self.policy, self.gates, self.reference)
         self.labels[item.label] += 1
         if self.outcomes is not None:
             self.outcomes.append((pos.partition, pos.offset, item.label))
         if item.output is not None:
-            out.append(item.output)
             self.counts[DEADLETTERED] += 1
-            return out
+            return [item.output]
         state = self.clusters.get(item.cluster)
         if state is None:
             state = self.clusters[item.cluster] = ClusterState.starting(item.cluster, self.start)
             state.reference = self.reference
-        outcome = cluster_stage(state, item, self.policy, out, pos.partition, pos.offset)
-        self.counts[outcome] += 1
-        return out
+        outcome = cluster_stage(state, item, self.policy, pos.partition, pos.offset)
+        self.counts[outcome.label] += 1
+        return outcome.outputs
 
     def cluster(self, name: str) -> ClusterState | None:
         return self.clusters.get(name)

@@ -4,7 +4,6 @@ topics back and checks them with ``checker.check_logs``."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,45 +14,11 @@ __all__ = ["check_kafka", "read_topic"]
 
 
 def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 120.0) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
-    """(partition, offset, key, value) of every message up to the high watermarks, partition by partition."""
-    from confluent_kafka import Consumer, TopicPartition
+    """(partition, offset, key, value) of every message up to the high watermarks."""
+    from safepoint.connectors.follow import read_to_end
 
-    consumer = Consumer(
-        {
-            **conf,
-            "group.id": f"safepoint-checker-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "receive.message.max.bytes": 1_000_000_000,
-        }
-    )
-    try:
-        md = consumer.list_topics(topic, timeout=30)
-        if topic not in md.topics or md.topics[topic].error is not None:
-            return
-        for p in sorted(md.topics[topic].partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(topic, p, low)])
-            pos = low
-            deadline = time.monotonic() + timeout_s
-            while pos < high:
-                if time.monotonic() > deadline:
-                    msg = f"reading {topic}[{p}] stopped at offset {pos} of {high} after {timeout_s:.0f} s"
-                    raise TimeoutError(msg)
-                for m in consumer.consume(2000, 1.0):
-                    offset = m.offset()
-                    if m.error() or offset is None or offset < pos:
-                        continue
-                    pos = offset + 1
-                    deadline = time.monotonic() + timeout_s
-                    yield p, offset, m.key(), m.value()
-                    if pos >= high:
-                        break
-            consumer.unassign()
-    finally:
-        consumer.close()
+    for m in read_to_end(conf, topic, timeout_s, client_id="safepoint-checker"):
+        yield m.partition(), m.offset(), m.key(), m.value()
 
 
 def _json_values(conf: dict[str, Any], topic: str) -> list[dict[str, Any]]:

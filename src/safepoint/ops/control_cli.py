@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from typing import Any
 
 from safepoint.connectors.control import LOST, ActionOutcomes, ControlPublisher
@@ -83,32 +82,14 @@ def act(settings: Settings, event: dict[str, Any], wait_s: float | None) -> int:
 def service_holds_of(settings: Settings, cluster: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
     """The cluster's status read from the status topic up to its end (None: the job has not
     published one)."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
+    from safepoint.connectors.follow import read_to_end
     from safepoint.ops.status_store import StatusStore
 
     conf = settings.librdkafka()
     check_reachable(conf, CONTROL_REACH_TIMEOUT_S)
     store = StatusStore(history=1)
-    consumer = Consumer(quiet({**conf, "group.id": f"safepoint-hold-list-{time.time_ns()}", "enable.auto.commit": False}))
-    try:
-        meta = consumer.list_topics(settings.status_topic, timeout=CONTROL_REACH_TIMEOUT_S).topics.get(settings.status_topic)
-        if meta is None or meta.error is not None:
-            return None
-        parts = sorted(meta.partitions)
-        ends = {p: int(consumer.get_watermark_offsets(TopicPartition(settings.status_topic, p), timeout=5)[1] or 0)
-                for p in parts}
-        consumer.assign([TopicPartition(settings.status_topic, p, OFFSET_BEGINNING) for p in parts])
-        seen = {p: 0 for p in parts}
-        deadline = time.monotonic() + timeout_s
-        while any(seen[p] < ends[p] for p in parts) and time.monotonic() < deadline:
-            for msg in consumer.consume(1000, 0.5):
-                part, offset = msg.partition(), msg.offset()
-                if msg.error() is None and part is not None and offset is not None:
-                    store.apply_raw(msg.key(), msg.value())
-                    seen[part] = offset + 1
-    finally:
-        consumer.close()
+    for msg in read_to_end(quiet(conf), settings.status_topic, timeout_s, client_id="safepoint-hold-list"):
+        store.apply_raw(msg.key(), msg.value())
     return store.status(cluster)
 
 
