@@ -94,6 +94,8 @@ class Settings:
     status_holds: int = _P.status_holds
     status_nodes: int = _P.status_nodes
     leak_window_ms: int = _P.leak_window_ms
+    forecast_horizon_ms: int = _P.forecast_horizon_ms
+    forecast_window_ms: int = _P.forecast_window_ms
     max_namespaces: int = _P.max_namespaces
     http_port: int = 0
     """Serve the status API, metrics and dashboard on this port (0: off)."""

@@ -213,7 +213,7 @@ class NodeState:
         update.snapshot = kind == "snapshot"
         holds = Holds(self.node, self.readers, self.txs, self.pinned_bytes)
         self.pressure.step(holds, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
-                           update.signals)
+                           update.signals, self.debt_bytes)
         if self.leak or kind in ("heartbeat", "snapshot"):
             self.leak.check(self.readers, self.txs, event, self.last_wall_ms, policy, update.signals)
         return update

@@ -61,6 +61,12 @@ class Policy:
     max_expiries_per_window: int = 5
     """At most this many expire directives per node in any expire_window_ms."""
     expire_window_ms: int = 60_000
+    # -- predictive pressure (``core/pressure.py``) --------------------------------------------------
+    forecast_horizon_ms: int = 900_000
+    """Raise ``pressure_forecast`` when a node's pinned bytes, at their recent rate of growth, reach
+    the critical threshold within this much time (node clock; 0: off)."""
+    forecast_window_ms: int = 300_000
+    """The growth rate is fitted over the heartbeats of this last stretch of the node's clock."""
     # -- tenants (``core/tenants.py``) -------------------------------------------------------------
     max_namespaces: int = 64
     """Namespaces with their own bound per cluster; holds of further namespaces pin all namespaces."""

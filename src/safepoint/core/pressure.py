@@ -5,7 +5,12 @@ runs ``Pressure.step``: the pinned-bytes band (on a
 heartbeat that reports ``pinned_bytes``) and the oldest-hold age band move with hysteresis
 (``bands.py``), a prepared transaction undecided for ``in_doubt_timeout_ms`` is alerted, and
 under sustained critical pressure the holds that pin the most are expired, graceful first and
-hard after the grace period (NornicDB's MVCC lifecycle design). What it decides comes out as the
+hard after the grace period (NornicDB's MVCC lifecycle design). It also looks ahead: the growth
+rate of ``pinned_bytes`` (and of ``debt_bytes``) is fitted over the heartbeats of the last
+``forecast_window_ms``, and when the pinned bytes would reach the critical threshold within
+``forecast_horizon_ms`` at that rate, ``pressure_forecast`` is raised with the projected time (it
+clears once the projection is 25% past the horizon, the growth stops, or the node is critical:
+the critical band alert speaks then). What it decides comes out as the
 update's ``signals``: ``["alert", body]`` or ``["expire", body]``, which the cluster stage stamps
 with the cluster's identity and time.
 """
@@ -19,7 +24,14 @@ from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.records import Expiry, Hold, HoldRef
 
-__all__ = ["Holds", "Pressure"]
+__all__ = ["Forecast", "Holds", "Pressure"]
+
+FORECAST_SAMPLES = 24
+"""Heartbeat samples a node keeps for its growth rates: one per ``forecast_window_ms / 24`` (the
+newest replaces the last when they are closer), so the fit costs the same at any heartbeat rate."""
+FORECAST_MIN_SAMPLES = 3
+FORECAST_CLEAR = 1.25
+"""A raised forecast clears once the projected time exceeds the horizon by this factor."""
 
 Oldest = tuple[str, str, int, str | None]
 """(kind, id, opened_wall, label) of the longest-open reader or transaction."""
@@ -69,11 +81,74 @@ def _band_specs(policy: Policy) -> tuple[BandSpec, BandSpec]:
     return _specs[1], _specs[2]
 
 
+def _slope(points: list[tuple[int, int]]) -> float | None:
+    """The least-squares slope of (time, value) points, per ms (None: too few, or no time between them)."""
+    n = len(points)
+    if n < FORECAST_MIN_SAMPLES:
+        return None
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    var = sum((t - mean_t) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / var
+
+
+class Forecast:
+    """A node's recent heartbeats ([wall, pinned_bytes, debt_bytes or -1], spaced over the window),
+    the growth rates fitted to them, and the raised forecast alert's start (None: not raised)."""
+
+    __slots__ = ("samples", "pinned_per_ms", "debt_per_ms", "raised_since")
+
+    def __init__(self, samples: list[list[int]] | None = None, raised_since: int | None = None) -> None:
+        self.samples: list[list[int]] = samples or []
+        self.raised_since = raised_since
+        self.pinned_per_ms: float | None = None
+        self.debt_per_ms: float | None = None
+        self._fit()
+
+    def to_json(self) -> dict[str, Any] | None:
+        if not self.samples:
+            return None
+        return {"samples": self.samples, **({"raised_since": self.raised_since} if self.raised_since is not None else {})}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> Forecast:
+        return cls() if not data else cls([list(x) for x in data.get("samples") or []], data.get("raised_since"))
+
+    def add(self, now: int, pinned: int, debt: int | None, window_ms: int) -> None:
+        """Take one heartbeat's figures and fit the rates again."""
+        sample = [now, pinned, -1 if debt is None else debt]
+        if len(self.samples) > 1 and now - self.samples[-2][0] < window_ms // FORECAST_SAMPLES:
+            self.samples[-1] = sample  # the last one is too close to the one before: it moves to the newest figures
+        else:
+            self.samples.append(sample)
+        cut = 0
+        while cut < len(self.samples) - 1 and now - self.samples[cut][0] > window_ms:
+            cut += 1
+        if cut:
+            del self.samples[:cut]
+        self._fit()
+
+    def _fit(self) -> None:
+        self.pinned_per_ms = _slope([(t, p) for t, p, _d in self.samples])
+        self.debt_per_ms = _slope([(t, d) for t, _p, d in self.samples if d >= 0])
+
+    def time_to_critical(self, pinned: int | None, critical: int, is_critical: bool) -> int | None:
+        """The time (ms) until ``pinned`` reaches ``critical`` at the fitted rate (None: not growing,
+        not known, or already in the critical band)."""
+        rate = self.pinned_per_ms
+        if is_critical or pinned is None or rate is None or rate <= 0:
+            return None
+        return max(0, int((critical - pinned) / rate))
+
+
 class Pressure:
     """A node's pressure state: its two bands, the prepared transactions alerted as in doubt, the
-    holds it expired (and how), and the times of its recent expire directives (the rate limit)."""
+    holds it expired (and how), the times of its recent expire directives (the rate limit), and
+    the forecast of its pinned bytes."""
 
-    __slots__ = ("pinned_band", "age_band", "in_doubt", "expiries", "expire_walls")
+    __slots__ = ("pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast")
 
     def __init__(self) -> None:
         self.pinned_band = Band()
@@ -81,13 +156,14 @@ class Pressure:
         self.in_doubt: list[str] = []  # prepared tx ids alerted as in doubt
         self.expiries: dict[str, Expiry] = {}  # join_id(kind, id) -> its expiry
         self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
+        self.forecast = Forecast()
 
     def to_json(self) -> dict[str, Any]:
         """The stored fields (a quiet band is left out: ``from_json`` restores it as new)."""
         return {"pinned_band": None if self.pinned_band.quiet else self.pinned_band.to_json(),
                 "age_band": None if self.age_band.quiet else self.age_band.to_json(),
                 "in_doubt": self.in_doubt, "expiries": {k: e.to_json() for k, e in self.expiries.items()},
-                "expire_walls": self.expire_walls}
+                "expire_walls": self.expire_walls, "forecast": self.forecast.to_json()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Pressure:
@@ -98,10 +174,11 @@ class Pressure:
         p.in_doubt = data.get("in_doubt") or []
         p.expiries = {k: Expiry.from_json(e) for k, e in (data.get("expiries") or {}).items()}
         p.expire_walls = data.get("expire_walls") or []
+        p.forecast = Forecast.from_json(data.get("forecast"))
         return p
 
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
-             signals: list[list[Any]]) -> None:
+             signals: list[list[Any]], debt: int | None = None) -> None:
         """Move the bands, in-doubt and expiry state after one event at the node's time ``now``;
         append what it decides."""
         node = holds.node
@@ -118,6 +195,8 @@ class Pressure:
         pinned_spec, age_spec = _band_specs(policy)
         if pinned_sample and holds.pinned_bytes is not None:
             _band(holds, "pinned_bytes", self.pinned_band, pinned_spec, now, holds.pinned_bytes, signals)
+            if policy.forecast_horizon_ms:
+                self._forecast(holds, holds.pinned_bytes, debt, now, policy, signals)
         oldest = holds.oldest()
         age = now - oldest[2] if oldest is not None else 0
         _band(holds, "reader_age", self.age_band, age_spec, now, max(age, 0), signals, oldest)
@@ -133,6 +212,32 @@ class Pressure:
                         f"participants {', '.join(h.participants or [])}); it pins ts {h.ts} until decided"))
         if policy.expire_enabled:
             self._expire(holds, now, policy, signals)
+
+    def _forecast(self, holds: Holds, pinned: int, debt: int | None, now: int, policy: Policy,
+                  signals: list[list[Any]]) -> None:
+        """Fit the growth rates to this heartbeat and raise or clear ``pressure_forecast``."""
+        f = self.forecast
+        f.add(now, pinned, debt, policy.forecast_window_ms)
+        critical = policy.pinned_critical_enter_bytes
+        ttc = f.time_to_critical(pinned, critical, self.pinned_band.level == 2)
+        node = holds.node
+        aid = join_id("pressure_forecast", node)
+        horizon = policy.forecast_horizon_ms
+        if f.raised_since is None:
+            if ttc is None or ttc > horizon:
+                return
+            f.raised_since = now
+            rate = (f.pinned_per_ms or 0) * 1000
+            signals.append(_alert(node, "pressure_forecast", aid, "raised", "warning", ttc, horizon, now,
+                                  f"pinned bytes {pinned} growing {rate:.0f} bytes/s: the critical threshold {critical} "
+                                  f"in about {ttc // 1000} s at this rate (horizon {horizon // 1000} s)"))
+        elif ttc is None or ttc > horizon * FORECAST_CLEAR:
+            since, f.raised_since = f.raised_since, None
+            why = ("the node is in the critical band" if self.pinned_band.level == 2 else
+                   "its pinned bytes stopped growing" if ttc is None else
+                   f"the critical threshold is now about {ttc // 1000} s away")
+            signals.append(_alert(node, "pressure_forecast", aid, "cleared", "warning", ttc, horizon, since,
+                                  f"pinned bytes {pinned}: {why}"))
 
     def _expire(self, holds: Holds, now: int, policy: Policy, signals: list[list[Any]]) -> None:
         """Under critical pressure sustained for expire_after_ms, expire the holds that pin the

@@ -44,6 +44,18 @@ def status_key(cluster: str, node: str | None = None) -> str:
     return escape(cluster) if node is None else join_id(cluster, node)
 
 
+def forecast_of(ns: NodeState, policy: Policy) -> dict[str, Any]:
+    """A node's growth rates (bytes/s, null until three heartbeats reported them) and the projected
+    time until its pinned bytes reach the critical threshold (null: not growing, or critical)."""
+    p = ns.pressure
+    f = p.forecast
+    ttc = f.time_to_critical(ns.pinned_bytes, policy.pinned_critical_enter_bytes, p.pinned_band.level == 2)
+    return {"pinned_bytes_per_s": None if f.pinned_per_ms is None else round(f.pinned_per_ms * 1000),
+            "debt_bytes_per_s": None if f.debt_per_ms is None else round(f.debt_per_ms * 1000),
+            "time_to_critical_s": None if ttc is None else ttc // 1000,
+            "forecast_raised": f.raised_since is not None}
+
+
 def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
     """One node's part of its cluster's status (``policy.status_holds`` oldest holds)."""
     lmin, unknown, _ = ns.local_min(policy)
@@ -73,6 +85,7 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         "bands": {"pinned": LEVELS[ns.pressure.pinned_band.level], "age": LEVELS[ns.pressure.age_band.level]},
         "in_doubt": sorted(ns.pressure.in_doubt),
         "expiring": len(ns.pressure.expiries),
+        "forecast": forecast_of(ns, policy),
         "open": open_counts,
         "floors": floors,
         "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label,
@@ -246,7 +259,8 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
         nodes.append({
             "node": name, **lease,
             "mvcc_now": p.get("mvcc_now"), "pinned_bytes": p.get("pinned_bytes"), "bands": p.get("bands"),
-            "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0)})
+            "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0),
+            "forecast": p.get("forecast")})
     out = {k: v for k, v in cluster.items() if k not in ("v", "type", "nodes")}
     out.update(lag=lag, hold_counts=counts, holds=holds, nodes=nodes)
     if "namespaces" in cluster:  # each namespace's bound and what sets it (its lowest hold, or one that pins all)

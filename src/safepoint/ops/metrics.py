@@ -47,6 +47,11 @@ class StatusCollector(Collector):
         alerts = _gauge("safepoint_alerts_active", "Active alerts by kind and severity (cluster alerts and node bands)",
                         ["cluster", "kind", "severity"])
         pinned = _gauge("safepoint_node_pinned_bytes", "Bytes of history the node reports pinned", ["cluster", "node"])
+        growth = _gauge("safepoint_node_pinned_bytes_growth", "Growth of the node's pinned bytes, bytes per second, "
+                        "fitted over forecast_window_ms", ["cluster", "node"])
+        ttc = _gauge("safepoint_node_time_to_critical_seconds", "Projected time until the node's pinned bytes reach "
+                     "the critical threshold at their growth rate (absent: not growing, or already critical)",
+                     ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
         ns_safe = _gauge("safepoint_namespace_safe_ts", "Bound of a namespace without holds of its own (MVCC units)", c)
@@ -93,6 +98,13 @@ class StatusCollector(Collector):
                     active[("in_doubt_tx", "warning")] = active.get(("in_doubt_tx", "warning"), 0) + len(n["in_doubt"])
                 if n.get("pinned_bytes") is not None:
                     pinned.add_metric([name, n["node"]], n["pinned_bytes"])
+                forecast = n.get("forecast") or {}
+                if forecast.get("pinned_bytes_per_s") is not None:
+                    growth.add_metric([name, n["node"]], forecast["pinned_bytes_per_s"])
+                if forecast.get("time_to_critical_s") is not None:
+                    ttc.add_metric([name, n["node"]], forecast["time_to_critical_s"])
+                if forecast.get("forecast_raised"):
+                    active[("pressure_forecast", "warning")] = active.get(("pressure_forecast", "warning"), 0) + 1
                 stale.add_metric([name, n["node"]], 1 if n.get("stale") else 0)
             for (kind, severity), count in sorted(active.items()):
                 alerts.add_metric([name, kind, severity], count)
@@ -103,8 +115,8 @@ class StatusCollector(Collector):
                 ns_bound.add_metric([name, ns], b)
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
-        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, stale, paused_, ignored, ns_safe,
-                    ns_bound)
+        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, growth, ttc, stale, paused_, ignored,
+                    ns_safe, ns_bound)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:
