@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up, then run lint, type checks and the whole test suite (unit, properties, integration
 # against the embedded broker and a real Spark session). Extra arguments go to pytest.
+# Two pytest workers (SAFEPOINT_TEST_WORKERS; 0: one process), each with its own broker and Spark
+# session: most integration tests wait on a JVM, a broker or a subprocess, so two share two cores well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -10,7 +12,12 @@ echo "== mypy (strict, project packages)"
 ./scripts/typecheck.sh
 echo "== pytest"
 set +e
-.venv/bin/pytest "$@"
+workers="${SAFEPOINT_TEST_WORKERS:-2}"
+if [ "$workers" = "0" ]; then
+  .venv/bin/pytest "$@"
+else
+  .venv/bin/pytest -n "$workers" --dist worksteal "$@"
+fi
 rc=$?
 set -e
 if [ "$rc" = "5" ]; then

@@ -149,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from-beginning", action="store_true",
                    help="read the topic from its beginning (assumes it still holds the node's first event)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p = sub.add_parser("audit", help="check every directive against the holds live when it was made, beside the job")
+    _kafka_flags(p)
+    p.add_argument("--until-idle", type=float, default=None, metavar="SECONDS",
+                   help="stop once both topics were quiet this long; exit 1 if a violation was found")
+    p.add_argument("--from-end", action="store_true",
+                   help="start at the topics' ends (holds opened before are not known) instead of their beginnings")
+    p.add_argument("--no-alerts", action="store_true", help="print violations only (no audit_violation alert)")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
     p = sub.add_parser("view", help="live view of the safe point, blockers, bands and alerts of a running job")
     _kafka_flags(p)
     _flag(p, "mvcc-unit", "unit of MVCC timestamps: ns, us, ms or s shows times; none shows the numbers")
@@ -307,6 +315,14 @@ def cmd_check_node(args: argparse.Namespace) -> int:
     return 0 if report["conforms"] else 1
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    from safepoint.ops.audit import run_audit
+
+    flags = {k: v for k, v in vars(args).items() if k not in ("until_idle", "from_end", "no_alerts")}
+    settings = _settings(argparse.Namespace(**flags))
+    return run_audit(settings, until_idle_s=args.until_idle, from_beginning=not args.from_end, alerts=not args.no_alerts)
+
+
 def cmd_view(args: argparse.Namespace) -> int:
     from safepoint.ops.view import follow
 
@@ -350,7 +366,7 @@ COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "se
                   "soak": "dev", "bench": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
+COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """The README's first command, the demo, end to end as written (``./scripts/demo.sh --duration
 120``: setup, which is quick on a set-up checkout, then ``safepoint demo``) except for a shorter
 duration (``DEMO_S``: the first directive comes well within it): the embedded broker, the simulated
-cluster, the job and the live view give directives, and the process ends soon after "demo finished".
+cluster, the job and the live view give directives, the live auditor beside them finds no
+violation, and the process ends soon after "demo finished".
 Spark's log lines and its Python workers' notices go to the log file the demo names, not to the
 screen."""
 
@@ -55,6 +56,8 @@ def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_it_says_s
                    or "TransformWithStateInPandas Python worker" in x]
     assert spark_lines == [], spark_lines[:5]
     assert re.search(r"^demo: status API, metrics and dashboard at http://127\.0\.0\.1:\d+/$", text, re.M), text[:3000]
+    audited = re.search(r"^audit: (\d+) directives checked .* (\d+) violation\(s\)$", text, re.M)
+    assert audited and int(audited.group(1)) >= 1 and audited.group(2) == "0", text[-3000:]  # the live auditor beside it
     named = re.search(r"its log: (\S+)\)", text)
     assert named, text[:2000]
     log = open(named.group(1), encoding="utf-8", errors="replace").read()

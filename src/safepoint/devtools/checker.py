@@ -40,7 +40,7 @@ from typing import Any
 
 from safepoint.core.ids import join_id
 from safepoint.devtools.check_result import CheckResult
-from safepoint.devtools.check_validate import CLUSTER_TYPES, INT64_MIN, is_int, validate_event
+from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, is_int, validate_event
 
 __all__ = ["CheckResult", "check_logs", "validate_event"]
 
@@ -183,6 +183,9 @@ class _Checker:
             self.r.bad_reasons[str(why)] += 1
             return False
         cluster = ev.get("cluster", "default")
+        if ev["type"] in CONTROL_TYPES:
+            self.r.applied += 1  # in log order, never ignored as stale (a repeated action changes nothing)
+            return True
         if ev["type"] in CLUSTER_TYPES:
             self._cluster_event(cluster, ev)
             return True

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from safepoint.ops.audit import follow_and_audit
 from safepoint.ops.serve import JobSurface
 from safepoint.ops.view import LiveView, show
 from safepoint.settings import Settings
@@ -55,6 +56,12 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             daemon=True,
         )
         sim_thread.start()
+        audit_stop = threading.Event()
+        audit_box: list[Any] = []
+        audit_thread = threading.Thread(  # the live auditor beside the job (safepoint audit)
+            target=lambda: audit_box.append(follow_and_audit(settings, stop=audit_stop, out=sys.stdout)),
+            name="demo-audit", daemon=True)
+        audit_thread.start()
         log_fd, log_file = tempfile.mkstemp(prefix="safepoint-demo-", suffix=".log")
         os.close(log_fd)
         print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark (its log: {log_file}) ...", flush=True)
@@ -85,7 +92,11 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
             print(f"  cluster {name}: seq {d['seq']} safe_ts {d['safe_ts']}", flush=True)
-        return 0 if view.count > 0 else 1
+        audit_stop.set()
+        audit_thread.join(15)
+        if audit_box:
+            print(audit_box[0].summary(), flush=True)
+        return 0 if view.count > 0 and not (audit_box and audit_box[0].violations) else 1
     except KeyboardInterrupt:
         return 0
     finally:

@@ -28,6 +28,7 @@ from typing import Any
 from safepoint.devtools.check_kafka import check_kafka
 from safepoint.devtools.check_result import CheckResult
 from safepoint.errors import SafepointError
+from safepoint.ops.audit import follow_and_audit
 from safepoint.settings import Settings
 
 __all__ = ["SoakConfig", "Sample", "run_soak", "sample_processes", "dir_size", "growth", "format_report"]
@@ -206,6 +207,11 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         )
         start = time.monotonic()
         sim.start()
+        audit_stop = threading.Event()
+        audit_box: list[Any] = []
+        auditor = threading.Thread(target=lambda: audit_box.append(follow_and_audit(settings, stop=audit_stop, out=out)),
+                                   name="soak-audit", daemon=True)
+        auditor.start()
         spark = build_session(
             settings.spark_master,
             settings.shuffle_partitions,
@@ -264,6 +270,9 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         query = None
         spark.stop()
         spark = None
+        audit_stop.set()  # the live auditor finishes once it read what the job wrote
+        auditor.join(120)
+        audit = audit_box[0] if audit_box else None
         print("soak: job stopped; checking the topics ...", file=out, flush=True)
         check_start = time.monotonic()
         policy = settings.policy()
@@ -277,10 +286,13 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         )
         check_s = time.monotonic() - check_start
         report = _report(cfg, result, samples, run_s, drained_s, check_s, accounting, sim_rc)
+        report["audit"] = None if audit is None else {
+            "directives_checked": audit.checked, "holds_checked": audit.holds_checked, "excused": audit.excused,
+            "unverified": audit.unverified, "violations": len(audit.violations)}
         print(format_report(report), file=out, flush=True)
         if report_path:
             Path(report_path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-        if not result.safety_ok:
+        if not result.safety_ok or audit is None or audit.violations:
             return 1
         return 0 if result.liveness_ok and result.accounting_ok else 3
     except SafepointError:
@@ -376,6 +388,12 @@ def format_report(report: dict[str, Any]) -> str:
     )
     for ex in c["violation_examples"][:10]:
         lines.append(f"  violation: {ex}")
+    audit = report.get("audit")
+    if audit is not None:
+        lines.append(
+            f"live audit: {'OK' if not audit['violations'] else 'FAILED'} ({audit['violations']} violations; "
+            f"{audit['directives_checked']} directives and {audit['holds_checked']} holds checked beside the job, "
+            f"{audit['unverified']} unverified, {audit['excused']} late holds excused)")
     lag, bound = c["max_lag"], c["lag_bound"]
     lag_s = "n/a" if lag is None else f"{lag / 1e6:.1f} s"
     lines.append(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["CLUSTER_TYPES", "INT64_MIN", "NODE_TYPES", "is_int", "validate_event"]
+__all__ = ["CLUSTER_TYPES", "CONTROL_TYPES", "INT64_MIN", "NODE_TYPES", "is_int", "validate_event"]
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -29,6 +29,13 @@ CLUSTER_TYPES: dict[str, dict[str, type]] = {
     "index_build": {"version": int, "index": str, "catalog_version": int, "state": str},
     "rebalance": {"version": int, "group": str, "catalog_version": int, "state": str},
 }
+CONTROL_TYPES: dict[str, dict[str, type]] = {
+    "service_hold": {"cluster": str, "holder": str, "ts": int, "ttl_ms": int},
+    "service_release": {"cluster": str, "holder": str},
+    "pause": {"cluster": str, "reason": str},
+    "resume": {"cluster": str},
+}
+"""Control events: cluster events without a version, in log order (they never move cluster time)."""
 _ID_FIELDS = frozenset({"reader_id", "tx_id", "node", "coordinator", "index", "group", "cluster"})
 _NON_NEGATIVE = frozenset({"incarnation", "seq", "version", "catalog_version", "wall_ms"})
 
@@ -73,11 +80,13 @@ def validate_event(value: bytes | str | None) -> tuple[dict[str, Any] | None, st
     if not is_int(obj.get("v")) or obj["v"] != 1:
         return None, "v is missing or not 1"
     kind = obj.get("type")
-    if not isinstance(kind, str) or kind not in NODE_TYPES and kind not in CLUSTER_TYPES:
+    if not isinstance(kind, str) or kind not in NODE_TYPES and kind not in CLUSTER_TYPES and kind not in CONTROL_TYPES:
         return None, "unknown type"
     required: dict[str, type] = {"wall_ms": int}
     if kind in NODE_TYPES:
         required.update({"node": str, "incarnation": int, "seq": int}, **NODE_TYPES[kind])
+    elif kind in CONTROL_TYPES:
+        required.update(CONTROL_TYPES[kind])
     else:
         required.update(CLUSTER_TYPES[kind])
     for name, ftype in required.items():
@@ -116,6 +125,8 @@ def _encodable(obj: Any) -> bool:
 
 def _deep_errors(kind: str, obj: dict[str, Any]) -> str | None:
     """The nested fields this checker's model reads."""
+    if kind == "service_hold" and not 1 <= obj["ttl_ms"] <= 31_536_000_000:
+        return "ttl_ms is not between 1 ms and a year"
     if kind == "tx_end" and obj["outcome"] not in ("commit", "abort"):
         return "outcome is not commit or abort"
     if kind in ("index_build", "rebalance") and obj["state"] not in ("started", "finished"):
