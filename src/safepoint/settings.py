@@ -193,29 +193,9 @@ def load_settings(
     environ: dict[str, str] | None = None,
 ) -> Settings:
     """Merge defaults, the TOML file, the environment and the flags (later wins)."""
-    values: dict[str, Any] = {}
     env = os.environ if environ is None else environ
     config = config or env.get(env_name("config")) or None
-    if config:
-        path = Path(config)
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            msg = f"config file {path} not found"
-            raise ConfigError(msg) from exc
-        except tomllib.TOMLDecodeError as exc:
-            msg = f"config file {path} is not valid TOML: {exc}"
-            raise ConfigError(msg) from exc
-        for k, v in data.items():
-            if k not in _FIELDS:
-                if k in ("alerts", "policy"):
-                    continue  # tables other modules read
-                if k in RETIRED:
-                    msg = f"setting {k!r} in {path} was removed: {RETIRED[k]}"
-                    raise ConfigError(msg)
-                msg = f"unknown setting {k!r} in {path}; known: {', '.join(sorted(_FIELDS))}"
-                raise ConfigError(msg)
-            values[k] = _coerce(k, v, f"in {path}")
+    values: dict[str, Any] = _from_toml(Path(config)) if config else {}
     for name in _FIELDS:
         if name == "kafka":
             continue
@@ -230,6 +210,36 @@ def load_settings(
         settings.policy()
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    _check_choices(settings)
+    return settings
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    """The settings of a TOML file (its ``alerts`` and ``policy`` tables are other modules')."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        msg = f"config file {path} not found"
+        raise ConfigError(msg) from exc
+    except tomllib.TOMLDecodeError as exc:
+        msg = f"config file {path} is not valid TOML: {exc}"
+        raise ConfigError(msg) from exc
+    values: dict[str, Any] = {}
+    for k, v in data.items():
+        if k not in _FIELDS:
+            if k in ("alerts", "policy"):
+                continue  # tables other modules read
+            if k in RETIRED:
+                msg = f"setting {k!r} in {path} was removed: {RETIRED[k]}"
+                raise ConfigError(msg)
+            msg = f"unknown setting {k!r} in {path}; known: {', '.join(sorted(_FIELDS))}"
+            raise ConfigError(msg)
+        values[k] = _coerce(k, v, f"in {path}")
+    return values
+
+
+def _check_choices(settings: Settings) -> None:
+    """Settings that take one of a few values, or a least one."""
     if settings.source_format not in ("python", "kafka"):
         msg = f"source_format must be 'python' or 'kafka', got {settings.source_format!r}"
         raise ConfigError(msg)
@@ -245,4 +255,3 @@ def load_settings(
     if settings.starting_offsets not in ("earliest", "latest"):
         msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"
         raise ConfigError(msg)
-    return settings

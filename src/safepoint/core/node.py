@@ -175,35 +175,14 @@ class NodeState:
             opened.append(OpenedHold("tx", tid, event["begin_ts"], ns))
             quiet = not restarted and not closed and ns is None and self._above(event["begin_ts"])
         elif kind == "tx_prepare":
-            tx = self.txs.get(event["tx_id"])
-            if tx is not None:
-                tx.prepared = True
-                tx.coordinator = event["coordinator"]
-                tx.participants = list(event["participants"])
-                if tx.prepared_wall is None:
-                    tx.prepared_wall = wall
+            self._prepare(event, wall)
         elif kind == "tx_end":
             gone = self.txs.pop(event["tx_id"], None)
             if gone is not None:
                 closed.append(HoldRef("tx", event["tx_id"]))
             quiet = not restarted and (gone is None or (gone.namespace is None and self._above(gone.ts)))
         elif kind == "heartbeat":
-            self.mvcc_now = event["mvcc_now"]
-            if "pinned_bytes" in event:
-                self.pinned_bytes = event["pinned_bytes"]
-            if "debt_bytes" in event:
-                self.debt_bytes = event["debt_bytes"]
-            if "groups" in event:
-                new_groups: dict[str, list[Any]] = {}
-                for g in event["groups"]:
-                    entry = [bool(g.get("leader", False)), g.get("published_min_tx_time")]
-                    twin = new_groups.get(g["group"])
-                    if twin is not None:  # listed twice: leader if either says so, the lower (or unknown) time
-                        low = None if twin[1] is None or entry[1] is None else min(twin[1], entry[1])
-                        entry = [twin[0] or entry[0], low]
-                    new_groups[g["group"]] = entry
-                groups_changed = set(new_groups) != set(self.groups) or _led(new_groups) != _led(self.groups)
-                self.groups = new_groups
+            groups_changed = self._heartbeat(event)
         elif kind == "snapshot":
             self._replace(event, wall, incarnation, opened, closed)
         else:  # pragma: no cover - parse() only lets node types through here
@@ -217,6 +196,37 @@ class NodeState:
         if self.leak or kind in ("heartbeat", "snapshot"):
             self.leak.check(self.readers, self.txs, event, self.last_wall_ms, policy, update.signals)
         return update
+
+    def _prepare(self, event: dict[str, Any], wall: int) -> None:
+        """A transaction is prepared: its fate now belongs to its coordinator (never expired)."""
+        tx = self.txs.get(event["tx_id"])
+        if tx is not None:
+            tx.prepared = True
+            tx.coordinator = event["coordinator"]
+            tx.participants = list(event["participants"])
+            if tx.prepared_wall is None:
+                tx.prepared_wall = wall
+
+    def _heartbeat(self, event: dict[str, Any]) -> bool:
+        """Take a heartbeat's figures and groups; True when the groups or the ones it leads changed."""
+        self.mvcc_now = event["mvcc_now"]
+        if "pinned_bytes" in event:
+            self.pinned_bytes = event["pinned_bytes"]
+        if "debt_bytes" in event:
+            self.debt_bytes = event["debt_bytes"]
+        if "groups" not in event:
+            return False
+        new_groups: dict[str, list[Any]] = {}
+        for g in event["groups"]:
+            entry = [bool(g.get("leader", False)), g.get("published_min_tx_time")]
+            twin = new_groups.get(g["group"])
+            if twin is not None:  # listed twice: leader if either says so, the lower (or unknown) time
+                low = None if twin[1] is None or entry[1] is None else min(twin[1], entry[1])
+                entry = [twin[0] or entry[0], low]
+            new_groups[g["group"]] = entry
+        changed = set(new_groups) != set(self.groups) or _led(new_groups) != _led(self.groups)
+        self.groups = new_groups
+        return changed
 
     def _above(self, ts: int) -> bool:
         """``ts`` lies strictly above the node's lowest hold of the last walk (so that a hold at it,

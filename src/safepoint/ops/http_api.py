@@ -155,7 +155,7 @@ class AdminGate:
 HOLDER = Annotated[str, Path(min_length=1, max_length=256, description="who holds history: backup, cdc-feed-7, ...")]
 
 
-def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None,
+def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None,  # noqa: C901 - flat list of small routes
              publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str = "") -> Any:
     """The app over ``store``, behind ``AdminGate``; ``health()`` adds the job's own figures to
     ``/healthz``; ``publish`` sends a control event to the events topic for the POST actions
