@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clusters", type=int, default=None, help=f"database clusters [env {env_name('clusters')}; default 1]")
     p.add_argument("--namespaces", type=int, default=None, help=f"tenants t0..tN-1 [env {env_name('namespaces')}; default 0]")
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
+    p.add_argument("--flush-timeout", type=float, default=None,
+                   help=f"seconds to wait for the last deliveries at the end [env {env_name('flush_timeout')}; default 30]")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
     p = sub.add_parser("check-node", help="read what one node publishes and report every departure from the contract")
@@ -253,6 +255,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _env_or(args, "seed", 0, int),
         settings.librdkafka(),
         clusters=_env_or(args, "clusters", 1, int),
+        flush_timeout_s=_env_or(args, "flush_timeout", 30.0, float),
     )
 
 

@@ -61,7 +61,7 @@ def test_an_unreachable_broker_is_one_line_within_a_bound() -> None:
 def test_simulate_exits_non_zero_when_its_events_are_not_delivered(tmp_path) -> None:
     broker = EmbeddedBroker(data_dir=str(tmp_path / "d")).start()
     proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", "simulate", "--bootstrap", broker.bootstrap,
-                             "--duration", "4", "--rate", "200"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--duration", "4", "--rate", "200", "--flush-timeout", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(2.0)
         broker.kill()  # the broker goes away while the simulator sends

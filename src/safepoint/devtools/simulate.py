@@ -277,8 +277,10 @@ def run_simulator(
     clusters: int = 1,
     quiet_output: bool = False,
     expiries: queue.Queue[tuple[str, str, str]] | None = None,
+    flush_timeout_s: float = 30.0,
 ) -> int:
-    """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM."""
+    """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM;
+    at the end, wait at most ``flush_timeout_s`` for the last deliveries."""
     from safepoint.connectors.clients import CONFLUENT
     from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, make_producer, producer_conf
     from safepoint.connectors.topics import check_reachable, quiet
@@ -340,11 +342,11 @@ def run_simulator(
                       flush=True)
             time.sleep(0.05)
     finally:
-        undelivered = producer.flush(30)  # still queued: never delivered, and no report said so
+        undelivered = producer.flush(flush_timeout_s)  # still queued: never delivered, and no report said so
     failed = deliveries.failures + undelivered
     if failed:
         print(f"simulate: {failed} of {sent} events were not delivered to {topic} at {bootstrap} "
-              f"({deliveries.failures} failed, {undelivered} still queued after 30 s)", file=sys.stderr, flush=True)
+              f"({deliveries.failures} failed, {undelivered} still queued after {flush_timeout_s:.0f} s)", file=sys.stderr, flush=True)
     elif not quiet_output:
         print(f"simulate: done, {sent} events sent, all delivered", flush=True)
     return 0 if failed == 0 else 1
