@@ -19,6 +19,7 @@ import fastjsonschema
 from safepoint.schemas import load
 
 __all__ = [
+    "BAND",
     "DEFAULT_DIRECTIVES_TOPIC",
     "SNAPSHOT_REQUEST",
     "Directive",
@@ -30,6 +31,7 @@ __all__ = [
 
 DEFAULT_DIRECTIVES_TOPIC = "safepoint.directives"
 SNAPSHOT_REQUEST = "snapshot_request"
+BAND = "band"
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +152,8 @@ class ListenerStats:
     snapshot_requests: int = 0
     """Snapshot requests for this node (after a start of the job on empty state) answered with the
     reporter's snapshot; requests met in the backlog at start are answered once, after it."""
+    bands: int = 0
+    """Band directives for this node handed to the reporter (its admission control follows them)."""
 
 
 @cache

@@ -56,7 +56,7 @@ class _Handle:
     """What readers and transactions share: the reporter, the optional fields, the expiry."""
 
     __slots__ = ("_reporter", "label", "groups", "namespace", "opened_wall_ms", "_state", "_on_expire", "_expiry",
-                 "_published")
+                 "_published", "long")
 
     def __init__(
         self,
@@ -65,8 +65,11 @@ class _Handle:
         groups: Sequence[str] | None,
         namespace: str | None,
         on_expire: ExpireCallback | None,
+        long: bool = False,
     ) -> None:
         self._reporter = reporter
+        self.long = bool(long)
+        """Declared long: admitted under pressure by the node's admission control (``connectors/admission.py``)."""
         self.label = label
         self.groups = list(groups) if groups is not None else None
         self.namespace = namespace
@@ -140,8 +143,9 @@ class Reader(_Handle):
         groups: Sequence[str] | None,
         namespace: str | None,
         on_expire: ExpireCallback | None = None,
+        long: bool = False,
     ) -> None:
-        super().__init__(reporter, label, groups, namespace, on_expire)
+        super().__init__(reporter, label, groups, namespace, on_expire, long)
         self.read_ts: int | None = None if read_ts is None else check_ts("read_ts", read_ts)
         self.reader_id = new_id("r") if reader_id is None else check_id("reader_id", reader_id)
         # _state: new -> open -> closed | expired (released because of an expiry)
@@ -214,8 +218,9 @@ class Transaction(_Handle):
         groups: Sequence[str] | None,
         namespace: str | None,
         on_expire: ExpireCallback | None = None,
+        long: bool = False,
     ) -> None:
-        super().__init__(reporter, label, groups, namespace, on_expire)
+        super().__init__(reporter, label, groups, namespace, on_expire, long)
         self.begin_ts: int | None = None if begin_ts is None else check_ts("begin_ts", begin_ts)
         self.tx_id = new_id("t") if tx_id is None else check_id("tx_id", tx_id)
         self.coordinator: str | None = None

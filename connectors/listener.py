@@ -52,6 +52,7 @@ from safepoint.connectors.clients import (
 )
 from safepoint.connectors.delivery import consumer_conf, deliver_until_stopped
 from safepoint.connectors.directives import (
+    BAND,
     DEFAULT_DIRECTIVES_TOPIC,
     SNAPSHOT_REQUEST,
     Directive,
@@ -301,7 +302,7 @@ class DirectiveListener(NodeDirectivesMixin):
         kind = obj.get("type")
         if kind == "members":
             return None  # the cluster's member set, for a job that lost its checkpoint: nothing for a node
-        if kind not in ("compaction", "expire", SNAPSHOT_REQUEST):
+        if kind not in ("compaction", "expire", SNAPSHOT_REQUEST, BAND):
             return self._invalid(msg, f"unknown directive type {kind!r}")
         try:
             validator(kind)(obj)
@@ -312,6 +313,9 @@ class DirectiveListener(NodeDirectivesMixin):
             return None
         if kind == SNAPSHOT_REQUEST:
             self._snapshot_request(obj)
+            return None
+        if kind == BAND:
+            self._band(obj)
             return None
         directive = Directive.from_json(obj)
         if directive.seq <= self._last_seq:

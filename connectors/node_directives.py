@@ -3,7 +3,10 @@
 ``expire`` names one reader or transaction of the node: handed to ``Reporter.expire`` (with
 ``reporter=``) and then to ``on_expire``. ``snapshot_request`` asks the node for its complete set
 of holds (the job started on empty state): answered with ``Reporter.snapshot()``. Both share one
-``seq`` per cluster. ``NodeDirectivesMixin`` holds these methods for ``DirectiveListener``.
+``seq`` per cluster. ``band`` tells the node its pinned-bytes band: handed to
+``Reporter.observe_band`` (admission of long snapshots follows it, ``connectors/admission.py``); a
+recovery ``snapshot_request`` (the job started on empty state and forgot every band) sets it
+back to ``normal``. ``NodeDirectivesMixin`` holds these methods for ``DirectiveListener``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class NodeDirectivesMixin:
     _caught_up: bool
     _last_expire_seq: int
     _backlog_snapshot_request: bool
+    _last_band_seq: int = 0
 
     def _expire(self, expire: ExpireDirective) -> None:
         if expire.seq <= self._last_expire_seq:
@@ -77,10 +81,24 @@ class NodeDirectivesMixin:
         target = self._reporter.node if self._reporter is not None else self.node
         if target is None or obj["node"] != target:
             return
+        if obj.get("reason") == "recovery" and self._reporter is not None and obj["seq"] > self._last_band_seq:
+            self._last_band_seq = obj["seq"]  # the new job knows no band yet: it sends one on the next change
+            self._reporter.observe_band("normal")
         if not self._caught_up:
             self._backlog_snapshot_request = True  # answered once the backlog is read
             return
         self._answer_snapshot_request()
+
+    def _band(self, obj: dict[str, Any]) -> None:
+        """The job's newest band for a node: this listener's reporter takes its own (newest seq wins)."""
+        self._last_expire_seq = max(self._last_expire_seq, obj["seq"])
+        reporter = self._reporter
+        if reporter is None or obj["node"] != reporter.node or obj["seq"] <= self._last_band_seq:
+            return
+        self._last_band_seq = obj["seq"]
+        reporter.observe_band(obj["band"])
+        self._counts["bands"] += 1
+        log.info("directive listener: node %s is in the %s pinned-bytes band", reporter.node, obj["band"])
 
     def _answer_snapshot_request(self) -> None:
         if self._reporter is None:

@@ -33,6 +33,7 @@ from safepoint.connectors.handles import Handle, Reader, Transaction, add_option
 from safepoint.errors import SafepointError
 
 if TYPE_CHECKING:
+    from safepoint.connectors.admission import Admission
     from safepoint.connectors.sender import Sender
 
 __all__ = ["HoldsMixin", "LazyPublishing"]
@@ -98,6 +99,7 @@ class HoldsMixin:
     _closed: bool
     _lazy: LazyPublishing
     _sender: Sender
+    _admission: Admission
     _mvcc_clock: Callable[[], int]
     _wall_clock: Callable[[], int]
     _check_open: Callable[[], None]
@@ -127,6 +129,10 @@ class HoldsMixin:
             assert handle._ts is not None
             bound = self._bound_of(handle.namespace)
             refuse_below_safe(bound, what, handle._ident, handle._ts, handle.namespace, bound != self._safe_ts)
+            admission = self._admission
+            if admission.band != "normal" and admission.is_long(
+                    handle.long, handle._ts, self._mvcc_clock() if admission.long_read_after is not None else None):
+                admission.admit(what, handle._ident)  # raises when not admitted (connectors/admission.py)
             if self._lazy.defer(handle._ts):
                 handle.opened_wall_ms = self._wall_clock()
             else:

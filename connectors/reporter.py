@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+from safepoint.connectors.admission import Admission
 from safepoint.connectors.clients import CONFLUENT, check_client
 from safepoint.connectors.expiry import ExpiryMixin
 from safepoint.connectors.handles import (
@@ -95,6 +96,8 @@ class Reporter(ExpiryMixin, HoldsMixin):
         on_expire: ExpireCallback | None = None,
         client: str = CONFLUENT,
         retention: int | None = None,
+        long_per_s: float = 1.0,
+        long_read_after: int | None = None,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -111,7 +114,10 @@ class Reporter(ExpiryMixin, HoldsMixin):
         nodes where librdkafka's wheel cannot be installed; ``kafka_conf`` keys are translated).
         ``retention`` (MVCC units, at most the job's ``retention``) turns on lazy registration:
         only the readers and transactions that can hold history back are published
-        (``connectors/lazy.py``); None publishes every one.
+        (``connectors/lazy.py``); None publishes every one. ``long_per_s`` and ``long_read_after``
+        tune the admission control of long snapshots under pressure (``connectors/admission.py``):
+        how many a second the ``warning`` band admits, and how far below ``mvcc_now`` (MVCC units)
+        a reader or transaction not declared long counts as long (None: only declared ones).
         """
         self.node = check_id("node", node)
         self.cluster = check_id("cluster", cluster)
@@ -147,6 +153,7 @@ class Reporter(ExpiryMixin, HoldsMixin):
         self._repairs = 0
         self._on_expire = on_expire
         self._lazy = LazyPublishing(self.node, retention)
+        self._admission = Admission(self.node, long_per_s, long_read_after)
         self._expired = 0
         self._expiries_ignored = 0
         self._expire_callback_failures = 0
@@ -183,14 +190,17 @@ class Reporter(ExpiryMixin, HoldsMixin):
         namespace: str | None = None,
         reader_id: str | None = None,
         on_expire: ExpireCallback | None = None,
+        long: bool = False,
     ) -> Reader:
         """A reader handle: ``with reporter.reader(ts) as r`` publishes open and close.
 
         Without ``read_ts`` the reader reads at ``mvcc_clock()``, taken under the reporter's lock,
         so no heartbeat with a later ``mvcc_now`` can overtake its ``reader_open``.
         ``on_expire(reader, directive)`` overrides the reporter's callback for this reader.
+        ``long=True`` declares a long snapshot: under pressure opening it may raise
+        ``AdmissionThrottled`` (warning band) or ``AdmissionRefused`` (critical band).
         """
-        return Reader(self, read_ts, reader_id, label, groups, namespace, on_expire)
+        return Reader(self, read_ts, reader_id, label, groups, namespace, on_expire, long)
 
     def transaction(
         self,
@@ -201,12 +211,24 @@ class Reporter(ExpiryMixin, HoldsMixin):
         namespace: str | None = None,
         tx_id: str | None = None,
         on_expire: ExpireCallback | None = None,
+        long: bool = False,
     ) -> Transaction:
         """A transaction handle: ``with reporter.transaction(ts) as tx`` publishes begin and end.
 
-        ``on_expire(tx, directive)`` overrides the reporter's callback for this transaction.
+        ``on_expire(tx, directive)`` overrides the reporter's callback for this transaction;
+        ``long=True`` declares it long (see :meth:`reader`).
         """
-        return Transaction(self, begin_ts, tx_id, label, groups, namespace, on_expire)
+        return Transaction(self, begin_ts, tx_id, label, groups, namespace, on_expire, long)
+
+    def observe_band(self, band: str) -> None:
+        """The node's pinned-bytes band, as the job's newest ``band`` directive says (a
+        ``DirectiveListener`` with ``reporter=`` calls this): admission of long snapshots follows it."""
+        self._admission.observe(band)
+
+    @property
+    def band(self) -> str:
+        """The node's band as last observed (``normal`` until the job says otherwise)."""
+        return self._admission.band
 
     def observe_safe_ts(self, safe_ts: int, retention: int | None = None, namespace_safe_ts: int | None = None,
                         namespaces: Mapping[str, int] | None = None) -> None:
@@ -264,7 +286,8 @@ class Reporter(ExpiryMixin, HoldsMixin):
         sender = self._sender
         with self._lock, sender.stats_lock:
             return ReporterStats(sender.sent, sender.delivered, sender.failures, sender.restarts, self._repairs,
-                                 self._expired, self._expiries_ignored, self._expire_callback_failures)
+                                 self._expired, self._expiries_ignored, self._expire_callback_failures,
+                                 self._admission.throttled, self._admission.refused)
 
     def heartbeat(self) -> int:
         """Publish one heartbeat now (the thread does this every interval). Returns its seq.
@@ -281,6 +304,9 @@ class Reporter(ExpiryMixin, HoldsMixin):
                 self._publish_waiting(bound)
             event["active_readers"] = len(self._readers)
             event["active_txs"] = len(self._txs)
+            if self._admission.throttled or self._admission.refused:
+                event["admission_throttled"] = self._admission.throttled
+                event["admission_refused"] = self._admission.refused
             event.update(figures)
             return self._send("heartbeat", event)
 

@@ -51,6 +51,10 @@ class ReporterStats:
     transaction, a repeat, or a directive older than the handle it names."""
     expire_callback_failures: int = 0
     """Exceptions raised by an ``on_expire`` callback (logged; the expiry still applies)."""
+    admission_throttled: int = 0
+    """Long snapshots throttled in the ``warning`` band (``connectors/admission.py``)."""
+    admission_refused: int = 0
+    """Long snapshots refused in the ``critical`` band."""
 
 
 class Sender:

@@ -27,7 +27,7 @@ CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance", "servi
 CONTROL_EVENT_TYPES = ("service_hold", "service_release", "pause", "resume")
 """Cluster events an operator publishes (``core/control.py``): no ``version``, ordered by ``wall_ms``."""
 EVENT_TYPES = NODE_EVENT_TYPES + CLUSTER_EVENT_TYPES
-OUTPUT_NAMES = ("compaction", "members", "expire", "snapshot_request", "alert", "deadletter")
+OUTPUT_NAMES = ("compaction", "members", "expire", "snapshot_request", "band", "alert", "deadletter")
 
 
 @cache

@@ -10,6 +10,9 @@ __all__ = [
     "ReaderRefused",
     "ReaderExpired",
     "ClientClosed",
+    "AdmissionDenied",
+    "AdmissionThrottled",
+    "AdmissionRefused",
 ]
 
 
@@ -70,3 +73,25 @@ class ReaderExpired(SafepointError):
 
 class ClientClosed(SafepointError):
     """The reporter was used after close()."""
+
+
+class AdmissionDenied(ReaderRefused):
+    """A long snapshot was not admitted: the node is under history pressure (its pinned-bytes band,
+    which the job sends it). Short readers are never denied. ``band`` is the node's band."""
+
+    def __init__(self, message: str, band: str) -> None:
+        super().__init__(message)
+        self.band = band
+
+
+class AdmissionThrottled(AdmissionDenied):
+    """The node is in the ``warning`` band and long snapshots are rate-limited: retry after
+    ``retry_after_s`` seconds (or read nearer ``mvcc_now``)."""
+
+    def __init__(self, message: str, band: str, retry_after_s: float) -> None:
+        super().__init__(message, band)
+        self.retry_after_s = retry_after_s
+
+
+class AdmissionRefused(AdmissionDenied):
+    """The node is in the ``critical`` band: long snapshots are refused until it leaves it."""

@@ -22,7 +22,7 @@ from safepoint.connectors.listener import Directive, DirectiveListener, ExpireDi
 from safepoint.connectors.reporter import Handle, Reader, Reporter, default_incarnation
 from safepoint.connectors.topics import ensure_topics
 from safepoint.devtools.broker import EmbeddedBroker
-from safepoint.errors import ClientClosed, ReaderExpired, ReaderRefused
+from safepoint.errors import AdmissionRefused, ClientClosed, ReaderExpired, ReaderRefused
 from safepoint.schemas import load
 from safepoint.settings import Settings
 
@@ -595,6 +595,42 @@ def test_listener_answers_snapshot_requests_through_its_reporter(
     finally:
         listener.close()
         reader.close()
+        rep.close()
+
+
+def band(seq: int, node: str, level: str, cluster: str = "c1") -> tuple[str, dict[str, Any]]:
+    value = {"v": 1, "type": "band", "cluster": cluster, "node": node, "band": level, "seq": seq, "cluster_wall_ms": WALL0}
+    jsonschema.Draft7Validator(load("outputs", "band")).validate(value)
+    return f"{cluster}/{node}/%band", value
+
+
+def test_listener_hands_the_band_to_its_reporter_which_admits_long_snapshots_by_it(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str
+) -> None:
+    """The newest band of this node (an older one or another node's is not taken) reaches the
+    reporter: critical refuses long snapshots, short ones go on, nothing is published for a refused
+    one, and the next heartbeat carries the count; a recovery snapshot_request sets it back to normal."""
+    produce(kafka.bootstrap, directives_topic, [band(3, "n1", "warning"), band(4, "n1", "critical"),
+                                               band(5, "n2", "normal"), band(2, "n1", "normal")])
+    rep = make_reporter(kafka, events_topic)
+    listener = DirectiveListener(kafka.bootstrap, reporter=rep, topic=directives_topic).start()
+    try:
+        wait_for(lambda: rep.band == "critical" and listener.stats().bands == 2)
+        with pytest.raises(AdmissionRefused):
+            rep.reader(500, reader_id="r-long", long=True).open()
+        with rep.reader(500, reader_id="r-short"):
+            pass
+        assert rep.stats().admission_refused == 1
+        rep.heartbeat()
+        assert rep.flush(10) == 0
+        events = consume_events(kafka.bootstrap, events_topic, 3)
+        assert [e["type"] for e in events] == ["reader_open", "reader_close", "heartbeat"]
+        assert events[2]["admission_refused"] == 1 and events[2]["admission_throttled"] == 0
+        produce(kafka.bootstrap, directives_topic, [snapshot_request(6, "n1")])
+        wait_for(lambda: rep.band == "normal")
+        rep.reader(500, reader_id="r-long-2", long=True).open().close()
+    finally:
+        listener.close()
         rep.close()
 
 

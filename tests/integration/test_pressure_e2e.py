@@ -72,7 +72,11 @@ def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any
     assert warning["node"] == "n1" and "r-long" in warning["detail"] and warning["key"] == "n1"
 
     expires = [d for d in directives if d.get("type") == "expire"]
-    assert [(e["node"], e["reader_id"], e["mode"], e["seq"]) for e in expires] == [("n1", "r-long", "graceful", 1)]
+    bands = [(d["node"], d["band"], d["seq"]) for d in directives if d.get("type") == "band"]
+    assert bands[:2] == [("n1", "warning", 1), ("n1", "critical", 2)], bands  # the node's admission follows them
+    assert bands[-1][1] == "normal" and bands[-1][0] == "n1"
+    # the per-node directives share one seq: the expiry comes after the two band changes
+    assert [(e["node"], e["reader_id"], e["mode"], e["seq"]) for e in expires] == [("n1", "r-long", "graceful", 3)]
     assert expires[0]["key"] == "c1/n1/reader/r-long"
     audit = [(a["state"], a["severity"]) for a in alerts if a["kind"] == "forced_expiry"]
     assert audit == [("raised", "warning"), ("cleared", "warning")]

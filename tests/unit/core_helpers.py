@@ -41,7 +41,7 @@ def schema_for(out: Output) -> str:
         return "alert"
     assert out.channel == DIRECTIVES, out.channel
     kind = out.value.get("type")
-    return kind if kind in ("expire", "snapshot_request", "members") else "compaction"
+    return kind if kind in ("expire", "snapshot_request", "members", "band") else "compaction"
 
 
 def check_output(out: Output) -> None:

@@ -30,7 +30,7 @@ ALLOWED = {
 """Which parts each part may import (``devtools`` and ``cli`` sit on top and may import any): what
 operators run never needs what developers run."""
 
-NODE_CLIENT = ["reporter", "sender", "handles", "publishing", "heartbeat", "incarnation", "expiry", "listener",
+NODE_CLIENT = ["reporter", "sender", "handles", "publishing", "admission", "heartbeat", "incarnation", "expiry", "listener",
                "directives", "node_directives", "delivery", "service_hold", "control", "follow", "idle", "clients",
                "producer", "topics"]
 """The connectors a database node runs (``pip install safepoint`` without extras)."""

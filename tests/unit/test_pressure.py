@@ -344,7 +344,8 @@ def test_pinned_bytes_raise_and_clear_with_the_windows() -> None:
     run.feed(n1.hb(T0 + 10_000, 10_000, pinned_bytes=6 * GIB), n1.hb(T0 + 39_999, 10_000, pinned_bytes=5 * GIB))
     assert run.alerts("pinned_bytes") == []
     outs = run.feed(n1.hb(T0 + 40_000, 10_000, pinned_bytes=7 * GIB))
-    [a] = [o for o in outs if o.value["kind"] == "pinned_bytes"]
+    [a] = [o for o in outs if o.value.get("kind") == "pinned_bytes"]
+    assert [o.value["band"] for o in outs if o.value["type"] == "band"] == ["warning"]  # the node's admission follows it
     assert a.key == "n1"
     assert a.value == {
         "v": 1,
@@ -711,7 +712,7 @@ def test_expiry_picks_lowest_ts_first_skips_young_and_prepared() -> None:
     assert ("r_young", "graceful", T0 + 400_000) in expired(run)
     assert all(e.get("tx_id") != "t_e" for e in run.expires()), "never the prepared transaction"
     # the expire directives: shape, key, per-cluster seq
-    exp_outs = [o for o in outs if o.channel == DIRECTIVES]
+    exp_outs = [o for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
     assert [o.key for o in exp_outs] == ["default/n1/tx/t_d", "default/n1/reader/r_b", "default/n1/reader/r_tie", "default/n1/reader/r_a"]
     for o in exp_outs:
         validator("expire").validate(o.value)
@@ -723,12 +724,12 @@ def test_expiry_picks_lowest_ts_first_skips_young_and_prepared() -> None:
         "tx_id": "t_d",
         "reason": exp_outs[0].value["reason"],
         "mode": "graceful",
-        "seq": 1,
+        "seq": 2,  # after the band directive that told the node it is critical (seq 1)
         "cluster_wall_ms": T0 + 300_000,
     }
     assert exp_outs[1].value["reader_id"] == "r_b" and "tx_id" not in exp_outs[1].value
     assert "critical" in exp_outs[0].value["reason"] and "200" in exp_outs[0].value["reason"]
-    assert [e["seq"] for e in run.expires()] == list(range(1, 12))
+    assert [e["seq"] for e in run.expires()] == list(range(2, 13))
     assert run.directives()[-1]["seq"] >= 2, "the compaction directives have their own seq"
 
 
@@ -804,7 +805,10 @@ def test_rate_limit_per_window_with_hard_upgrades_first() -> None:
         ("r5", "graceful", e + 240_000),
         ("r5", "hard", e + 270_000),
     ]
-    assert [x["seq"] for x in run.expires()] == list(range(1, 11))
+    # expire, band and snapshot_request directives share one seq per cluster: 1, 2, 3 ...
+    per_node = [o.value for o in run.outputs if o.channel == DIRECTIVES and o.value["type"] in ("expire", "band")]
+    assert [x["seq"] for x in per_node] == list(range(1, len(per_node) + 1))
+    assert len(run.expires()) == 10
 
 
 def test_hard_expiry_under_a_short_budget_goes_to_the_hold_that_pins_the_most() -> None:
@@ -882,12 +886,12 @@ def test_expire_seq_is_per_cluster_and_key_names_cluster_node_and_hold() -> None
     run.feed(a1.open("r1", 1_000, T0), a2.begin("t1", 1_000, T0), b1.open("r1", 1_000, T0))
     for t in range(T0, EXPIRE_AT + 1, 10_000):
         run.feed(*[n.hb(t, 10_000, pinned_bytes=25 * GIB) for n in (a1, a2, b1)])
-    outs = [o for o in run.outputs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
-    assert [(o.key, o.value["cluster"], o.value["seq"]) for o in outs] == [
-        ("ca/n1/reader/r1", "ca", 1),
-        ("ca/n2/tx/t1", "ca", 2),
-        ("cb/n1/reader/r1", "cb", 1),
-    ]
+    outs = [o for o in run.outputs if o.channel == DIRECTIVES and o.value["type"] in ("expire", "band")]
+    for cluster in ("ca", "cb"):  # one seq per cluster, shared by its per-node directives
+        seqs = [o.value["seq"] for o in outs if o.value["cluster"] == cluster]
+        assert seqs == list(range(1, len(seqs) + 1)), (cluster, seqs)
+    assert sorted(o.key for o in outs if o.value["type"] == "expire") == [
+        "ca/n1/reader/r1", "ca/n2/tx/t1", "cb/n1/reader/r1"]
 
 
 # -- batch splits: state through JSON in the middle changes nothing -----------------------------------

@@ -201,6 +201,8 @@ class ClusterState:
                 out.append(self.directives.expire(u.node, body, now))
             elif kind == "snapshot_request":
                 out.append(self.directives.snapshot_request(u.node, body["reason"], now))
+            elif kind == "band":
+                out.append(self.directives.band(u.node, body["band"], now))
             else:
                 out.append(book.stamp({k: v for k, v in body.items() if k != "state"}, body["state"], now))
         if self.recovery is not None:

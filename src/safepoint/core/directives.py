@@ -1,4 +1,4 @@
-"""Every directive the job writes, built in one place: compaction, members, expire, snapshot_request.
+"""Every directive the job writes, built in one place: compaction, members, expire, snapshot_request, band.
 
 A compaction directive's size does not grow with the cluster: it names the blocker, the
 ``BASIS_LISTED`` members with the lowest minimums (their incarnation, seq and minimum), how many
@@ -8,8 +8,11 @@ entry per partition, not per node). Every node's own figures are in the status. 
 itself, which a job that lost its checkpoint must wait for, goes out as a ``members`` record (key
 ``<cluster>/%members``) on the directives topic with the first directive after it changed.
 
-Per-node directives (``expire``, ``snapshot_request``) are keyed by the node (and the hold) and
-numbered by their own sequence, ``node_seq``.
+Per-node directives (``expire``, ``snapshot_request``, ``band``) are keyed by the node (and the
+hold; ``<cluster>/<node>/%band`` for the band, so that the compacted topic keeps each node's
+newest) and numbered by their own sequence, ``node_seq``. A ``band`` directive tells a node its
+pinned-bytes band whenever it changes: its client admits long snapshots by it (rate-limited in
+``warning``, refused in ``critical``).
 
 ``Directives`` is the cluster's part that numbers them and remembers where the cluster's input
 stood; the cluster decides when one goes out.
@@ -25,18 +28,25 @@ from safepoint.core.members import Members
 from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.tenants import Tenants
 
-__all__ = ["BASIS_LISTED", "SNAPSHOT_REQUEST", "Directives", "members_key"]
+__all__ = ["BAND", "BASIS_LISTED", "SNAPSHOT_REQUEST", "Directives", "band_key", "members_key"]
 
 BASIS_LISTED = 8
 """Members a directive's ``basis`` names: those with the lowest minimums."""
 SNAPSHOT_REQUEST = "snapshot_request"
 """The directive that asks a node for its complete set of holds."""
+BAND = "band"
+"""The directive that tells a node its pinned-bytes band (its admission control follows it)."""
 EXPIRE_FIELDS = ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq", "cluster_wall_ms")
 
 
 def members_key(cluster: str) -> str:
     """The directives topic's key of a cluster's member set (no escaped node id starts with ``%``)."""
     return f"{escape(cluster)}/%members"
+
+
+def band_key(cluster: str, node: str) -> str:
+    """The directives topic's key of a node's band (no escaped id starts with ``%``)."""
+    return f"{join_id(cluster, node)}/%band"
 
 
 class Directives:
@@ -110,6 +120,13 @@ class Directives:
         return Output(DIRECTIVES, join_id(self.cluster, node), {
             "v": 1, "type": SNAPSHOT_REQUEST, "cluster": self.cluster, "node": node, "reason": reason,
             "seq": self.node_seq, "cluster_wall_ms": now})
+
+    def band(self, node: str, band: str, now: int) -> Output:
+        """Tell ``node`` its pinned-bytes band changed (``core/pressure.py`` decided it)."""
+        self.node_seq += 1
+        return Output(DIRECTIVES, band_key(self.cluster, node), {
+            "v": 1, "type": BAND, "cluster": self.cluster, "node": node, "band": band, "seq": self.node_seq,
+            "cluster_wall_ms": now})
 
     def expire(self, node: str, body: dict[str, Any], now: int) -> Output:
         """Tell ``node`` to end one reader or transaction (the node stage decided it: ``core/pressure.py``)."""

@@ -49,6 +49,7 @@ class NodeState:
         "_summary",
         "pressure",
         "leak",
+        "admission",
         "_low",
         "reference",
     )
@@ -70,6 +71,8 @@ class NodeState:
         """Bands, in-doubt transactions and forced expiries (``core/pressure.py``)."""
         self.leak = LeakWatch(node)
         """Since when the job holds more than the node reports (``core/leaks.py``)."""
+        self.admission: list[int] | None = None
+        """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
         self.reference = reference
@@ -88,7 +91,7 @@ class NodeState:
             ("mvcc_now", self.mvcc_now), ("groups", self.groups), ("pinned_bytes", self.pinned_bytes),
             ("debt_bytes", self.debt_bytes), ("summary", list(self._summary) if self._summary is not None else None),
             *self.pressure.to_json().items(),
-            ("leak", self.leak.state),
+            ("leak", self.leak.state), ("admission", self.admission),
         )
         for key, value in optional:
             if value is not None and value != [] and value != {}:
@@ -115,6 +118,7 @@ class NodeState:
         state._summary = tuple(summary) if summary is not None else None
         state.pressure = Pressure.from_json(data)
         state.leak = LeakWatch(state.node, data.get("leak"))
+        state.admission = data.get("admission")
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -214,6 +218,10 @@ class NodeState:
             self.pinned_bytes = event["pinned_bytes"]
         if "debt_bytes" in event:
             self.debt_bytes = event["debt_bytes"]
+        if "admission_throttled" in event or "admission_refused" in event:
+            self.admission = [event.get("admission_throttled", 0), event.get("admission_refused", 0)]
+        elif self.admission is not None:
+            self.admission = None  # a new process counts from zero and says nothing until it has something
         if "groups" not in event:
             return False
         new_groups: dict[str, list[Any]] = {}

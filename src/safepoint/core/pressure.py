@@ -306,6 +306,8 @@ def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: 
     if oldest is not None:
         what += f"; oldest {oldest[0]} {oldest[1]}" + (f" ({oldest[3]})" if oldest[3] else "")
     node = holds.node
+    if kind == "pinned_bytes":  # the node's admission control follows its pinned band (a band directive)
+        signals.append(["band", {"band": LEVEL_NAMES[new]}])
     if new == 0:
         signals.append(_alert(node, kind, join_id(kind, node), "cleared", LEVEL_NAMES[old], value,
                               spec.exit(old), since, f"{what}: back below the {LEVEL_NAMES[old]} exit threshold"))

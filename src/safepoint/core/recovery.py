@@ -84,7 +84,7 @@ def seeds_from_directives(values: Iterable[Mapping[str, Any]]) -> dict[str, Seed
             best = newest.get(cluster)
             if best is None or seq > best["seq"]:
                 newest[cluster] = value
-        elif kind in ("expire", "snapshot_request"):
+        elif kind in ("expire", "snapshot_request", "band"):
             node_seq[cluster] = max(node_seq.get(cluster, 0), seq)
     seeds: dict[str, Seed] = {}
     for cluster in sorted(set(newest) | set(node_seq)):

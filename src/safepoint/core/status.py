@@ -86,6 +86,7 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         "in_doubt": sorted(ns.pressure.in_doubt),
         "expiring": len(ns.pressure.expiries),
         "forecast": forecast_of(ns, policy),
+        **({"admission": {"throttled": ns.admission[0], "refused": ns.admission[1]}} if ns.admission else {}),
         "open": open_counts,
         "floors": floors,
         "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label,
@@ -260,7 +261,7 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
             "node": name, **lease,
             "mvcc_now": p.get("mvcc_now"), "pinned_bytes": p.get("pinned_bytes"), "bands": p.get("bands"),
             "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0),
-            "forecast": p.get("forecast")})
+            "forecast": p.get("forecast"), "admission": p.get("admission")})
     out = {k: v for k, v in cluster.items() if k not in ("v", "type", "nodes")}
     out.update(lag=lag, hold_counts=counts, holds=holds, nodes=nodes)
     if "namespaces" in cluster:  # each namespace's bound and what sets it (its lowest hold, or one that pins all)

@@ -134,6 +134,8 @@ class _Checker:
             if d.get("type") == "members":
                 self.r.members_records += 1
                 continue
+            if d.get("type") == "band":
+                continue  # a node's pinned band, for its admission control: no safety content
             if d.get("type") != "compaction":
                 self.r.violation(f"unknown directive type {d.get('type')!r}", order=True)
                 continue

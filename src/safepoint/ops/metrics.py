@@ -57,6 +57,10 @@ class StatusCollector(Collector):
         ns_safe = _gauge("safepoint_namespace_safe_ts", "Bound of a namespace without holds of its own (MVCC units)", c)
         ns_bound = _gauge("safepoint_namespace_bound", "Bound of a namespace with holds of its own (at most "
                           "max_namespaces per cluster)", ["cluster", "namespace"])
+        throttled = CounterMetricFamily("safepoint_node_admission_throttled", "Long snapshots the node's admission "
+                                        "control throttled (warning band) since its process started", labels=["cluster", "node"])
+        refused = CounterMetricFamily("safepoint_node_admission_refused", "Long snapshots the node's admission control "
+                                      "refused (critical band) since its process started", labels=["cluster", "node"])
         ignored = CounterMetricFamily("safepoint_control_ignored", "Control events that changed nothing, by reason",
                                       labels=["cluster", "reason"])
         for st in self.store.all():
@@ -98,6 +102,10 @@ class StatusCollector(Collector):
                     active[("in_doubt_tx", "warning")] = active.get(("in_doubt_tx", "warning"), 0) + len(n["in_doubt"])
                 if n.get("pinned_bytes") is not None:
                     pinned.add_metric([name, n["node"]], n["pinned_bytes"])
+                admission = n.get("admission")
+                if admission:
+                    throttled.add_metric([name, n["node"]], admission["throttled"])
+                    refused.add_metric([name, n["node"]], admission["refused"])
                 forecast = n.get("forecast") or {}
                 if forecast.get("pinned_bytes_per_s") is not None:
                     growth.add_metric([name, n["node"]], forecast["pinned_bytes_per_s"])
@@ -115,8 +123,8 @@ class StatusCollector(Collector):
                 ns_bound.add_metric([name, ns], b)
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
-        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, growth, ttc, stale, paused_, ignored,
-                    ns_safe, ns_bound)
+        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
+                    paused_, ignored, ns_safe, ns_bound)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:
