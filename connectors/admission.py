@@ -9,7 +9,9 @@ pins history for a long time. Under pressure a node stops taking on more of them
   least one): one over the rate raises ``AdmissionThrottled`` with ``retry_after_s``;
 * ``critical``: long snapshots raise ``AdmissionRefused``.
 
-Short snapshots are never touched. The band comes from the job's ``band`` directives (a
+In an **emergency** of the cluster (a critical node whose debt keeps growing: the compaction
+directives say so, ``core/emergency.py``) admission tightens: long snapshots are refused in the
+``warning`` band too. Short snapshots are never touched. The band comes from the job's ``band`` directives (a
 ``DirectiveListener`` with ``reporter=`` hands them over); a job that starts on empty state has
 forgotten every band, so its recovery ``snapshot_request`` sets the band back to ``normal``.
 Every throttle and refusal is counted; heartbeats carry the counts (``admission_throttled``,
@@ -46,6 +48,7 @@ class Admission:
         self._clock = clock
         self._lock = threading.Lock()
         self.band = "normal"
+        self.emergency = False
         self._burst = max(1.0, self.long_per_s)
         self._tokens = self._burst
         self._stamp = clock()
@@ -62,6 +65,11 @@ class Admission:
                 self._tokens, self._stamp = self._burst, self._clock()  # a fresh bucket on entering the band
             self.band = band
 
+    def observe_emergency(self, active: bool) -> None:
+        """The cluster's emergency, as the newest compaction directive says."""
+        with self._lock:
+            self.emergency = bool(active)
+
     def is_long(self, declared: bool, ts: int, mvcc_now: int | None) -> bool:
         """Declared long, or a historical read more than ``long_read_after`` below ``mvcc_now``."""
         if declared:
@@ -71,10 +79,12 @@ class Admission:
     def admit(self, what: str, ident: str) -> None:
         """Admit one long snapshot or raise (the counts move)."""
         with self._lock:
-            if self.band == "critical":
+            if self.band == "critical" or (self.band == "warning" and self.emergency):
                 self.refused += 1
-                msg = (f"{what} {ident} refused: node {self.node} is in the critical pinned-bytes band; long "
-                       "snapshots are refused until it leaves it (short ones go on)")
+                why = ("the critical pinned-bytes band" if self.band == "critical"
+                       else "the warning pinned-bytes band while its cluster is in emergency")
+                msg = (f"{what} {ident} refused: node {self.node} is in {why}; long snapshots are refused until it "
+                       "leaves it (short ones go on)")
                 raise AdmissionRefused(msg, self.band)
             if self.band != "warning":
                 return

@@ -50,6 +50,9 @@ class Directive:
     """The bound of a namespace without holds of its own (None: the cluster has no namespaced holds)."""
     namespaces: dict[str, int] = field(default_factory=dict)
     """The bound of each namespace with holds of its own."""
+    emergency: dict[str, Any] | None = None
+    """While the cluster is in emergency: ``since_wall_ms`` and ``compaction_budget``, the multiple of
+    its normal compaction budget a node should raise its effort up to (None: no emergency)."""
 
     def bound(self, namespace: str | None) -> int:
         """What a hold of ``namespace`` may compact up to (``safe_ts`` for no namespace)."""
@@ -70,6 +73,7 @@ class Directive:
             raw=obj,
             namespace_safe_ts=obj.get("namespace_safe_ts"),
             namespaces=dict(obj.get("namespaces") or {}),
+            emergency=dict(obj["emergency"]) if isinstance(obj.get("emergency"), dict) else None,
         )
 
 

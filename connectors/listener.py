@@ -365,6 +365,7 @@ class DirectiveListener(NodeDirectivesMixin):
         if self._reporter is not None:
             self._reporter.observe_safe_ts(self._safe_ts, directive.raw.get("retention"), directive.namespace_safe_ts,
                                            directive.namespaces)
+            self._reporter.observe_emergency(directive.emergency is not None)
         return directive
 
     def _invalid(self, msg: Message, reason: str) -> Directive | None:

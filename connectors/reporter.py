@@ -225,6 +225,11 @@ class Reporter(ExpiryMixin, HoldsMixin):
         ``DirectiveListener`` with ``reporter=`` calls this): admission of long snapshots follows it."""
         self._admission.observe(band)
 
+    def observe_emergency(self, active: bool) -> None:
+        """Whether the cluster is in emergency, as the newest compaction directive says: long
+        snapshots are then refused in the warning band too (``connectors/admission.py``)."""
+        self._admission.observe_emergency(active)
+
     @property
     def band(self) -> str:
         """The node's band as last observed (``normal`` until the job says otherwise)."""

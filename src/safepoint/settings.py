@@ -96,6 +96,8 @@ class Settings:
     leak_window_ms: int = _P.leak_window_ms
     forecast_horizon_ms: int = _P.forecast_horizon_ms
     forecast_window_ms: int = _P.forecast_window_ms
+    emergency_exit_ms: int = _P.emergency_exit_ms
+    emergency_compaction_budget: int = _P.emergency_compaction_budget
     max_namespaces: int = _P.max_namespaces
     http_port: int = 0
     """Serve the status API, metrics and dashboard on this port (0: off)."""

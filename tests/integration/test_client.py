@@ -634,6 +634,28 @@ def test_listener_hands_the_band_to_its_reporter_which_admits_long_snapshots_by_
         rep.close()
 
 
+def test_an_emergency_on_the_directives_refuses_long_snapshots_in_the_warning_band(
+    kafka: EmbeddedBroker, events_topic: str, directives_topic: str
+) -> None:
+    emergency = {**directive(1, 100), "emergency": {"since_wall_ms": WALL0, "compaction_budget": 4}}
+    jsonschema.Draft7Validator(load("outputs", "compaction")).validate(emergency)
+    produce(kafka.bootstrap, directives_topic, [band(1, "n1", "warning"), ("c1", emergency)])
+    rep = make_reporter(kafka, events_topic)
+    listener = DirectiveListener(kafka.bootstrap, reporter=rep, topic=directives_topic).start()
+    try:
+        wait_for(lambda: rep.band == "warning" and listener.stats().delivered == 1)
+        last = listener.last_directive
+        assert last is not None and last.emergency == {"since_wall_ms": WALL0, "compaction_budget": 4}
+        with pytest.raises(AdmissionRefused, match="emergency"):
+            rep.reader(500, reader_id="r-long", long=True).open()
+        produce(kafka.bootstrap, directives_topic, [("c1", directive(2, 100))])  # the emergency is over
+        wait_for(lambda: listener.stats().delivered == 2)
+        rep.reader(500, reader_id="r-long-2", long=True).open().close()  # warning: within the rate
+    finally:
+        listener.close()
+        rep.close()
+
+
 def test_listener_waits_for_a_missing_topic_and_from_settings(kafka: EmbeddedBroker) -> None:
     topic = _name("late-directives")
     settings = Settings(bootstrap=kafka.bootstrap, directives_topic=topic, events_topic=_name("late-events"))

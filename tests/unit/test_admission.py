@@ -109,3 +109,69 @@ def test_critical_refuses_long_snapshots_until_the_band_goes_back() -> None:
     assert (a.throttled, a.refused) == (0, 1)
     with pytest.raises(ValueError, match="unknown band"):
         a.observe("high")
+
+
+# -- emergency: a critical node whose debt keeps growing ---------------------------------------------
+
+EMERGENCY = Policy(**{**POLICY.to_dict(), "forecast_window_ms": 20_000, "emergency_exit_ms": 30_000,
+                      "emergency_compaction_budget": 3})
+
+
+def emergencies(run: Run) -> list[tuple[str, str]]:
+    return [(a["state"], a["severity"]) for a in run.alerts("emergency")]
+
+
+def critical_with_debt(n: NodeClient, start: int, stop: int, debt_per_s: int, base: int = 0) -> list[dict]:
+    return [pinned(n, t, 1200, debt_bytes=base + debt_per_s * (t - start)) for t in range(start, stop)]
+
+
+def test_a_critical_node_whose_debt_keeps_growing_puts_the_cluster_in_emergency_and_out_with_hysteresis() -> None:
+    run = Run(EMERGENCY)
+    n1, n2 = NodeClient("n1"), NodeClient("n2")
+    run.feed(topology(1, T0, {"n1": [], "n2": []}), pinned(n1, 0, 100), pinned(n2, 0, 100))
+    for t in range(1, 20):  # n1 critical (after the enter window) with debt growing 1 MiB/s; n2 quiet
+        run.feed(pinned(n1, t, 1200, debt_bytes=t * MIB), pinned(n2, t, 100))
+    assert emergencies(run) == [("raised", "critical")]
+    last = run.directives()[-1]
+    assert last["emergency"]["compaction_budget"] == 3, last
+    entered = last["emergency"]["since_wall_ms"]
+    [alert] = run.alerts("emergency", "raised")
+    assert "n1" in alert["detail"] and alert["node"] is None and alert["cluster_wall_ms"] == entered
+    # debt stops growing (flat): no node is so; the emergency holds emergency_exit_ms more, then ends
+    flat = 19 * MIB
+    for t in range(20, 90):
+        run.feed(pinned(n1, t, 1200, debt_bytes=flat), pinned(n2, t, 100))
+    assert emergencies(run) == [("raised", "critical"), ("cleared", "critical")]
+    [cleared] = run.alerts("emergency", "cleared")
+    assert cleared["cluster_wall_ms"] - entered >= EMERGENCY.emergency_exit_ms
+    assert "emergency" not in run.directives()[-1], "a directive says it is over"
+
+
+def test_emergency_is_the_same_through_a_restore_and_off_with_an_exit_of_zero() -> None:
+    def story(run: Run, restore_at: int | None) -> None:
+        n1 = NodeClient("n1")
+        run.feed(topology(1, T0, {"n1": []}), pinned(n1, 0, 100))
+        for t in range(1, 100):
+            if t == restore_at:
+                restore_engine(run.engine)
+            run.feed(pinned(n1, t, 1200, debt_bytes=(t if t < 30 else 30) * MIB))
+    straight, split = Run(EMERGENCY), Run(EMERGENCY)
+    story(straight, None)
+    story(split, 25)
+    assert [o.value for o in split.outputs] == [o.value for o in straight.outputs]
+    assert emergencies(straight) == [("raised", "critical"), ("cleared", "critical")]
+    off = Run(Policy(**{**EMERGENCY.to_dict(), "emergency_exit_ms": 0}))
+    story(off, None)
+    assert emergencies(off) == [] and all("emergency" not in d for d in off.directives())
+
+
+def test_in_emergency_the_warning_band_refuses_long_snapshots_too() -> None:
+    a = Admission("n1", long_per_s=100.0)
+    a.observe("warning")
+    a.admit("reader", "r1")
+    a.observe_emergency(True)
+    with pytest.raises(AdmissionRefused, match="emergency"):
+        a.admit("reader", "r2")
+    a.observe_emergency(False)
+    a.admit("reader", "r3")
+    assert (a.throttled, a.refused) == (0, 1)

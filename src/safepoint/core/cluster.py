@@ -16,6 +16,7 @@ keeps the round's own figures and composes them:
 ``tenants``               the namespaces' bounds (``core/tenants.py``)
 ``directives``            directive sequences and input positions (``core/directives.py``)
 ``recovery``              after a start on empty state: who still owes a snapshot (``core/recovery.py``)
+``emergency``             critical nodes whose debt keeps growing, and the emergency (``core/emergency.py``)
 ========================  ======================================================================
 """
 
@@ -28,6 +29,7 @@ from safepoint.core.alerts import ABORT_KINDS, AlertBook, check_floor, check_hor
 from safepoint.core.catalog import Catalog
 from safepoint.core.control import CONTROL_TYPES, Control
 from safepoint.core.directives import Directives
+from safepoint.core.emergency import Emergency
 from safepoint.core.ids import join_id
 from safepoint.core.members import Members
 from safepoint.core.outputs import Output
@@ -44,7 +46,8 @@ IGNORED_STALE_VERSION = "stale_version"
 class ClusterState:
     """The cluster stage's state for one cluster: the round's figures and its parts."""
 
-    __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "versions",
+    __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "emergency",
+                 "versions",
                  "cluster_time", "first_wall", "topology_wall", "safe_ts", "dirty", "last_advance_wall", "aborts",
                  "reference")
 
@@ -57,6 +60,7 @@ class ClusterState:
         self.tenants = Tenants()
         self.directives = Directives(name)
         self.recovery: Recovery | None = None
+        self.emergency = Emergency()
         self.versions: dict[str, int] = {}
         """Cluster event type -> the last version applied (an event at or below it is stale)."""
         self.cluster_time: int | None = None
@@ -122,6 +126,7 @@ class ClusterState:
             "recovery": None if self.recovery is None else self.recovery.to_json(),
             **({"control": self.control.to_json()} if self.control else {}),
             **({"tenants": self.tenants.to_json()} if self.tenants else {}),
+            **({"emergency": self.emergency.to_json()} if self.emergency else {}),
         }
 
     @classmethod
@@ -150,6 +155,7 @@ class ClusterState:
         state.control = Control.from_json(data.get("control"))
         state.tenants = Tenants.from_json(data.get("tenants"))
         state.recovery = Recovery.from_json(data.get("recovery"))
+        state.emergency = Emergency.from_json(data.get("emergency"))
         state._rebuild_recovery()
         return state
 
@@ -192,19 +198,8 @@ class ClusterState:
             limit = self.tenants.pins_all(self.safe_ts) if self.tenants else (
                 None if self.safe_ts is None else (self.safe_ts, "safe_ts"))
             check_floor(book, u.node, u.floor, limit, now, out)
-        for kind, body in u.signals:
-            if kind == "expire" or body.get("kind") == "forced_expiry":
-                if self.control.paused is not None:
-                    self.control.count("expiry_while_paused")
-                    continue
-            if kind == "expire":
-                out.append(self.directives.expire(u.node, body, now))
-            elif kind == "snapshot_request":
-                out.append(self.directives.snapshot_request(u.node, body["reason"], now))
-            elif kind == "band":
-                out.append(self.directives.band(u.node, body["band"], now))
-            else:
-                out.append(book.stamp({k: v for k, v in body.items() if k != "state"}, body["state"], now))
+        if u.signals:
+            self._signals(u.node, u.signals, now, out)
         if self.recovery is not None:
             step = self.recovery.take(u, member, now, policy.node_lease_ms)
             if step == ASK:
@@ -212,6 +207,25 @@ class ClusterState:
             elif step == COMPLETED:
                 self.dirty = True
         self.evaluate(policy, out)
+
+    def _signals(self, node: str, signals: list[list[Any]], now: int, out: list[Output]) -> None:
+        """What the node stage decided on the node's clock, stamped with the cluster's identity and time:
+        alerts, expire and snapshot_request directives, band changes, the emergency's debt signal."""
+        for kind, body in signals:
+            if kind == "expire" or body.get("kind") == "forced_expiry":
+                if self.control.paused is not None:
+                    self.control.count("expiry_while_paused")
+                    continue
+            if kind == "expire":
+                out.append(self.directives.expire(node, body, now))
+            elif kind == "snapshot_request":
+                out.append(self.directives.snapshot_request(node, body["reason"], now))
+            elif kind == "band":
+                out.append(self.directives.band(node, body["band"], now))
+            elif kind == "debt":
+                self.emergency.take(node, body["growing"], body["debt_bytes_per_s"])
+            else:
+                out.append(self.alerts.stamp({k: v for k, v in body.items() if k != "state"}, body["state"], now))
 
     # -- recovery after a start on empty state (core/recovery.py) -------------------------
     def start_recovery(self, safe_ts: int | None, catalog_floor: int | None, seq: int, node_seq: int,
@@ -260,12 +274,14 @@ class ClusterState:
             return
         if self.control and self.control.expire(now, self.alerts, out):
             self.dirty = True
+        emergency_moved = bool(self.emergency) and self.emergency.step(now, policy, self.alerts, out)
         if self.members.topology is None and now < self.first_wall + policy.node_lease_ms:
             return  # discovery window: every live node gets a lease to report first
         aborted = sync_aborts(self.aborts, self.members, self.recovery, self.alerts, now, policy, self.reference, out)
-        if not self._round(aborted, now, policy, out) and self.control.announce and self.safe_ts is not None:
+        if (not self._round(aborted, now, policy, out) and (self.control.announce or emergency_moved)
+                and self.safe_ts is not None):
             # the holds or the pause changed: they ride on a directive at once (same safe point), so
-            # that a job that loses its checkpoint keeps them (core/recovery.py)
+            # that a job that loses its checkpoint keeps them (core/recovery.py); so does an emergency
             self._emit(self._lowest_node(), now, policy, out)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
         if self.last_advance_wall is None:
@@ -318,4 +334,4 @@ class ClusterState:
         self.control.announce = False
         out += self.directives.compaction(safe_ts=self.safe_ts, catalog_floor=self.catalog.floor, gnode=gnode,
                                           members=self.members, control=self.control, tenants=self.tenants, now=now,
-                                          retention=policy.retention)
+                                          retention=policy.retention, extra=self.emergency.directive_fields(policy))

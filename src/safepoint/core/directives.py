@@ -68,7 +68,8 @@ class Directives:
         self.positions: dict[int, int] = {}
 
     def compaction(self, *, safe_ts: int | None, catalog_floor: int | None, gnode: str, members: Members,
-                   control: Control, tenants: Tenants, now: int, retention: int) -> list[Output]:
+                   control: Control, tenants: Tenants, now: int, retention: int,
+                   extra: dict[str, Any] | None = None) -> list[Output]:
         """The next compaction directive (``gnode``: the blocking node, "" for a service hold), after
         the ``members`` record when the member set changed since it last went out."""
         self.seq += 1
@@ -111,6 +112,7 @@ class Directives:
             **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
             **({"paused": {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}} if pause else {}),
             **tenants.directive_fields(),
+            **(extra or {}),
         }))
         return out
 

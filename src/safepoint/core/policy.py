@@ -67,6 +67,13 @@ class Policy:
     the critical threshold within this much time (node clock; 0: off)."""
     forecast_window_ms: int = 300_000
     """The growth rate is fitted over the heartbeats of this last stretch of the node's clock."""
+    # -- emergency mode (``core/emergency.py``) ---------------------------------------------------
+    emergency_exit_ms: int = 60_000
+    """A cluster in emergency (a node in the critical band whose debt keeps growing) leaves it once no
+    node has been so for this long of cluster time (0: emergency mode off)."""
+    emergency_compaction_budget: int = 4
+    """In emergency, directives tell nodes they may raise their compaction budget up to this many times
+    their normal one (the ceiling; 1: no change)."""
     # -- tenants (``core/tenants.py``) -------------------------------------------------------------
     max_namespaces: int = 64
     """Namespaces with their own bound per cluster; holds of further namespaces pin all namespaces."""
@@ -94,6 +101,9 @@ class Policy:
             if value < 0:
                 msg = f"policy key {f.name} must be >= 0, got {value}"
                 raise ValueError(msg)
+        if self.emergency_compaction_budget < 1:
+            msg = "policy key emergency_compaction_budget must be >= 1 (a multiple of the normal budget)"
+            raise ValueError(msg)
         if self.node_lease_ms == 0:
             msg = "policy key node_lease_ms must be > 0"
             raise ValueError(msg)

@@ -148,7 +148,7 @@ class Pressure:
     holds it expired (and how), the times of its recent expire directives (the rate limit), and
     the forecast of its pinned bytes."""
 
-    __slots__ = ("pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast")
+    __slots__ = ("pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing")
 
     def __init__(self) -> None:
         self.pinned_band = Band()
@@ -157,13 +157,16 @@ class Pressure:
         self.expiries: dict[str, Expiry] = {}  # join_id(kind, id) -> its expiry
         self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
         self.forecast = Forecast()
+        self.debt_growing = False
+        """In the critical band with debt still growing (the cluster's emergency, ``core/emergency.py``)."""
 
     def to_json(self) -> dict[str, Any]:
         """The stored fields (a quiet band is left out: ``from_json`` restores it as new)."""
         return {"pinned_band": None if self.pinned_band.quiet else self.pinned_band.to_json(),
                 "age_band": None if self.age_band.quiet else self.age_band.to_json(),
                 "in_doubt": self.in_doubt, "expiries": {k: e.to_json() for k, e in self.expiries.items()},
-                "expire_walls": self.expire_walls, "forecast": self.forecast.to_json()}
+                "expire_walls": self.expire_walls, "forecast": self.forecast.to_json(),
+                "debt_growing": self.debt_growing or None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Pressure:
@@ -175,6 +178,7 @@ class Pressure:
         p.expiries = {k: Expiry.from_json(e) for k, e in (data.get("expiries") or {}).items()}
         p.expire_walls = data.get("expire_walls") or []
         p.forecast = Forecast.from_json(data.get("forecast"))
+        p.debt_growing = bool(data.get("debt_growing"))
         return p
 
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
@@ -195,7 +199,7 @@ class Pressure:
         pinned_spec, age_spec = _band_specs(policy)
         if pinned_sample and holds.pinned_bytes is not None:
             _band(holds, "pinned_bytes", self.pinned_band, pinned_spec, now, holds.pinned_bytes, signals)
-            if policy.forecast_horizon_ms:
+            if policy.forecast_horizon_ms or policy.emergency_exit_ms:
                 self._forecast(holds, holds.pinned_bytes, debt, now, policy, signals)
         oldest = holds.oldest()
         age = now - oldest[2] if oldest is not None else 0
@@ -218,6 +222,13 @@ class Pressure:
         """Fit the growth rates to this heartbeat and raise or clear ``pressure_forecast``."""
         f = self.forecast
         f.add(now, pinned, debt, policy.forecast_window_ms)
+        growing = self.pinned_band.level == 2 and f.debt_per_ms is not None and f.debt_per_ms > 0
+        if growing != self.debt_growing and policy.emergency_exit_ms:
+            self.debt_growing = growing
+            debt_rate = round((f.debt_per_ms or 0) * 1000)
+            signals.append(["debt", {"growing": growing, "debt_bytes_per_s": debt_rate}])
+        if not policy.forecast_horizon_ms:
+            return
         critical = policy.pinned_critical_enter_bytes
         ttc = f.time_to_critical(pinned, critical, self.pinned_band.level == 2)
         node = holds.node
