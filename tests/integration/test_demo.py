@@ -1,8 +1,8 @@
-"""The README's first command, the demo, end to end as written (``./scripts/demo.sh --duration
-120``: setup, which is quick on a set-up checkout, then ``safepoint demo``) except for a shorter
-duration (``DEMO_S``: the first directive comes well within it): the embedded broker, the simulated
-cluster, the job and the live view give directives, the live auditor beside them finds no
-violation, and the process ends soon after "demo finished".
+"""The README's first command, the demo, end to end and as written (``./scripts/demo.sh --duration
+120``: setup, which is quick on a set-up checkout, then ``safepoint demo``): the embedded broker,
+the simulated cluster, the job and the live view give directives, the live auditor beside them
+finds no violation, and the process ends soon after "demo finished". (A shorter run fails on a
+loaded machine: beside the other test worker, batch 0 of the demo's job took over a minute.)
 Spark's log lines and its Python workers' notices go to the log file the demo names, not to the
 screen."""
 
@@ -20,15 +20,9 @@ from doc_blocks import ROOT, block
 
 pytestmark = pytest.mark.integration
 
-DEMO_S = 90
-"""How long the test lets the demo run (the README says 120 s; 90 leaves room for a first batch slowed by
-the other test worker)."""
-
 
 def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_it_says_so() -> None:
     command = block("README.md", "./scripts/demo.sh --duration 120").text
-    assert command.count("--duration 120") == 1, command
-    command = command.replace("--duration 120", f"--duration {DEMO_S}")
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     t0 = time.monotonic()
     proc = subprocess.Popen(["bash", "-c", command], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
