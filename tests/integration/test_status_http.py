@@ -137,6 +137,8 @@ def test_the_job_serves_what_pins_history(broker: Any, tmp_path: Path) -> None:
             shot = tmp_path / "dashboard.png"
             seen_page = dashboard_text(base + "/", ["nightly-report", "950,000"], shot)
             assert seen_page["safe_ts"] == "950,000"
+            assert re.fullmatch(r"\d\d:\d\d:\d\d UTC", seen_page["cluster_time"]), seen_page["cluster_time"]
+            assert "growth" in seen_page["page"] and "critical in" in seen_page["page"], "the node table's forecast columns"
             assert "nightly-report" in seen_page["blocker"] and "n1" in seen_page["blocker"]
             assert "nightly-report" in seen_page["page"].split("oldest holds", 1)[1], "the top holder's label"
             assert shot.stat().st_size > 10_000
