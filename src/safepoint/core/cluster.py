@@ -178,8 +178,7 @@ class ClusterState:
         now = self.cluster_time
         assert now is not None
         self.aborts.touched.add(u.node)
-        fresh = u.node not in self.members.nodes
-        rec, member = self.members.take(u)
+        member, fresh = self.members.take(u)
         if fresh or u.changed:
             self.dirty = True
         book = self.alerts

@@ -88,10 +88,11 @@ class Members:
             self.announced = False
         return self.names - before
 
-    def take(self, u: NodeUpdate) -> tuple[NodeRecord, bool]:
-        """Take one node's summary into its record and the indexes: (the record, whether the
-        node is a member)."""
+    def take(self, u: NodeUpdate) -> tuple[bool, bool]:
+        """Take one node's summary into its record and the indexes: (whether the node is a member,
+        whether its record is new)."""
         rec = self.nodes.get(u.node)
+        fresh = rec is None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
             rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {},
@@ -128,7 +129,7 @@ class Members:
             (self.ns_nodes.add if u.ns is not None else self.ns_nodes.discard)(u.node)
         for kind, hid, ts, _ns in u.opened:
             holds[join_id(kind, hid)] = ts
-        return rec, member
+        return member, fresh
 
     # -- indexes --------------------------------------------------------------------------
     def _index(self, node: str, rec: NodeRecord) -> None:

@@ -1,8 +1,9 @@
 """A live safety auditor: every compaction directive checked against the holds live when it was made.
 
 ``safepoint audit`` follows the events and directives topics beside the job and checks, with a
-model of its own (it never imports the job's core: a bug in the core would have to be made again
-here to slip through), that no directive passes a live hold and that no bound goes back:
+model of its own (it imports none of the job's rules, only ``core/ids.py`` for the alert id's
+format: a bug in the core would have to be made again here to slip through), that no directive
+passes a live hold and that no bound goes back:
 
 * **Holds.** A compaction directive carries ``positions``: per events partition, the offset after
   the cluster's last message the job had applied. The auditor keeps each cluster's events queued
