@@ -1,7 +1,9 @@
 """A node's heartbeats: its clock and figures, every interval, from a thread of its reporter.
 
 A heartbeat carries ``mvcc_now`` and the figures the node's ``figures()`` callable returns
-(``pinned_bytes``, ``debt_bytes``, ``groups``), and lets the reporter publish a repair snapshot
+(``pinned_bytes``, ``debt_bytes``, ``groups``, ``history_above``: the node's history curve, as
+``(ts, bytes)`` pairs or ``{"ts", "bytes"}`` objects, from which the job tells what each hold
+costs), and lets the reporter publish a repair snapshot
 first when a delivery failed.
 """
 
@@ -21,7 +23,20 @@ __all__ = ["FIGURE_KEYS", "Figures", "start_heartbeats"]
 
 log = logging.getLogger("safepoint.reporter")
 
-FIGURE_KEYS = ("groups", "pinned_bytes", "debt_bytes", "active_readers", "active_txs")
+FIGURE_KEYS = ("groups", "pinned_bytes", "debt_bytes", "active_readers", "active_txs", "history_above")
+MAX_HISTORY_POINTS = 64
+"""Points of ``history_above`` a heartbeat carries (the contract's limit): more are thinned evenly."""
+
+
+def history_points(raw: Any) -> list[dict[str, int]]:
+    """``history_above`` as the contract writes it: ``{"ts", "bytes"}`` objects, at most 64 (a longer
+    curve keeps its first and last points and evenly spaced ones between)."""
+    points = [{"ts": int(p["ts"]), "bytes": int(p["bytes"])} if isinstance(p, Mapping)
+              else {"ts": int(p[0]), "bytes": int(p[1])} for p in raw]
+    if len(points) > MAX_HISTORY_POINTS:
+        step = (len(points) - 1) / (MAX_HISTORY_POINTS - 1)
+        points = [points[round(i * step)] for i in range(MAX_HISTORY_POINTS)]
+    return points
 
 
 class Figures:
@@ -38,6 +53,8 @@ class Figures:
             return {}
         raw = self.figures()
         figures = {k: raw[k] for k in FIGURE_KEYS if k in raw and raw[k] is not None}
+        if "history_above" in figures:
+            figures["history_above"] = history_points(figures["history_above"])
         unknown = set(raw) - set(FIGURE_KEYS) - self.warned
         if unknown:
             self.warned |= unknown

@@ -103,8 +103,10 @@ class Reporter(ExpiryMixin, HoldsMixin):
 
         ``mvcc_clock`` returns the node's current MVCC time (heartbeats' ``mvcc_now``, snapshots'
         ``cut``, and the ``read_ts``/``begin_ts`` of readers and transactions opened without one).
-        ``figures`` returns any of ``pinned_bytes``, ``debt_bytes`` and ``groups`` (a list of
-        ``{"group", "leader", "published_min_tx_time"}``) for each heartbeat. ``incarnation``
+        ``figures`` returns any of ``pinned_bytes``, ``debt_bytes``, ``groups`` (a list of
+        ``{"group", "leader", "published_min_tx_time"}``) and ``history_above`` (``(ts, bytes)``
+        pairs: the bytes of history only a read below ``ts`` needs, from which the job tells what
+        each hold costs) for each heartbeat. ``incarnation``
         defaults to :func:`default_incarnation` (``state_dir`` makes it survive clock steps).
         ``heartbeat_interval_s`` of ``None`` or ``0`` starts no thread: call :meth:`heartbeat`.
         ``wall_clock`` returns milliseconds since the epoch (injectable for tests).

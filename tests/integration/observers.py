@@ -43,7 +43,8 @@ def prometheus_missing() -> str | None:
 
 def dashboard_text(url: str, wait_for: list[str], screenshot: Path, timeout_s: float = 60) -> dict[str, str]:
     """Open the dashboard headless, wait until every string of ``wait_for`` is on the page, save a
-    screenshot; the page's text and its ``data-field`` figures as a person sees them."""
+    screenshot; the page's text and its ``data-field`` figures as a person sees them (also as
+    ``cluster:field`` per cluster section, and ``cluster:`` for a section's whole text)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -60,6 +61,12 @@ def dashboard_text(url: str, wait_for: list[str], screenshot: Path, timeout_s: f
             lambda d: all(s in d.find_element(By.ID, "clusters").text for s in wait_for))
         driver.save_screenshot(str(screenshot))
         figures = {el.get_attribute("data-field"): el.text for el in driver.find_elements(By.CSS_SELECTOR, "[data-field]")}
+        for section in driver.find_elements(By.CSS_SELECTOR, "section[data-cluster]"):
+            name = section.get_attribute("data-cluster")
+            figures[f"{name}:"] = section.text
+            for el in section.find_elements(By.CSS_SELECTOR, "[data-field], [data-axis]"):
+                figures[f"{name}:{el.get_attribute('data-field') or el.get_attribute('data-axis')}"] = (
+                    el.text or el.get_attribute("textContent") or "")
         return {"page": driver.find_element(By.TAG_NAME, "body").text, **figures}
     finally:
         driver.quit()

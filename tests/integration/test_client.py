@@ -350,7 +350,8 @@ def test_reader_without_ts_reads_at_mvcc_clock_and_closed_reporter_refuses(kafka
 
 def test_heartbeat_thread_publishes_with_injected_clocks(kafka: EmbeddedBroker, events_topic: str) -> None:
     mvcc = iter(range(10_000, 10_000_000, 10))
-    figures = {"pinned_bytes": 123, "debt_bytes": 4, "groups": [{"group": "g1", "leader": True, "published_min_tx_time": None}]}
+    figures = {"pinned_bytes": 123, "debt_bytes": 4, "groups": [{"group": "g1", "leader": True, "published_min_tx_time": None}],
+               "history_above": [(9_000, 100), {"ts": 9_500, "bytes": 40}]}
     rep = make_reporter(
         kafka,
         events_topic,
@@ -376,6 +377,7 @@ def test_heartbeat_thread_publishes_with_injected_clocks(kafka: EmbeddedBroker, 
     assert mvccs == sorted(mvccs) and all(m >= 10_000 for m in mvccs)
     assert beats[-1]["pinned_bytes"] == 123 and beats[-1]["debt_bytes"] == 4
     assert beats[-1]["groups"] == figures["groups"]
+    assert beats[-1]["history_above"] == [{"ts": 9_000, "bytes": 100}, {"ts": 9_500, "bytes": 40}]
     assert beats[-1]["active_readers"] == 1 and beats[-1]["active_txs"] == 0
     assert not rep.stats().delivery_failures
 

@@ -5,6 +5,7 @@ exactly, and the README's replay command (taken from the doc) prints the worked 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import io
 import json
 import shlex
@@ -134,6 +135,35 @@ def test_the_tenants_example_shows_what_it_says() -> None:
     held = [d for d in out if d.get("namespaces", {}).get("a") is not None]  # type: ignore[union-attr]
     assert held and any(d["namespace_safe_ts"] > d["namespaces"]["a"] + 30_000 for d in held)  # type: ignore[index, operator]
     assert out[-1]["namespaces"] == {} and out[-1]["safe_ts"] == out[-1]["namespace_safe_ts"]
+
+
+def test_the_pressure_example_is_what_its_script_writes_and_shows_what_it_says() -> None:
+    """The log is the closed loop of examples/pressure/make_log.py (the node client's admission
+    control fed with the core's directives); replayed it shows each step of the story."""
+    spec = importlib.util.spec_from_file_location("make_log", LOGS / "pressure" / "make_log.py")
+    assert spec is not None and spec.loader is not None
+    make_log = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_log)
+    log = make_log.simulate()
+    assert [json.loads(x) for x in (LOGS / "pressure" / "events.jsonl").read_text().splitlines()] == log
+    out = replayed(LOGS / "pressure")
+    story = [(d["kind"], d["state"], d.get("severity")) if d["type"] == "alert" else (d["type"], d.get("band"))
+             for d in out if d["type"] in ("alert", "band", "expire")]
+    assert story == [
+        ("pressure_forecast", "raised", "warning"),
+        ("band", "warning"), ("pinned_bytes", "raised", "warning"),
+        ("band", "critical"), ("pinned_bytes", "raised", "critical"), ("pressure_forecast", "cleared", "warning"),
+        ("emergency", "raised", "critical"),
+        ("expire", None), ("forced_expiry", "raised", "warning"), ("forced_expiry", "cleared", "warning"),
+        ("band", "normal"), ("pinned_bytes", "cleared", "critical"),
+        ("emergency", "cleared", "critical"),
+    ], story
+    beats = [e for e in log if e["type"] == "heartbeat"]
+    assert beats[-1]["admission_throttled"] > 0 and beats[-1]["admission_refused"] > 0
+    critical = [e for e in log if e["type"] == "reader_open" and 220_000 < e["wall_ms"] - make_log.T0 < 250_000]
+    assert critical and all(e["label"] == "point read" for e in critical), "short reads go on; no long one is admitted"
+    costs = [d["blocker"].get("cost_bytes") for d in out if d["type"] == "compaction" and d["blocker"]]
+    assert any(c and c > 500_000_000 for c in costs), "the report's cost rides on the directives"
 
 
 def test_the_docs_replay_command_prints_the_worked_example() -> None:

@@ -35,6 +35,14 @@ def test_safe_points_are_times_and_the_lag_is_computed_now() -> None:
     assert "42 s" in later and "open 45 s" in later, "the lag and the blocker's age are as of now"
 
 
+def test_the_blocker_says_what_it_alone_keeps_when_its_node_sends_a_curve() -> None:
+    state = ViewState("us")
+    state.directive(directive(1, T - 2_000, T, cost_bytes=3_500_000_000))
+    assert "alone keeps 3.5 GB" in text(state, T, 160)
+    state.directive(directive(2, T - 1_000, T))
+    assert "alone keeps" not in text(state, T, 160)
+
+
 def test_a_counter_unit_shows_the_numbers() -> None:
     state = ViewState("none")
     state.directive(directive(1, 7, T))

@@ -129,6 +129,8 @@ def stall_alert(book: AlertBook, members: Members, recovery: Recovery | None, si
         lmin, gnode = lowest
         b = members.nodes[gnode].blocker or Blocker("?", None, lmin, None, None)
         why = f"held by {b.kind} {b.id or ''} on node {gnode} at ts {b.ts}".replace("  ", " ")
+        if b.cost is not None:
+            why += f" (it alone keeps {b.cost} bytes of history there)"
     return book.raise_({"id": "stall/-", "kind": "stall", "node": None, "severity": "warning", "value": waited,
                         "threshold": policy.stall_ms, "since": since,
                         "detail": f"safe point has not advanced for {waited} ms of cluster time: "

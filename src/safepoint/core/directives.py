@@ -89,6 +89,7 @@ class Directives:
                 "ts": blocker.ts,
                 "age_ms": now - blocker.opened_wall if blocker.opened_wall is not None else None,
                 "label": blocker.label,
+                **({"cost_bytes": blocker.cost} if blocker.cost is not None else {}),
             }
         # carried so that a job that lost its checkpoint keeps them (core/recovery.py)
         holds = control.holds

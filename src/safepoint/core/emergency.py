@@ -87,10 +87,13 @@ class Emergency:
             self.calm_since = now
         if now - self.calm_since < policy.emergency_exit_ms:
             return False
+        calm = self.calm_since
         self.since = self.calm_since = None
-        cleared = book.clear(EMERGENCY_ID, now)
-        if cleared is not None:
-            out.append(cleared)
+        body = book.raised.pop(EMERGENCY_ID, None)
+        if body is not None:
+            out.append(book.stamp({**body, "value": 0, "detail": (
+                f"emergency over: no node has been in the critical band with growing debt for {now - calm} ms of "
+                f"cluster time (emergency_exit_ms {policy.emergency_exit_ms})")}, "cleared", now))
         return True
 
     def directive_fields(self, policy: Policy) -> dict[str, Any]:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from safepoint.core.cost import History
 from safepoint.core.ids import join_id
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import Holds, Pressure
-from safepoint.core.records import FLOOR_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
+from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
            "NODE_STATE_KEYS"]
@@ -50,6 +51,7 @@ class NodeState:
         "pressure",
         "leak",
         "admission",
+        "history",
         "_low",
         "reference",
     )
@@ -73,6 +75,10 @@ class NodeState:
         """Since when the job holds more than the node reports (``core/leaks.py``)."""
         self.admission: list[int] | None = None
         """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
+        self.history: History | None = None
+        """The history curve of the last heartbeat that carried one (``core/cost.py``): with it the
+        node's holds have costs, and every event walks its holds (the cost of its lowest hold
+        depends on the next one)."""
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
         self.reference = reference
@@ -92,6 +98,7 @@ class NodeState:
             ("debt_bytes", self.debt_bytes), ("summary", list(self._summary) if self._summary is not None else None),
             *self.pressure.to_json().items(),
             ("leak", self.leak.state), ("admission", self.admission),
+            ("history", self.history.to_json() if self.history is not None else None),
         )
         for key, value in optional:
             if value is not None and value != [] and value != {}:
@@ -119,6 +126,8 @@ class NodeState:
         state.pressure = Pressure.from_json(data)
         state.leak = LeakWatch(state.node, data.get("leak"))
         state.admission = data.get("admission")
+        history = data.get("history")
+        state.history = History(history) if history is not None else None
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -218,6 +227,8 @@ class NodeState:
             self.pinned_bytes = event["pinned_bytes"]
         if "debt_bytes" in event:
             self.debt_bytes = event["debt_bytes"]
+        if "history_above" in event:
+            self.history = History.of(event["history_above"])
         if "admission_throttled" in event or "admission_refused" in event:
             self.admission = [event.get("admission_throttled", 0), event.get("admission_refused", 0)]
         elif self.admission is not None:
@@ -345,6 +356,24 @@ class NodeState:
                 mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
         return floor, best, None if mins is None else [base, dict(sorted(mins.items()))]
 
+    def _cost_of(self, blocker: Blocker, floor: Blocker | str) -> int:
+        """The layer of the node's lowest hold (``core/cost.py``): from its ts to the next younger
+        hold or the node's floor, shared with the holds at its ts."""
+        assert self.history is not None
+        ts = blocker.ts
+        top = floor.ts if not isinstance(floor, str) else self.mvcc_now
+        upper, ties = top, 0
+        for holds in (self.readers, self.txs):
+            for h in holds.values():
+                if h.ts == ts:
+                    ties += 1
+                elif h.ts > ts and (upper is None or h.ts < upper):
+                    upper = h.ts
+        if top is not None and ts >= top:
+            return 0
+        layer = self.history.above(ts, self.mvcc_now) - (self.history.above(upper, self.mvcc_now) if upper is not None else 0)
+        return max(layer, 0) // max(ties, 1)
+
     def _update(
         self,
         wall: int,
@@ -357,10 +386,12 @@ class NodeState:
         low = self._low
         floor: Blocker | str
         blocker: Blocker | None
-        if quiet and not self.reference and low is not None:
+        if quiet and not self.reference and low is not None and self.history is None:
             floor, blocker, ns = low[0], low[1], None
         else:
             floor, blocker, ns = self._lowest(policy)
+            if self.history is not None and blocker is not None and blocker.kind in HOLD_KINDS:
+                blocker = blocker._replace(cost=self._cost_of(blocker, floor))
             self._low = (floor, blocker) if ns is None and blocker is not None and not isinstance(floor, str) else None
         lmin, unknown = (None, floor) if isinstance(floor, str) else (blocker.ts if blocker else None, None)
         summary = (lmin, unknown) if ns is None else (lmin, unknown, ns)

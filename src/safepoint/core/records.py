@@ -80,10 +80,17 @@ class Blocker(NamedTuple):
     ts: int
     opened_wall: int | None
     label: str | None
+    cost: int | None = None
+    """The bytes of history it alone keeps on its node (``core/cost.py``; None: the node sends no
+    history curve, or a floor)."""
 
     @classmethod
     def of(cls, data: list[Any] | tuple[Any, ...] | None) -> Blocker | None:
         return None if data is None else cls(*data)
+
+    def to_json(self) -> list[Any]:
+        """The positional form (the cost left out when unknown, as written before it existed)."""
+        return list(self) if self.cost is not None else list(self)[:5]
 
     @property
     def floor(self) -> Floor:
@@ -142,7 +149,7 @@ class NodeRecord:
     """The groups it says it leads (a group some member reports but none leads aborts the round)."""
 
     def to_json(self) -> list[Any]:
-        blocker = None if self.blocker is None else list(self.blocker)
+        blocker = None if self.blocker is None else self.blocker.to_json()
         out = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
                self.first_wall, self.holds]
         if self.led:
@@ -192,7 +199,7 @@ class NodeUpdate:
             self.seq,
             self.local_min,
             self.unknown,
-            self.blocker,
+            None if self.blocker is None else self.blocker.to_json(),
             self.groups,
             self.opened,
             self.closed,

@@ -23,11 +23,12 @@ from typing import Any
 
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
+from safepoint.core.cost import layer_costs
 from safepoint.core.ids import escape, join_id
 from safepoint.core.node import NodeState
 from safepoint.core.policy import Policy
 
-__all__ = ["LEVELS", "STATUS", "assemble", "cluster_status", "node_status", "status_key"]
+__all__ = ["LEVELS", "STATUS", "assemble", "by_cost", "cluster_status", "node_status", "status_key"]
 
 STATUS = "status"
 """Output channel of the status parts."""
@@ -65,6 +66,18 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
     for kind, _hid, _h in held[len(ns.readers):]:
         open_counts[kind] += 1
     oldest = heapq.nsmallest(policy.status_holds, held, key=lambda x: (x[2].ts, HOLD_ORDER[x[0]], x[1]))
+    costs: dict[tuple[str, str], int] = {}
+    cost_fields: dict[str, Any] = {}
+    if ns.history is not None:  # the costliest holds are listed too (core/cost.py)
+        floor = ns.floor_hold(policy)
+        costs = layer_costs(((h.ts, (kind, hid)) for kind, hid, h in held),
+                            None if isinstance(floor, str) else floor.ts, ns.history, ns.mvcc_now)
+        listed = {(kind, hid) for kind, hid, _h in oldest}
+        costliest = heapq.nsmallest(policy.status_holds, (x for x in held if costs[x[0], x[1]] > 0),
+                                    key=lambda x: (-costs[x[0], x[1]], x[2].ts, HOLD_ORDER[x[0]], x[1]))
+        oldest += [x for x in costliest if (x[0], x[1]) not in listed]
+        oldest.sort(key=lambda x: (x[2].ts, HOLD_ORDER[x[0]], x[1]))
+        cost_fields = {"held_bytes": sum(costs.values())}
     floors: list[dict[str, Any]] = []
     if ns.mvcc_now is not None:
         floors.append({"kind": "retention", "id": None, "ts": ns.mvcc_now - policy.retention})
@@ -89,8 +102,10 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         **({"admission": {"throttled": ns.admission[0], "refused": ns.admission[1]}} if ns.admission else {}),
         "open": open_counts,
         "floors": floors,
+        **cost_fields,
         "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label,
-                   **({"namespace": h.namespace} if h.namespace is not None else {})}
+                   **({"namespace": h.namespace} if h.namespace is not None else {}),
+                   **({"cost_bytes": costs[kind, hid]} if costs else {})}
                   for kind, hid, h in oldest],
     }
 
@@ -158,7 +173,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         if b is not None:
             blocker = {"node": gnode, "kind": b.kind, "id": b.id, "ts": b.ts,
                        "age_ms": now - b.opened_wall if now is not None and b.opened_wall is not None else None,
-                       "label": b.label}
+                       "label": b.label, **({"cost_bytes": b.cost} if b.cost is not None else {})}
     lease = policy.node_lease_ms
     topology = set(cs.members.topology or ())
     never = sorted(topology - set(records))
@@ -211,6 +226,12 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     }
 
 
+def by_cost(holds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An assembled status's holds ranked by cost, costliest first; holds of unknown cost after,
+    oldest first (without any history curve, that is the order by age)."""
+    return sorted(holds, key=lambda h: (h.get("cost_bytes") is None, -(h.get("cost_bytes") or 0)))
+
+
 def _lease_of(cluster: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     """A node the cluster's part does not list (past ``status_nodes``: a member without a problem,
     unless more nodes had a problem than fit: then whether it is a member is not known, null), from
@@ -234,18 +255,18 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
         counts["service"] += 1
         holds.append({"node": None, "kind": "service", "id": sh["holder"], "ts": sh["ts"],
                       "age_ms": now - sh["since_wall_ms"] if now is not None else None, "label": sh.get("label"),
-                      "namespace": None})
+                      "namespace": None, "cost_bytes": None})
     for name, p in parts.items():
         for h in p["holds"]:
             opened = h.get("opened_wall_ms")
             holds.append({"node": name, "kind": h["kind"], "id": h["id"], "ts": h["ts"],
                           "age_ms": now - opened if now is not None and opened is not None else None,
-                          "label": h.get("label"), "namespace": h.get("namespace")})
+                          "label": h.get("label"), "namespace": h.get("namespace"), "cost_bytes": h.get("cost_bytes")})
         for f in p["floors"]:
             if f["ts"] is not None:
                 counts[f["kind"]] += 1
                 holds.append({"node": name, "kind": f["kind"], "id": f["id"], "ts": f["ts"], "age_ms": None,
-                              "label": None, "namespace": None})
+                              "label": None, "namespace": None, "cost_bytes": None})
         for kind, n in p["open"].items():
             counts[kind] += n
     holds.sort(key=lambda h: (h["ts"], h["node"] or "", HOLD_ORDER[h["kind"]], h["id"] or ""))
@@ -261,7 +282,7 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
             "node": name, **lease,
             "mvcc_now": p.get("mvcc_now"), "pinned_bytes": p.get("pinned_bytes"), "bands": p.get("bands"),
             "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0),
-            "forecast": p.get("forecast"), "admission": p.get("admission")})
+            "forecast": p.get("forecast"), "admission": p.get("admission"), "held_bytes": p.get("held_bytes")})
     out = {k: v for k, v in cluster.items() if k not in ("v", "type", "nodes")}
     out.update(lag=lag, hold_counts=counts, holds=holds, nodes=nodes)
     if "namespaces" in cluster:  # each namespace's bound and what sets it (its lowest hold, or one that pins all)

@@ -22,7 +22,7 @@ import re
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from safepoint import __version__
 from safepoint.connectors.control import ControlPublisher
+from safepoint.core.status import by_cost
 from safepoint.errors import SafepointError
 from safepoint.ops.metrics import StatusCollector
 from safepoint.ops.status_store import StatusStore
@@ -156,17 +157,20 @@ HOLDER = Annotated[str, Path(min_length=1, max_length=256, description="who hold
 
 
 def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None,  # noqa: C901 - flat list of small routes
-             publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str = "") -> Any:
+             publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str = "",
+             mvcc_unit: str = "none") -> Any:
     """The app over ``store``, behind ``AdminGate``; ``health()`` adds the job's own figures to
     ``/healthz``; ``publish`` sends a control event to the events topic for the POST actions
     (returns its action id), which need ``admin_token`` as a bearer token (none configured, or
-    no ``publish``: every POST is 403)."""
+    no ``publish``: every POST is 403). ``mvcc_unit``: the dashboard shows MVCC times as UTC times
+    and spans as durations when it is a time unit (``ns``, ``us``, ``ms``, ``s``)."""
     app = FastAPI(title="safepoint", version=__version__,
                   description="What pins MVCC history: each cluster's safe point, its round, its blocker and "
                               "every hold, as the safepoint job publishes them.")
     registry = CollectorRegistry(auto_describe=True)
     registry.register(StatusCollector(store))
     page = resources.files("safepoint.ops.dashboard").joinpath("index.html").read_text(encoding="utf-8")
+    page = page.replace('"__MVCC_UNIT__"', json.dumps(mvcc_unit))
 
     @app.get("/healthz", summary="the process is up; the job's query and input lag where it runs here",
              responses={503: {"description": "the status follower is stalled (status: stalled, with why)"}})
@@ -194,14 +198,20 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
         st = store.status(cluster)
         return _unknown(cluster) if st is None else st
 
-    @app.get("/api/v1/clusters/{cluster}/holds", summary="the cluster's holds, oldest first", responses=NOT_FOUND)
+    @app.get("/api/v1/clusters/{cluster}/holds", summary="the cluster's holds, oldest or costliest first",
+             responses=NOT_FOUND)
     def holds(cluster: CLUSTER, limit: Annotated[int, Query(ge=1, le=100_000)] = 100,
               namespace: Annotated[str | None, Query(max_length=1024, description="only the holds that pin this "
-                                                     "namespace: its own and those of every namespace")] = None) -> Any:
+                                                     "namespace: its own and those of every namespace")] = None,
+              order: Annotated[Literal["age", "cost"], Query(description="age: oldest first; cost: the bytes of "
+                                                             "history each alone keeps, most first (unknown last)")]
+              = "age") -> Any:
         st = store.status(cluster)
         if st is None:
             return _unknown(cluster)
         held = st["holds"] if namespace is None else [h for h in st["holds"] if h.get("namespace") in (namespace, None)]
+        if order == "cost":
+            held = by_cost(held)
         return {"holds": held[:limit], "counts": st["hold_counts"]}
 
     @app.get("/api/v1/clusters/{cluster}/nodes", summary="the cluster's nodes (each one's minimum, incarnation, "

@@ -2,8 +2,9 @@
 
 Names follow Prometheus conventions: the ``safepoint_`` prefix, base units (seconds, bytes; MVCC
 timestamps and lags in the database's own unit), ``_total`` for counters, labels ``cluster``,
-``node``, ``kind``, ``severity``, ``reason`` and ``outcome``, never one label value per hold. The
-metrics reference in docs/operations.md lists them all.
+``node``, ``kind``, ``severity``, ``reason`` and ``outcome``, and one label value per hold only in
+``safepoint_hold_pinned_bytes``, for the ``TOP_HOLDS`` costliest holds of each cluster (a bounded
+series count). The metrics reference in docs/operations.md lists them all.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_m
            "awaiting_snapshot")
 """Every reason kind a round can abort for (the label values of ``safepoint_round_aborted``)."""
 HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group", "service")
+TOP_HOLDS = 10
+"""Holds per cluster ``safepoint_hold_pinned_bytes`` reports: the costliest ones."""
 
 
 def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -40,6 +43,10 @@ class StatusCollector(Collector):
         wall = _gauge("safepoint_cluster_time_seconds", "The cluster's time (its nodes' newest wall_ms), Unix seconds", c)
         lag = _gauge("safepoint_lag", "Largest mvcc_now a node reported minus safe_ts (MVCC units)", c)
         age = _gauge("safepoint_blocker_age_seconds", "How long the hold at the safe point has been open (cluster time)", c)
+        blocker_cost = _gauge("safepoint_blocker_pinned_bytes", "Bytes of history the hold at the safe point alone "
+                              "keeps on its node (absent: its node sends no history curve)", c)
+        hold_cost = _gauge("safepoint_hold_pinned_bytes", f"Bytes of history a hold alone keeps on its node, for the "
+                           f"{TOP_HOLDS} costliest holds of each cluster", ["cluster", "node", "kind", "id"])
         aborted = _gauge("safepoint_round_aborted", "Reasons of this kind the cluster's round aborts for now (0: none)",
                          ["cluster", "reason"])
         holds = _gauge("safepoint_holds", "Holds of the cluster by kind (open readers and transactions, node floors)",
@@ -77,6 +84,11 @@ class StatusCollector(Collector):
             blocker = st.get("blocker") or {}
             if blocker.get("age_ms") is not None:
                 age.add_metric([name], blocker["age_ms"] / 1000)
+            if blocker.get("cost_bytes") is not None:
+                blocker_cost.add_metric([name], blocker["cost_bytes"])
+            costed = sorted((h for h in st["holds"] if h.get("cost_bytes")), key=lambda h: -h["cost_bytes"])
+            for h in costed[:TOP_HOLDS]:
+                hold_cost.add_metric([name, h["node"] or "", h["kind"], h["id"] or ""], h["cost_bytes"])
             reasons = st["round"].get("reason_counts")  # every reason, when the list is cut at 100
             if reasons is None:
                 reasons = {k: [r["kind"] for r in st["round"]["reasons"]].count(k) for k in REASONS}
@@ -123,7 +135,7 @@ class StatusCollector(Collector):
                 ns_bound.add_metric([name, ns], b)
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
-        yield from (safe, floor, seq, wall, lag, age, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
+        yield from (safe, floor, seq, wall, lag, age, blocker_cost, hold_cost, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
                     paused_, ignored, ns_safe, ns_bound)
         yield from self._job(self.store.job)
 

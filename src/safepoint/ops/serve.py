@@ -66,7 +66,8 @@ class JobSurface:
                 self.store.follow(settings.librdkafka(), settings.status_topic)
         self.job = JobStatus(self.producer, settings.status_topic, self.store)
         if self.store is not None:
-            app = make_app(self.store, health=lambda: self.job.health(active()), **admin_of(settings))
+            app = make_app(self.store, health=lambda: self.job.health(active()), mvcc_unit=settings.mvcc_unit,
+                           **admin_of(settings))
             self.server = http_server(app, settings, port)
             print(f"{name}: status API, metrics and dashboard at {self.server.url}", flush=True)
 
@@ -99,7 +100,7 @@ def serve(settings: Settings) -> int:
     check_reachable(settings.librdkafka())
     store = StatusStore()
     store.follow(settings.librdkafka(), settings.status_topic)
-    server = http_server(make_app(store, **admin_of(settings)), settings, settings.http_port)
+    server = http_server(make_app(store, mvcc_unit=settings.mvcc_unit, **admin_of(settings)), settings, settings.http_port)
     print(f"safepoint serve: {server.url} (status from {settings.status_topic} at {settings.bootstrap}); Ctrl-C stops",
           flush=True)
     stopping = threading.Event()

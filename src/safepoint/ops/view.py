@@ -139,6 +139,8 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
         if b.get("age_ms") is not None:
             age = b["age_ms"] + max(0, now_ms - d["cluster_wall_ms"])  # as old as it is now
             blocker += f", open {human_ms(age)}"
+        if b.get("cost_bytes") is not None:
+            blocker += f", alone keeps {human_bytes(b['cost_bytes'])}"
         floor = d.get("catalog_floor")
         clusters.add_row(name, str(d["seq"]), state.ts_text(d["safe_ts"]), human_ms(state.lag_ms(d["safe_ts"], now_ms)),
                          "-" if floor is None else str(floor), blocker or "-")
