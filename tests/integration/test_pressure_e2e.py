@@ -5,6 +5,7 @@ reader the band clears and the safe point advances. The job's outputs equal repl
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,4 +103,42 @@ def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any
             expected[o.channel].append(encode(o.value))
     strip = [encode({k: v for k, v in m.items() if k != "key"}) for m in directives]
     assert sorted(strip) == sorted(expected["directives"])
+    assert [encode({k: v for k, v in m.items() if k != "key"}) for m in alerts] == expected["alerts"]
+
+
+def test_the_pressure_example_through_the_job_equals_replay(broker: Any, spark: Any, tmp_path: Any) -> None:
+    """examples/pressure/ (forecast, throttled and refused long reads, emergency in and out, a
+    forced expiry, the report's cost on the directives) through the broker and the Spark job:
+    every directive and alert is what replay gives for the same positions."""
+    root = Path(__file__).resolve().parents[2] / "examples" / "pressure"
+    tag = unique("pressure-example")
+    settings = load_settings(root / "safepoint.toml", flags={
+        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter"}, environ={})
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    log = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()]
+    produce(broker.bootstrap, settings.events_topic, [(e.get("node", e["cluster"]), e) for e in log])
+    q = build_query(spark, settings, str(tmp_path / "ckpt"))
+    try:
+        q.processAllAvailable()
+    finally:
+        q.stop()
+    alerts = read_topic(broker.bootstrap, settings.alerts_topic)
+    directives = read_topic(broker.bootstrap, settings.directives_topic)
+    kinds = {(a["kind"], a["state"]) for a in alerts}
+    assert {("pressure_forecast", "raised"), ("emergency", "raised"), ("emergency", "cleared"),
+            ("forced_expiry", "raised")} <= kinds, kinds
+    assert [d["band"] for d in directives if d.get("type") == "band"] == ["warning", "critical", "normal"]
+    compaction = [d for d in directives if d.get("type") == "compaction"]
+    assert any("emergency" in d for d in compaction) and "emergency" not in compaction[-1]
+    assert any((d["blocker"] or {}).get("cost_bytes", 0) > 500_000_000 for d in compaction)
+
+    at = {value: (p, o) for p, o, _key, value in events_by_partition(broker.bootstrap, settings.events_topic)}
+    engine = Engine(settings.policy())
+    expected: dict[str, list[str]] = {"directives": [], "alerts": []}
+    for e in log:
+        value = json.dumps(e).encode()
+        for o in engine.process(value, Position(settings.events_topic, *at[value])):
+            expected[o.channel].append(encode(o.value))
+    assert sorted(encode({k: v for k, v in m.items() if k != "key"}) for m in directives) == sorted(expected["directives"])
     assert [encode({k: v for k, v in m.items() if k != "key"}) for m in alerts] == expected["alerts"]

@@ -44,7 +44,8 @@ def first_log() -> list[dict[str, Any]]:
         event("heartbeat", "n2", 1, T0 + 1, mvcc_now=1_000_000),
         event("reader_open", "n1", 2, T0 + 10, reader_id="r1", read_ts=950_000, label="nightly-report"),
         event("tx_begin", "n2", 2, T0 + 20, tx_id="t1", begin_ts=970_000, label="etl"),
-        event("heartbeat", "n1", 3, T0 + 1_000, mvcc_now=2_000_000),
+        event("heartbeat", "n1", 3, T0 + 1_000, mvcc_now=2_000_000,
+              history_above=[{"ts": 900_000, "bytes": 8_000_000}, {"ts": 1_500_000, "bytes": 2_000_000}]),
         event("heartbeat", "n2", 3, T0 + 1_000, mvcc_now=2_100_000),
     ]
 
@@ -85,6 +86,10 @@ def test_the_job_serves_what_pins_history(broker: Any, tmp_path: Path) -> None:
         assert [(h["node"], h["kind"], h["id"], h["label"], h["age_ms"]) for h in holds] == [
             ("n1", "reader", "r1", "nightly-report", 990), ("n2", "tx", "t1", "etl", 980)]
         assert [n["node"] for n in get(base + "/api/v1/clusters/c1/nodes")["nodes"]] == ["n1", "n2", "n3"]
+        # n1 sends a history curve: its reader alone keeps the history from 950,000 to its retention
+        # bound 1,900,000 (7,500,000 - 400,000 bytes on the curve); n2's transaction's cost is unknown
+        by_cost = get(base + "/api/v1/clusters/c1/holds?order=cost&limit=2")["holds"]
+        assert [(h["id"], h["cost_bytes"]) for h in by_cost] == [("r1", 7_100_000), ("t1", None)]
         metrics = get(base + "/metrics")
         assert 'safepoint_round_aborted{cluster="c1",reason="missing_node"} 1.0' in metrics
         assert 'safepoint_holds{cluster="c1",kind="reader"} 1.0' in metrics
