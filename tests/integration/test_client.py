@@ -26,6 +26,8 @@ from safepoint.errors import AdmissionRefused, ClientClosed, ReaderExpired, Read
 from safepoint.schemas import load
 from safepoint.settings import Settings
 
+from doc_blocks import block
+
 pytestmark = pytest.mark.integration
 
 WALL0 = 1_700_000_000_000
@@ -633,6 +635,33 @@ def test_listener_hands_the_band_to_its_reporter_which_admits_long_snapshots_by_
         rep.reader(500, reader_id="r-long-2", long=True).open().close()
     finally:
         listener.close()
+        rep.close()
+
+
+def test_the_guides_report_is_admitted_throttled_and_refused_by_the_band(kafka: EmbeddedBroker, events_topic: str) -> None:
+    """The operator guide's ``run_report``, as a database would call it, on a real reporter: it
+    scans in normal, is told to retry after a while when a second one comes too soon in warning,
+    and is refused in critical; short reads go on throughout."""
+    scope: dict[str, Any] = {}
+    exec(block("docs/operations.md", "from safepoint.errors import AdmissionRefused").text, scope)  # noqa: S102 - the guide's own code
+    run_report = scope["run_report"]
+    rep = make_reporter(kafka, events_topic, long_per_s=0.001)
+    try:
+        scanned: list[int] = []
+        retry: list[float | None] = []
+        scan, later = (lambda ts: scanned.append(ts) or "rows"), (lambda after: retry.append(after) or "later")
+        assert run_report(rep, 900, scan, later) == "rows"
+        rep.observe_band("warning")
+        assert run_report(rep, 901, scan, later) == "rows", "a fresh bucket on entering the band"
+        assert run_report(rep, 902, scan, later) == "later" and retry[-1] is not None and retry[-1] > 100
+        rep.observe_band("critical")
+        assert run_report(rep, 903, scan, later) == "later" and retry[-1] is None
+        with rep.reader(904, reader_id="r-short"):
+            pass
+        assert scanned == [900, 901]
+        stats = rep.stats()
+        assert (stats.admission_throttled, stats.admission_refused) == (1, 1)
+    finally:
         rep.close()
 
 
