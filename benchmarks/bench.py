@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
                 rocks += int(c.get("rocksdbSstFileSize") or 0) + int(op.get("memoryUsedBytes") or 0)
             n_nodes = ls.get("nodes") or args.nodes + 1
             node_b = ls.get("node_bytes", 0)
-            empty = len(json.dumps({"nodes": [_empty_node_json()], "gates": {}}))
+            empty = len(json.dumps({"nodes": [_empty_node_json()]}))
             res["state"] = {
                 "holds": holds,
                 "nodes": n_nodes,

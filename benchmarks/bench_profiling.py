@@ -65,22 +65,23 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
         "events_per_s": n / plain_s,
         "top_self": _top_stats(prof, plain_s / n * 1e6),
         "cumulative_us_per_event": _cum_for(prof, plain_s / n * 1e6, [
-            "engine.py:node_stage", "engine.py:cluster_stage", "events.py:parse", "node.py:apply", "cluster.py:apply_node_update", "cluster.py:evaluate",
+            "engine.py:step", "events.py:parse", "node.py:apply", "cluster.py:apply_node_update", "cluster.py:evaluate",
             "cluster.py:problems", "cluster.py:_directive", "codec.py:encode", "node.py:_pressure",
         ]),
     }
 
 
 def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
-    """The job's batch logic (core/batch.py: route, stage one per bucket, stage two per cluster, with
-    the state values and the pickled hand-offs between them) run in this process, without Spark.
+    """The job's batch logic (core/batch.py: route per partition, then each cluster's batch through
+    ``run_batch``, with the stored values and the pickled hand-off between them) run in this
+    process, without Spark.
 
     A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
-    own cost (Arrow between JVM and Python, the shuffles, RocksDB, the source and sink).
+    own cost (Arrow between JVM and Python, the shuffle, RocksDB, the source and sink).
     """
     import pickle
 
-    from safepoint.core.batch import route, stage_one_bucket, stage_two
+    from safepoint.core.batch import BucketNodes, route, run_batch
     from safepoint.core.policy import Policy
 
     policy = Policy()
@@ -95,39 +96,32 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
     prof = cProfile.Profile()
 
     def one_pass(profiled: bool) -> tuple[dict[str, float], int, int]:
-        seconds = {"route": 0.0, "stage1": 0.0, "stage2": 0.0}
-        state1: dict[Any, str] = {}
-        state2: dict[str, str] = {}
+        seconds = {"route": 0.0, "operator": 0.0}
+        clusters: dict[str, bytes] = {}
+        nodes: dict[tuple[str, int], bytes] = {}
         outs = 0
         if profiled:
             prof.enable()
         for start in range(0, n, batch_rows):
             batch = msgs[start:start + batch_rows]
             t0 = time.perf_counter()
-            groups1: dict[tuple[str, int], list[Any]] = defaultdict(list)
+            groups: dict[str, list[Any]] = defaultdict(list)
             for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
-                for gkey, items in route([m for m in batch if m[0] == part], "bench", policy, buckets).items():
-                    groups1[gkey].extend(pickle.loads(pickle.dumps(items, 5)))
+                for cluster, items in route([m for m in batch if m[0] == part], "bench", policy).items():
+                    groups[cluster].extend(pickle.loads(pickle.dumps(items, 5)))
             t1 = time.perf_counter()
-            groups2: dict[str, list[Any]] = defaultdict(list)
-            for gkey, items in groups1.items():
-                new, staged, _counts = stage_one_bucket(state1.get(gkey), items, policy, buckets)
-                if new is not None:
-                    state1[gkey] = new
-                groups2[gkey[0]].extend(pickle.loads(pickle.dumps(staged, 5)))
-            t2 = time.perf_counter()
-            for cluster, items in groups2.items():
-                new, outputs = stage_two(cluster, state2.get(cluster), items, policy, False)
-                if new is not None:
-                    state2[cluster] = new
-                outs += len(outputs)
-            t3 = time.perf_counter()
+            for cluster, items in groups.items():
+                result = run_batch(cluster, clusters.get(cluster), BucketNodes(buckets, lambda b, c=cluster: nodes.get((c, b))),
+                                   items, policy, False)
+                if result.cluster is not None:
+                    clusters[cluster] = result.cluster
+                nodes.update({(cluster, b): v for b, v in result.buckets.items()})
+                outs += len(result.outputs)
             seconds["route"] += t1 - t0
-            seconds["stage1"] += t2 - t1
-            seconds["stage2"] += t3 - t2
+            seconds["operator"] += time.perf_counter() - t1
         if profiled:
             prof.disable()
-        return seconds, outs, sum(len(v) for v in state1.values()) + sum(len(v) for v in state2.values())
+        return seconds, outs, sum(len(v) for v in clusters.values()) + sum(len(v) for v in nodes.values())
 
     fs, n_out, state_bytes = one_pass(False)
     one_pass(True)
@@ -136,18 +130,17 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         "events": n,
         "batch_rows": batch_rows,
         "route_us_per_event": fs["route"] / n * 1e6,
-        "node_stage_us_per_event": fs["stage1"] / n * 1e6,
-        "cluster_stage_us_per_event": fs["stage2"] / n * 1e6,
+        "operator_us_per_event": fs["operator"] / n * 1e6,
         "total_us_per_event": total / n * 1e6,
         "events_per_s": n / total,
         "outputs": n_out,
         "state_value_bytes": state_bytes,
         "top_self": _top_stats(prof, total / n * 1e6),
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
-            "engine.py:parse_stage", "events.py:parse", "engine.py:apply_stage", "node.py:apply",
-            "node.py:from_json", "node.py:to_json", "engine.py:cluster_stage", "cluster.py:from_json", "cluster.py:to_json",
+            "events.py:parse", "engine.py:step", "node.py:apply", "batch.py:decode_bucket", "batch.py:encode_bucket",
+            "cluster.py:apply_node_update", "batch.py:decode_cluster", "batch.py:encode_cluster",
             "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route",
-            "batch.py:stage_one_bucket", "batch.py:stage_two", "json/__init__.py:dumps", "json/__init__.py:loads",
+            "batch.py:run_batch", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),
     }
 

@@ -161,8 +161,8 @@ def build_report(res: dict[str, Any]) -> str:
         pp = prof.get("processors_local")
         if pp:
             L.append(f"The job's processors run locally without Spark ({pp['events']:,} events in batches of {pp['batch_rows']:,}): "
-                     f"router {pp['route_us_per_event']:.1f} us/event, node stage {pp['node_stage_us_per_event']:.1f}, "
-                     f"cluster stage {pp['cluster_stage_us_per_event']:.1f}, {fmt_rate(pp['events_per_s'])} ev/s. "
+                     f"router {pp['route_us_per_event']:.1f} us/event, stateful operator {pp['operator_us_per_event']:.1f}, "
+                     f"{fmt_rate(pp['events_per_s'])} ev/s. "
                      "Cumulative us/event: "
                      + ", ".join(f"`{k}` {v:.1f}" for k, v in sorted(pp["cumulative_us_per_event"].items(), key=lambda kv: -kv[1])))
             L.append("")
@@ -272,9 +272,9 @@ def findings(res: dict[str, Any]) -> list[str]:
     if pp and pl:
         out.append(
             f"Python work per event in the job's batch logic, measured without Spark: "
-            f"{pp['total_us_per_event']:.1f} us (router {pp['route_us_per_event']:.1f}, node stage "
-            f"{pp['node_stage_us_per_event']:.1f}, cluster stage {pp['cluster_stage_us_per_event']:.1f}), "
-            f"Engine.process alone {pl['us_per_event']:.1f} us. Stage state values at the end: {pp['state_value_bytes']:,} B."
+            f"{pp['total_us_per_event']:.1f} us (router {pp['route_us_per_event']:.1f}, stateful operator "
+            f"{pp['operator_us_per_event']:.1f}), "
+            f"Engine.process alone {pl['us_per_event']:.1f} us. Stored state values at the end: {pp['state_value_bytes']:,} B."
         )
     jf = prof.get("jfr")
     if jf and jf.get("groups"):

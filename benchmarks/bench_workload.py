@@ -292,9 +292,16 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[byte
 
 
 def logical_state(engine: Any) -> dict[str, int]:
-    """Bytes of the values the job would keep for the engine's state (node groups + cluster groups)."""
-    node_bytes = sum(len(json.dumps({"nodes": [ns.to_json()], "gates": {}})) for ns in engine.nodes.values())
-    gate_bytes = sum(len(json.dumps({"nodes": [], "gates": {c: g}})) for c, g in engine.gates.items())
-    cluster_bytes = sum(len(json.dumps(c.to_json())) for c in engine.clusters.values())
+    """Bytes of the values the job would keep for the engine's state (the nodes' buckets, the
+    clusters' values), in the stored forms the job writes (``core/batch.py``)."""
+    from safepoint.core.batch import bucket_of, encode_bucket, encode_cluster
+    from safepoint.settings import Settings
+
+    buckets = Settings().node_buckets
+    grouped: dict[tuple[str, int], list[Any]] = {}
+    for (cluster, node), ns in engine.nodes.items():
+        grouped.setdefault((cluster, bucket_of(node, buckets)), []).append(ns)
+    node_bytes = sum(len(encode_bucket(nodes, buckets)) for nodes in grouped.values())
+    cluster_bytes = sum(len(encode_cluster(c)) for c in engine.clusters.values())
     holds = sum(len(ns.readers) + len(ns.txs) for ns in engine.nodes.values())
-    return {"node_bytes": node_bytes + gate_bytes, "cluster_bytes": cluster_bytes, "holds": holds, "nodes": len(engine.nodes)}
+    return {"node_bytes": node_bytes, "cluster_bytes": cluster_bytes, "holds": holds, "nodes": len(engine.nodes)}

@@ -1,9 +1,10 @@
 """What the job checks in its checkpoint before the query starts: one readable line instead of a
 stack trace from inside a Spark task, or a silent stall.
 
-* ``safepoint.json`` at the checkpoint's root records the settings a checkpoint is bound to
-  (``node_buckets``); a start with another value is refused before any batch, and so is a
-  checkpoint of the retired plain path (``fast_path = false``).
+* ``safepoint.json`` at the checkpoint's root records the layout of the job's state (``format``)
+  and the settings a checkpoint is bound to (``node_buckets``); a start with another value is
+  refused before any batch, and so is a checkpoint of an earlier layout: format 1 (two stateful
+  operators) and the retired plain path (``fast_path = false``).
 * The newest offsets the checkpoint planned must not be past the end of the events topic: if they
   are, the topic was deleted and recreated (or truncated) under the checkpoint, and the query
   would read nothing, forever.
@@ -24,7 +25,9 @@ from safepoint.settings import Settings
 __all__ = ["LAYOUT_FILE", "check_checkpoint", "check_layout", "check_offsets", "has_committed_batch", "offsets_of"]
 
 LAYOUT_FILE = "safepoint.json"
-LAYOUT_FORMAT = 1
+LAYOUT_FORMAT = 2
+"""The layout of the job's state: 1, two stateful operators (a node stage keyed by cluster and node
+bucket, a cluster stage); 2, one operator keyed by cluster (``processors.ClusterJob``)."""
 BOUND_KEYS = ("node_buckets",)
 """Settings a checkpoint's state is bound to: a change needs a new checkpoint."""
 
@@ -86,6 +89,12 @@ def check_layout(spark: Any, settings: Settings, checkpoint: str) -> None:
             msg = (f"checkpoint {checkpoint} was written by the plain path (fast_path = false), which this version no "
                    "longer has: start from a new checkpoint directory (the safe point is then seeded from the "
                    "directives topic)")
+            raise ConfigError(msg)
+        if recorded.get("format", 1) != LAYOUT_FORMAT:
+            msg = (f"checkpoint {checkpoint} holds state in layout {recorded.get('format', 1)} (an earlier safepoint's "
+                   f"two stateful operators), and this version keeps it in layout {LAYOUT_FORMAT} (one operator): start "
+                   "from a new checkpoint directory; the safe point is then seeded from the directives topic and "
+                   "every node is asked for a snapshot (operator guide, Losing a checkpoint)")
             raise ConfigError(msg)
         for key in BOUND_KEYS:
             if key in recorded and recorded[key] != mine[key]:

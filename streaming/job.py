@@ -2,12 +2,13 @@
 
     safepoint_kafka source, the Router in its read tasks     (streaming/source.py)
       (or Spark's kafka source, then the Router as a mapInArrow)
-    -> group by (cluster, bucket) -> BucketProcessor           (streaming/processors.py ->
-    -> group by cluster           -> ClusterProcessor           core/batch.py)
+    -> group by cluster -> ClusterJob                          (streaming/processors.py ->
+                                                                 core/batch.py run_batch)
     -> sink (topic, key, value)                                (connectors/kafka_sink.py)
 
-Both stateful operators are ``transformWithState`` on the RocksDB state store; the rules they run
-live in the pure core (``core/batch.py`` over ``core/engine.py``).
+``ClusterJob`` is the one stateful operator (``transformWithState`` on the RocksDB state store);
+the rules it runs live in the pure core: ``run_batch`` runs ``engine.step``, replay's own loop,
+over each cluster's messages in log order.
 """
 
 from __future__ import annotations
@@ -20,14 +21,7 @@ from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
 from safepoint.settings import Settings
 from safepoint.streaming.checkpoint import check_checkpoint, has_committed_batch
-from safepoint.streaming.processors import (
-    OUTPUT_SCHEMA,
-    ROUTED_SCHEMA,
-    STAGED_SCHEMA,
-    BucketProcessor,
-    ClusterProcessor,
-    Router,
-)
+from safepoint.streaming.processors import OUTPUT_SCHEMA, ROUTED_SCHEMA, SINK_COLUMNS, ClusterJob, Router
 
 __all__ = ["build_query", "batch_accounting", "messages_in", "read_events", "QUERY_NAME", "kafka_connector_missing",
            "kafka_options"]
@@ -89,7 +83,7 @@ def messages_in(progress: Any) -> int:
 
 def accounting_metrics() -> list[Any]:
     """Per-batch counters of every message's outcome (the query's observedMetrics["accounting"]),
-    summed over stage one's rows, which carry them as columns."""
+    summed over the operator's rows, which carry them as columns."""
     from pyspark.sql import functions as F
 
     return [F.coalesce(F.sum(m), F.lit(0)).alias(m) for m in METRICS]
@@ -107,9 +101,9 @@ def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
 
 
 def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = None) -> Any:
-    """The raw input: partition, offset, key, value (binary). With ``pack`` (the Python source:
-    {"policy": ..., "buckets": ...}) the source routes and packs in its read tasks and returns
-    routed rows (cluster, bucket, blob) instead."""
+    """The raw input: partition, offset, key, value (binary). With ``pack`` (the Python source; the
+    policy as a dict) the source routes and packs in its read tasks and returns routed rows
+    (cluster, blob) instead."""
     from safepoint.streaming.source import pack_options
 
     builtin = settings.source_format == "kafka"
@@ -120,7 +114,7 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
         if builtin:
             msg = "only the Python source (source_format = \"python\") packs in its read tasks"
             raise ConfigError(msg)
-        for k, v in pack_options(pack["policy"], pack["buckets"]).items():
+        for k, v in pack_options(pack).items():
             reader = reader.option(k, v)
     reader = (
         reader.option("subscribe", settings.events_topic)
@@ -134,16 +128,9 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
     return reader.load().select("partition", "offset", "key", "value")
 
 
-def _stateful(df: Any, keys: list[str], processor: Any, schema: Any) -> Any:
-    """One transformWithState operator (no timers, append) grouped by ``keys``."""
-    return df.groupBy(*keys).transformWithState(
-        statefulProcessor=processor, outputStructType=schema, outputMode="Append", timeMode="None"
-    )
-
-
 def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
     """Routed rows from raw Kafka rows through a mapInArrow router (the Python source routes in its
-    own read tasks instead, see build_query), then the two stages of ``_stages``."""
+    own read tasks instead, see build_query), then the operator of ``_stateful_stage``."""
     from pyspark.sql import functions as F
 
     routed_df = raw.select(
@@ -151,16 +138,21 @@ def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start:
         F.col("offset").cast("long").alias("offset"),
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
-    ).mapInArrow(Router(policy, settings.events_topic, settings.node_buckets), ROUTED_SCHEMA)
-    return _stages(routed_df, settings, policy, start)
+    ).mapInArrow(Router(policy, settings.events_topic), ROUTED_SCHEMA)
+    return _stateful_stage(routed_df, settings, policy, start)
 
 
-def _stages(routed: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
-    """Group by (cluster, bucket) -> BucketProcessor -> accounting -> group by cluster -> ClusterProcessor."""
-    stage_one = _stateful(routed, ["cluster", "bucket"], BucketProcessor(policy, settings.node_buckets), STAGED_SCHEMA)
-    stage_one = stage_one.observe(ACCOUNTING, *accounting_metrics())
-    return _stateful(stage_one, ["cluster"], ClusterProcessor(policy, settings.topics(), settings.accounting_topic, start),
-                     OUTPUT_SCHEMA)
+def _stateful_stage(routed: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
+    """Group by cluster -> ClusterJob (no timers, append) -> the accounting counters observed from
+    its counter rows, which are then dropped -> the sink's columns."""
+    from pyspark.sql import functions as F
+
+    job = ClusterJob(policy, settings.node_buckets, settings.topics(), settings.accounting_topic, start)
+    rows = routed.groupBy("cluster").transformWithState(
+        statefulProcessor=job, outputStructType=OUTPUT_SCHEMA, outputMode="Append", timeMode="None"
+    )
+    rows = rows.observe(ACCOUNTING, *accounting_metrics())
+    return rows.where(F.col("topic") != "").select(*SINK_COLUMNS)
 
 
 def start_plan(spark: Any, settings: Settings, checkpoint: str) -> StartPlan | None:
@@ -203,8 +195,7 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
     plan = start_plan(spark, settings, checkpoint)
     start = plan.to_json() if plan is not None else None
     if settings.source_format == "python" and pack_in_source:
-        outputs = _stages(read_events(spark, settings, {"policy": policy, "buckets": settings.node_buckets}), settings, policy,
-                          start)
+        outputs = _stateful_stage(read_events(spark, settings, policy), settings, policy, start)
     else:
         outputs = _route_in_spark(read_events(spark, settings), settings, policy, start)
     builtin = settings.source_format == "kafka"

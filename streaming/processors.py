@@ -1,12 +1,13 @@
 """The job's Spark operators: thin adapters between Spark rows and the core's batch functions.
 
 ``Router`` runs before the shuffle (in the Python source's read tasks, or as a ``mapInArrow``
-after Spark's kafka source) and calls ``core.batch.route``; ``BucketProcessor`` (keyed by cluster
-and node bucket) calls ``stage_one_bucket``; ``ClusterProcessor`` (keyed by cluster) calls
-``stage_two`` and turns its outputs into the sink's (topic, key, value) rows. None of them holds a
-rule: they unpickle, restore and save state values, and translate rows. The packed payloads
-between operators live only inside one micro-batch (pickled ``Routed``/``Staged`` tuples); state
-stays JSON.
+after Spark's kafka source) and calls ``core.batch.route``: one packed row per cluster and Arrow
+batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it calls
+``core.batch.run_batch`` over the cluster's messages of the batch, with the cluster's state in a
+value and its nodes' in a map of buckets (read and written only when the batch touches them), and
+turns the outputs into the sink's (topic, key, value) rows, plus one row of the batch's
+accounting counters. Neither holds a rule: they unpickle, read and write state values, and
+translate rows. Packed rows (pickled ``Routed`` records) live only inside one micro-batch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from safepoint.core.batch import METRICS, route, stage_one_bucket, stage_two
+from safepoint.core.batch import METRICS, BucketNodes, Routed, route, run_batch
 from safepoint.core.codec import encode
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policy
@@ -27,76 +28,63 @@ from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
 
-__all__ = ["Router", "BucketProcessor", "ClusterProcessor", "ROUTED_SCHEMA", "STAGED_SCHEMA", "OUTPUT_SCHEMA",
-           "stored_value"]
+__all__ = ["Router", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
 
 PICKLE_PROTOCOL = 5
 
 ROUTED_SCHEMA = StructType([
     StructField("cluster", StringType(), True),
-    StructField("bucket", IntegerType(), True),
     StructField("blob", BinaryType(), True),
 ])
-"""The router's rows: one per (cluster, bucket) and Arrow batch; ``blob`` pickles ``Routed`` items."""
-STAGED_SCHEMA = StructType(
-    [StructField("cluster", StringType(), False), StructField("blob", BinaryType(), False)]
-    + [StructField(m, LongType(), False) for m in METRICS]
-)
-"""Stage one's rows: one per (cluster, bucket) and batch; ``blob`` pickles ``Staged`` items, and the
-accounting counters ride along as columns (observed by the query)."""
+"""The router's rows: one per cluster and Arrow batch; ``blob`` pickles ``Routed`` records."""
+SINK_COLUMNS = ("topic", "key", "value")
 OUTPUT_SCHEMA = StructType(
     [
         StructField("topic", StringType(), False),
         StructField("key", StringType(), True),
         StructField("value", StringType(), False),
     ]
+    + [StructField(m, LongType(), False) for m in METRICS]
 )
-_STATE_SCHEMA = StructType([StructField("json", StringType(), False)])
+"""``ClusterJob``'s rows: the sink's columns, then the accounting counters (0 on output rows; one
+row per cluster and batch with an empty ``topic`` carries them, and is dropped before the sink)."""
+_VALUE = StructType([StructField("value", BinaryType(), False)])
+_BUCKET = StructType([StructField("bucket", IntegerType(), False)])
+_NO_COUNTS = dict.fromkeys(METRICS, 0)
 
 
-def stored_value(state: Any) -> str | None:
-    """The JSON string a processor's value state holds, or None."""
-    if not state.exists():
-        return None
-    value = state.get()
-    assert value is not None
-    return str(value[0])
-
-
-def unpack(rows: Iterator[Row]) -> list[Any]:
-    """The items of one group's packed rows."""
-    items: list[Any] = []
+def unpack(rows: Iterator[Row]) -> list[Routed]:
+    """The records of one group's packed rows."""
+    items: list[Routed] = []
     for row in rows:
-        items.extend(pickle.loads(row["blob"]))  # noqa: S301 - packed by this query's previous operator
+        items.extend(pickle.loads(row["blob"]))  # noqa: S301 - packed by this query's router
     return items
 
 
 class Router:
-    """Raw Kafka rows (Arrow batches) in, one packed row per (cluster, bucket) and batch out."""
+    """Raw Kafka rows (Arrow batches) in, one packed row per cluster and batch out."""
 
-    def __init__(self, policy: dict[str, Any], topic: str, buckets: int) -> None:
+    def __init__(self, policy: dict[str, Any], topic: str) -> None:
         self.policy = policy
         self.topic = topic
-        self.buckets = buckets
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         freeze_once()
         policy = Policy.from_dict(self.policy)
-        # nullable, as the Python source's declared schema (``cluster string, bucket int, blob binary``)
-        schema = pa.schema([("cluster", pa.string()), ("bucket", pa.int32()), ("blob", pa.binary())])
+        # nullable, as the Python source's declared schema (``cluster string, blob binary``)
+        schema = pa.schema([("cluster", pa.string()), ("blob", pa.binary())])
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             with paused():
                 cols = batch.to_pydict()
                 rows = zip(cols["partition"], cols["offset"], cols["key"], cols["value"], strict=True)
-                groups = route(rows, self.topic, policy, self.buckets)
+                groups = route(rows, self.topic, policy)
                 packed = pa.RecordBatch.from_arrays(
                     [
-                        pa.array([c for c, _ in groups], pa.string()),
-                        pa.array([b for _, b in groups], pa.int32()),
+                        pa.array(list(groups), pa.string()),
                         pa.array([pickle.dumps(g, PICKLE_PROTOCOL) for g in groups.values()], pa.binary()),
                     ],
                     schema=schema,
@@ -105,37 +93,13 @@ class Router:
             yield packed
 
 
-class BucketProcessor(StatefulProcessor):
-    """Stage one: the nodes of one (cluster, bucket)."""
+class ClusterJob(StatefulProcessor):
+    """One cluster's micro-batch through the core: its state a value, its nodes' a map of buckets."""
 
-    def __init__(self, policy: dict[str, Any], buckets: int) -> None:
-        self.policy_dict = policy
-        self.buckets = buckets
-
-    def init(self, handle: StatefulProcessorHandle) -> None:
-        freeze_once()
-        self.policy = Policy.from_dict(self.policy_dict)
-        self.state = handle.getValueState("bucket", _STATE_SCHEMA)
-
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
-        with paused():
-            new_state, out, counts = stage_one_bucket(stored_value(self.state), unpack(rows), self.policy, self.buckets)
-            blob = pickle.dumps(out, PICKLE_PROTOCOL)
-            del out
-        if new_state is not None:
-            self.state.update((new_state,))
-        yield Row(cluster=key[0], blob=blob, **counts)
-
-    def close(self) -> None:
-        pass
-
-
-class ClusterProcessor(StatefulProcessor):
-    """Stage two: one cluster's round, safe point, directives and alerts over the staged items."""
-
-    def __init__(self, policy: dict[str, Any], topics: dict[str, str], accounting_topic: str = "",
+    def __init__(self, policy: dict[str, Any], buckets: int, topics: dict[str, str], accounting_topic: str = "",
                  start: dict[str, Any] | None = None) -> None:
         self.policy_dict = policy
+        self.buckets = buckets
         self.topics = topics
         self.accounting_topic = accounting_topic
         self.start_dict = start
@@ -145,23 +109,32 @@ class ClusterProcessor(StatefulProcessor):
         freeze_once()
         self.policy = Policy.from_dict(self.policy_dict)
         self.start = StartPlan.from_json(self.start_dict)
-        self.state = handle.getValueState("cluster", _STATE_SCHEMA)
-        self.channel_topic = {
-            DIRECTIVES: self.topics["directives"],
-            ALERTS: self.topics["alerts"],
-            DEADLETTER: self.topics["deadletter"],
-            STATUS: self.topics.get("status", ""),
-        }
+        self.cluster = handle.getValueState("cluster", _VALUE)
+        self.nodes = handle.getMapState("nodes", _BUCKET, _VALUE)
+        topics = self.topics
+        self.channel_topic = {DIRECTIVES: topics["directives"], ALERTS: topics["alerts"],
+                              DEADLETTER: topics["deadletter"], STATUS: topics.get("status", ""),
+                              None: self.accounting_topic}
+
+    def _bucket(self, bucket: int) -> bytes | None:
+        value = self.nodes.getValue((bucket,))
+        return None if value is None else bytes(value[0])
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
         with paused():
-            new_state, outputs = stage_two(key[0], stored_value(self.state), unpack(rows), self.policy,
-                                           bool(self.accounting_topic), self.start)
-        for channel, okey, ovalue in outputs:
-            topic = self.accounting_topic if channel is None else self.channel_topic[channel]
-            yield Row(topic=topic, key=okey, value=encode(ovalue))
-        if new_state is not None:
-            self.state.update((new_state,))
+            items = unpack(rows)
+            stored = self.cluster.get()  # None when missing: no exists() round trip first
+            result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(self.buckets, self._bucket),
+                               items, self.policy, bool(self.accounting_topic), self.start)
+            del items
+        for bucket, value in result.buckets.items():
+            self.nodes.updateValue((bucket,), (value,))
+        if result.cluster is not None:
+            self.cluster.update((result.cluster,))
+        topics = self.channel_topic
+        for channel, okey, ovalue in result.outputs:
+            yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
+        yield Row(topic="", key=None, value="", **result.counts)
 
     def close(self) -> None:
         pass

@@ -2,9 +2,9 @@
 
 ``PackingKafkaDataSource`` is the connector's ``KafkaDataSource`` (same format name, same sink)
 whose reader, with ``safepoint.pack = true``, runs ``processors.Router`` over each read task's
-Arrow batches and returns routed rows (``cluster string, bucket int, blob binary``): one Python
-hop per batch fewer than a separate ``mapInArrow`` (measured: about 1 s per 50,000-message batch
-on 2 cores). Options ``safepoint.policy`` (the policy as JSON) and ``safepoint.buckets``.
+Arrow batches and returns routed rows (``cluster string, blob binary``): one Python hop per batch
+fewer than a separate ``mapInArrow`` (measured: about 1 s per 50,000-message batch on 2 cores).
+Option ``safepoint.policy``: the policy as JSON.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ __all__ = ["PackingKafkaDataSource", "PACK_OPTION", "ROUTED_DDL", "pack_options"
 
 PACK_OPTION = "safepoint.pack"
 POLICY_OPTION = "safepoint.policy"
-BUCKETS_OPTION = "safepoint.buckets"
-ROUTED_DDL = "cluster string, bucket int, blob binary"
+ROUTED_DDL = "cluster string, blob binary"
 
 
-def pack_options(policy: dict[str, Any], buckets: int) -> dict[str, str]:
+def pack_options(policy: dict[str, Any]) -> dict[str, str]:
     """The reader options that make the source route and pack."""
-    return {PACK_OPTION: "true", POLICY_OPTION: json.dumps(policy), BUCKETS_OPTION: str(buckets)}
+    return {PACK_OPTION: "true", POLICY_OPTION: json.dumps(policy)}
 
 
 def _packing(options: Mapping[str, str]) -> bool:
@@ -43,16 +42,12 @@ class PackingStreamReader(KafkaStreamReader):
         super().__init__(options)
         try:
             self.policy = json.loads(self.options[POLICY_OPTION])
-            self.buckets = int(self.options[BUCKETS_OPTION])
-            if self.buckets < 1:
-                raise ValueError(self.buckets)
         except (KeyError, ValueError) as exc:
-            msg = (f"{PACK_OPTION}=true needs options {POLICY_OPTION} (the policy as JSON) and "
-                   f"{BUCKETS_OPTION} (an integer >= 1): {exc!r}")
+            msg = f"{PACK_OPTION}=true needs option {POLICY_OPTION} (the policy as JSON): {exc!r}"
             raise ValueError(msg) from exc
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        router = Router(self.policy, self.topic, self.buckets)
+        router = Router(self.policy, self.topic)
         yield from router(b.select(["partition", "offset", "key", "value"]) for b in super().read(partition))
 
 

@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "starting-offsets", "earliest or latest, for a new checkpoint")
     _flag(p, "source-format", "python (no jars) or kafka (Spark's connector)")
     _flag(p, "shuffle-partitions", "tasks the stateful stages spread over", int)
-    _flag(p, "node-buckets", "state groups of the node stage (crc32(node) %% node_buckets; fixed per checkpoint)", int)
+    _flag(p, "node-buckets", "map entries a cluster's node state is split into (crc32(node) %% node_buckets; fixed per checkpoint)", int)
     _flag(p, "spark-master", "Spark master URL")
     _flag(p, "spark-ui", "serve Spark's web UI (its address is printed at start)", _bool)
     _flag(p, "events-partitions", "partitions of the events topic if the job creates it", int)

@@ -63,7 +63,8 @@ class Settings:
     """spark.sql.shuffle.partitions: how many tasks the stateful stages spread over (fixed per checkpoint
     by Spark). Measured on local[2]: 2 beats 4 by 10-15% (every task loads and commits its state store)."""
     node_buckets: int = 8
-    """State groups of the node stage (crc32(node) % node_buckets); fixed per checkpoint."""
+    """The map entries a cluster's node state is split into (crc32(node) % node_buckets): a batch reads
+    and writes only the buckets it touches; fixed per checkpoint."""
     mvcc_unit: str = "none"
     """The unit of MVCC timestamps, for screens: ns, us, ms or s shows safe points as times and lags
     in seconds; counter (or none: an opaque counter) shows the numbers."""

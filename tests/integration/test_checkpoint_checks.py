@@ -1,5 +1,6 @@
-"""Start-time checks of a checkpoint, before any batch: other node_buckets, and a checkpoint that
-has read past the end of a recreated events topic (today: a silent stall)."""
+"""Start-time checks of a checkpoint, before any batch: other node_buckets, an earlier layout of the
+state, and a checkpoint that has read past the end of a recreated events topic (today: a silent
+stall)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,27 @@ def test_a_checkpoint_of_the_retired_plain_path_is_refused(broker: Any, spark: A
         build_query(spark, settings, str(ckpt))
     assert str(err.value).startswith(f"checkpoint {ckpt} was written by the plain path (fast_path = false), which this "
                                      "version no longer has: start from a new checkpoint directory")
+
+
+def test_a_checkpoint_of_two_stateful_operators_is_refused(broker: Any, spark: Any, tmp_path: Path) -> None:
+    """A checkpoint the two-operator job wrote (layout 1) holds state this operator cannot read:
+    refused before any batch, with what to do."""
+    settings = settings_for(broker.bootstrap)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / LAYOUT_FILE).write_text('{"format": 1, "node_buckets": 8}\n')  # as the two-operator job wrote it
+    active = len(spark.streams.active)
+    with pytest.raises(ConfigError) as err:
+        build_query(spark, settings, str(ckpt))
+    assert str(err.value).startswith(f"checkpoint {ckpt} holds state in layout 1 (an earlier safepoint's two stateful "
+                                     "operators), and this version keeps it in layout 2 (one operator): start from a "
+                                     "new checkpoint directory")
+    assert len(spark.streams.active) == active, "no query was started"
+    # a new checkpoint records the layout it is written in
+    fresh = tmp_path / "fresh"
+    produce(broker.bootstrap, settings.events_topic, heartbeats(3))
+    run_to_end(spark, settings, str(fresh))
+    assert '"format": 2' in (fresh / LAYOUT_FILE).read_text()
 
 
 def test_a_checkpoint_past_the_end_of_a_recreated_topic_is_refused(broker: Any, spark: Any, tmp_path: Path) -> None:

@@ -40,8 +40,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
-from safepoint.core import Engine, Position, node_stage
-from safepoint.core.batch import BY_NAME, encode_staged, merge_log_order
+from safepoint.core import Engine, Position
+from safepoint.core.batch import BY_NAME, merge_log_order, route
 from safepoint.core.codec import encode
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import Settings, load_settings
@@ -556,11 +556,10 @@ class Replayed:
 
 def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], batches: list[dict[int, int]],
                      settings: Settings) -> Replayed:
-    """``Engine`` over the log batch by batch, each batch merged per cluster as the job's
-    cluster stage merges it; the stage-one ``wall_ms`` each row is merged by comes from a shadow
-    run of ``node_stage`` (as stage one computes it: -1 for ignored and dead-lettered)."""
+    """``Engine`` over the log batch by batch, each batch merged per cluster as the job's operator
+    merges it: by the ``wall_ms`` the router gives each row (-1 for a dead letter)."""
     policy, topic = settings.policy(), settings.events_topic
-    engine, shadow = Engine(policy, record=True), Engine(policy)
+    engine = Engine(policy, record=True)
     total, per_batch = _outputs(), []
     order: dict[str, list[tuple[int, int]]] = defaultdict(list)
     start: dict[int, int] = {}
@@ -574,9 +573,9 @@ def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], ba
                 if not start.get(part, 0) <= off < ends[part]:
                     continue
                 pos = Position(topic, p, off, key)
-                item = node_stage(shadow.nodes, value, pos, policy, shadow.gates)
-                wall = encode_staged(p, off, item).wall_ms
-                groups[item.cluster].append({"partition": p, "offset": off, "wall_ms": wall, "pos": pos, "value": value})
+                ((cluster, (routed,)),) = route([(p, off, key, value)], topic, policy).items()
+                groups[cluster].append({"partition": p, "offset": off, "wall_ms": routed.wall_ms, "pos": pos,
+                                        "value": value})
         outs = _outputs()
         for cluster in sorted(groups):
             for r in merge_log_order(groups[cluster], *BY_NAME):

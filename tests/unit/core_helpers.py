@@ -169,9 +169,8 @@ def expires(outs: Iterable[Output]) -> list[dict[str, Any]]:
 
 
 def restore_engine(engine: Engine) -> None:
-    """Replace every state object of ``engine`` (node states, stage one's cluster-event version gates,
-    cluster states) by its to_json -> JSON text -> from_json copy."""
-    engine.gates = json.loads(json.dumps(engine.gates))
+    """Replace every state object of ``engine`` (node states, cluster states) by its to_json -> JSON
+    text -> from_json copy."""
     engine.nodes = {k: NodeState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.nodes.items()}
     engine.clusters = {k: ClusterState.from_json(json.loads(json.dumps(s.to_json()))) for k, s in engine.clusters.items()}
 

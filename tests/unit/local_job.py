@@ -1,10 +1,10 @@
-"""The job's processors run in one process over given micro-batches, without Spark.
+"""The job's operators run in one process over given micro-batches, without Spark.
 
-The real operator classes (``streaming/processors.py``) are driven the way ``transformWithState``
-drives them: rows grouped by the operator's key, one ``handleInputRows`` call per key and batch,
-a value state per key (here a dict). Tests use it to compare the job's batch logic with
-``replay`` on many logs and batch splits quickly; the Spark job itself is tested against the same
-expectations in tests/integration.
+The real classes (``streaming/processors.py``) are driven the way ``transformWithState`` drives
+them: the router over each partition's Arrow batch, its rows grouped by cluster, one
+``handleInputRows`` call per cluster and batch, a value and a map state per cluster (here dicts).
+Tests use it to compare the job's batch logic with ``replay`` on many logs and batch splits
+quickly; the Spark job itself is tested against the same expectations in tests/integration.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from pyspark.sql import Row
 
-from safepoint.streaming.processors import BucketProcessor, ClusterProcessor, Router
+from safepoint.streaming.processors import ClusterJob, Router
 
 __all__ = ["LocalJob", "Message"]
 
@@ -24,32 +24,45 @@ Message = tuple[int, int, bytes | None, bytes | None]
 """(partition, offset, key, value) as the source reads it."""
 
 
-class _KeyedState:
-    """A ValueState: one value per grouping key; ``key`` is set before each call."""
+class _Keyed:
+    """The state of the key ``key`` (set before each call), as Spark scopes it."""
 
     def __init__(self) -> None:
         self.data: dict[Any, Any] = {}
         self.key: Any = None
+        self.calls = 0
+        """State calls so far (each one is a round trip to the JVM in Spark)."""
 
-    def exists(self) -> bool:
-        return self.key in self.data
 
+class _ValueState(_Keyed):
     def get(self) -> Any:
+        self.calls += 1
         return self.data.get(self.key)
 
     def update(self, value: Any) -> None:
+        self.calls += 1
         self.data[self.key] = value
 
-    def clear(self) -> None:
-        self.data.pop(self.key, None)
+
+class _MapState(_Keyed):
+    def getValue(self, k: Any) -> Any:  # noqa: N802
+        self.calls += 1
+        return self.data.get(self.key, {}).get(k)
+
+    def updateValue(self, k: Any, value: Any) -> None:  # noqa: N802
+        self.calls += 1
+        self.data.setdefault(self.key, {})[k] = value
 
 
 class _Handle:
     def __init__(self) -> None:
-        self.states: dict[str, _KeyedState] = {}
+        self.states: dict[str, _Keyed] = {}
 
-    def getValueState(self, name: str, schema: Any, *a: Any, **k: Any) -> _KeyedState:  # noqa: N802
-        return self.states.setdefault(name, _KeyedState())
+    def getValueState(self, name: str, schema: Any, *a: Any, **k: Any) -> _ValueState:  # noqa: N802
+        return self.states.setdefault(name, _ValueState())  # type: ignore[return-value]
+
+    def getMapState(self, name: str, key_schema: Any, schema: Any, *a: Any, **k: Any) -> _MapState:  # noqa: N802
+        return self.states.setdefault(name, _MapState())  # type: ignore[return-value]
 
 
 class LocalJob:
@@ -60,25 +73,21 @@ class LocalJob:
         self.buckets = buckets
         self.policy = policy
         self.topic = topics["events"]
-        self.h1, self.h2 = _Handle(), _Handle()
-        self.p1 = BucketProcessor(policy, buckets)
-        self.p2 = ClusterProcessor(policy, topics, accounting_topic)
-        self.router = Router(policy, self.topic, buckets)
-        self.p1.init(self.h1)
-        self.p2.init(self.h2)
-        self.s1 = next(iter(self.h1.states.values()))
-        self.s2 = next(iter(self.h2.states.values()))
+        self.handle = _Handle()
+        self.operator = ClusterJob(policy, buckets, topics, accounting_topic)
+        self.router = Router(policy, self.topic)
+        self.operator.init(self.handle)  # type: ignore[arg-type]
         self.accounting: list[dict[str, int]] = []
         """Per batch: the observed accounting counters."""
-        self.seconds = {"route": 0.0, "stage1": 0.0, "stage2": 0.0}
-        """Time spent so far in the router, stage one and stage two."""
+        self.seconds = {"route": 0.0, "operator": 0.0}
+        """Time spent so far in the router and the stateful operator."""
 
     def run_batch(self, messages: Iterable[Message]) -> list[tuple[str, str | None, str]]:
         """One micro-batch: the (topic, key, value) rows the sink would write, in order."""
         import pyarrow as pa
 
         t0 = time.perf_counter()
-        groups1: dict[tuple[Any, ...], list[Any]] = defaultdict(list)
+        groups: dict[str, list[Any]] = defaultdict(list)
         by_partition: dict[int, list[Message]] = defaultdict(list)
         for m in messages:
             by_partition[m[0]].append(m)
@@ -90,32 +99,32 @@ class LocalJob:
                 names=["partition", "offset", "key", "value"],
             )
             for out in self.router(iter([batch])):
-                for cluster, bucket, blob in zip(*(out.column(i).to_pylist() for i in range(3)), strict=True):
-                    groups1[(cluster, bucket)].append(Row(cluster=cluster, bucket=bucket, blob=blob))
+                for cluster, blob in zip(*(out.column(i).to_pylist() for i in range(2)), strict=True):
+                    groups[cluster].append(Row(cluster=cluster, blob=blob))
         t1 = time.perf_counter()
-        groups2: dict[str, list[Any]] = defaultdict(list)
-        totals: dict[str, int] = {}
-        for key, rows in groups1.items():
-            self.s1.key = key
-            for out in self.p1.handleInputRows(key, iter(rows), None):
-                groups2[out["cluster"]].append(out)
-                for m, n in out.asDict().items():
-                    if m not in ("cluster", "blob"):
-                        totals[m] = totals.get(m, 0) + n
-        self.accounting.append(totals)
-        t2 = time.perf_counter()
         written: list[tuple[str, str | None, str]] = []
-        for cluster, rows in groups2.items():
-            self.s2.key = (cluster,)
-            for out in self.p2.handleInputRows((cluster,), iter(rows), None):
-                written.append((out["topic"], out["key"], out["value"]))
-        t3 = time.perf_counter()
+        totals: dict[str, int] = {}
+        for cluster, rows in groups.items():
+            for state in self.handle.states.values():
+                state.key = (cluster,)
+            for out in self.operator.handleInputRows((cluster,), iter(rows), None):
+                if out["topic"] == "":  # the counter row: observed, not written
+                    for m, n in out.asDict().items():
+                        if m not in ("topic", "key", "value"):
+                            totals[m] = totals.get(m, 0) + n
+                else:
+                    written.append((out["topic"], out["key"], out["value"]))
+        self.accounting.append(totals)
         self.seconds["route"] += t1 - t0
-        self.seconds["stage1"] += t2 - t1
-        self.seconds["stage2"] += t3 - t2
+        self.seconds["operator"] += time.perf_counter() - t1
         return written
 
     def state_bytes(self) -> tuple[int, int]:
-        """Bytes of the stored state values: (node stage, cluster stage)."""
-        return (sum(len(v[0]) for v in self.s1.data.values()), sum(len(v[0]) for v in self.s2.data.values()))
+        """Bytes of the stored state values: (the nodes' buckets, the clusters' values)."""
+        nodes, cluster = self.handle.states["nodes"], self.handle.states["cluster"]
+        return (sum(len(v[0]) for buckets in nodes.data.values() for v in buckets.values()),
+                sum(len(v[0]) for v in cluster.data.values()))
 
+    def state_calls(self) -> int:
+        """State calls so far, over every state variable."""
+        return sum(s.calls for s in self.handle.states.values())

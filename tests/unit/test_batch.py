@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from safepoint.core import Engine, Position
-from safepoint.core.batch import METRICS, Routed, bucket_of, counts_of, encode_staged, merge_log_order, route, stage_one_bucket
-from safepoint.core.engine import node_stage
+from safepoint.core.batch import METRICS, BucketNodes, bucket_of, counts_of, merge_log_order, route
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -74,9 +73,9 @@ def run(msgs: list[Message], splits: list[int], policy: Policy, accounting: bool
 def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
                         ) -> tuple[dict[str, list[Any]], list[dict[str, int]], Engine]:
     """``Engine`` over each batch in the job's log order (per cluster: partitions merged by the
-    stage-one ``wall_ms``, which a shadow ``node_stage`` computes); the accounting row of every
-    message and the counters of every batch, as the job writes them."""
-    engine, shadow = Engine(policy, record=True), Engine(policy)
+    router's ``wall_ms``, -1 for a dead letter); the accounting row of every message and the
+    counters of every batch, as the job writes them."""
+    engine = Engine(policy, record=True)
     written: list[tuple[str, str | None, str]] = []
     accounting: list[dict[str, int]] = []
     start = 0
@@ -84,9 +83,8 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
     for end in [*splits, len(msgs)]:
         groups: dict[str, list[Any]] = {}
         for p, o, k, v in msgs[start:end]:
-            item = node_stage(shadow.nodes, v, Position("ev", p, o, k), policy, shadow.gates)
-            staged = encode_staged(p, o, item)
-            groups.setdefault(item.cluster, []).append((p, o, staged.wall_ms, k, v))
+            ((cluster, (routed,)),) = route([(p, o, k, v)], "ev", policy).items()
+            groups.setdefault(cluster, []).append((p, o, routed.wall_ms, k, v))
         labels = []
         for cluster in groups:
             for p, o, _w, k, v in merge_log_order(groups[cluster]):
@@ -176,31 +174,56 @@ def test_bucket_of_is_stable_and_spreads() -> None:
     assert len({bucket_of(f"node-{i}", 8) for i in range(100)}) == 8
 
 
-def test_router_keeps_a_cluster_events_with_the_gate_bucket_and_dead_letters_apart() -> None:
+def test_router_groups_by_cluster_and_keeps_dead_letters_apart() -> None:
     policy = Policy()
     topo = json.dumps({"v": 1, "type": "topology", "cluster": "c1", "wall_ms": 1, "version": 1, "nodes": {"n1": []}})
     hb = json.dumps({"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1,
                      "wall_ms": 2, "mvcc_now": 5})
-    groups = route([(0, 0, b"c1", topo.encode()), (0, 1, b"n1", hb.encode()), (0, 2, b"x", b"{bad")], "ev", policy, 8)
-    assert set(groups) == {("c1", bucket_of("", 8)), ("c1", bucket_of("n1", 8)), ("", 0)}
-    (_node, offset, partition, dead), = groups[("", 0)]
-    assert (offset, partition, dead.code) == (2, 0, "not_json")
+    groups = route([(0, 0, b"c1", topo.encode()), (0, 1, b"n1", hb.encode()), (0, 2, b"x", b"{bad")], "ev", policy)
+    assert set(groups) == {"c1", ""}
+    assert [(r.offset, r.wall_ms, r.payload["type"]) for r in groups["c1"]] == [(0, 1, "topology"), (1, 2, "heartbeat")]
+    (partition, offset, wall, dead), = groups[""]
+    assert (partition, offset, wall, dead.code) == (0, 2, -1, "not_json")
+
+
+def _stored_bucket(policy: Policy, buckets: int) -> bytes:
+    hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
+    nodes = BucketNodes(buckets, lambda _b: None)
+    assert not isinstance(nodes.node("c1", "n1").apply(hb, policy), str)
+    (value,) = nodes.dump().values()
+    return value
 
 
 def test_changing_node_buckets_on_a_checkpoint_is_refused() -> None:
-    policy = Policy()
-    hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
-    state, out, counts = stage_one_bucket(None, [Routed("n1", 0, 0, hb)], policy, 8)
-    assert state is not None and counts["applied"] == 1 and out[0].label == "applied"
+    stored = _stored_bucket(Policy(), 8)
     with pytest.raises(ConfigError, match="node_buckets is 4 but this checkpoint's state was written with 8"):
-        stage_one_bucket(state, [Routed("n1", 1, 0, {**hb, "seq": 2})], policy, 4)
+        BucketNodes(4, lambda _b: stored).node("c1", "n1")
 
 
 def test_a_state_of_a_newer_version_is_refused() -> None:
-    policy = Policy()
-    hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
-    state, _out, _counts = stage_one_bucket(None, [Routed("n1", 0, 0, hb)], policy, 8)
-    assert state is not None and json.loads(state)["v"] == 2
-    newer = json.dumps({**json.loads(state), "v": 3})
-    with pytest.raises(ConfigError, match="written by a newer safepoint \\(state version 3, this one reads up to 2\\)"):
-        stage_one_bucket(newer, [Routed("n1", 1, 0, {**hb, "seq": 2})], policy, 8)
+    stored = _stored_bucket(Policy(), 8)
+    assert json.loads(stored)["v"] == 3
+    newer = json.dumps({**json.loads(stored), "v": 4}).encode()
+    with pytest.raises(ConfigError, match="written by a newer safepoint \\(state version 4, this one reads up to 3\\)"):
+        BucketNodes(8, lambda _b: newer).node("c1", "n1")
+
+
+def test_a_batch_reads_and_writes_only_the_buckets_it_touches() -> None:
+    """Each bucket is one state call to read when the batch first touches one of its nodes and one
+    to write; buckets of nodes the batch did not touch are neither read nor written."""
+    policy = Policy(retention=10)
+    job = LocalJob(policy.to_dict(), TOPICS, buckets=8)
+
+    def hb(node: str, seq: int) -> Message:
+        ev = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": node, "incarnation": 0, "seq": seq,
+              "wall_ms": seq, "mvcc_now": 100 + seq}
+        return (0, seq, node.encode(), json.dumps(ev).encode())
+
+    names = [f"n{i}" for i in range(40)]
+    job.run_batch([hb(n, 1) for n in names])
+    all_buckets = {bucket_of(n, 8) for n in names}
+    assert len(all_buckets) == 8
+    before = job.state_calls()
+    job.run_batch([hb("n1", 2), hb("n1", 3)])
+    # the cluster's value read and written, n1's bucket read and written
+    assert job.state_calls() - before == 4

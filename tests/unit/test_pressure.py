@@ -945,7 +945,6 @@ def state_text(engine: Engine) -> str:
     return json.dumps(
         [
             [s.to_json() for _k, s in sorted(engine.nodes.items())],
-            engine.gates,
             [s.to_json() for _k, s in sorted(engine.clusters.items())],
         ],
         sort_keys=True,

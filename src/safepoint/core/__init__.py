@@ -1,7 +1,7 @@
 """The pure core: no Spark, no Kafka, no clock. Time comes from the events."""
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import Engine, Outcome, Position, StageOne, cluster_stage, node_stage
+from safepoint.core.engine import Engine, Outcome, Position, step
 from safepoint.core.events import Rejected, parse
 from safepoint.core.node import NodeState, NodeUpdate
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES, Output
@@ -20,8 +20,6 @@ __all__ = [
     "Policy",
     "Position",
     "Rejected",
-    "StageOne",
-    "cluster_stage",
-    "node_stage",
     "parse",
+    "step",
 ]

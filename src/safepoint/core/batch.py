@@ -1,20 +1,16 @@
-"""One micro-batch through the two stages, as the job runs it: pure Python, no Spark.
+"""One micro-batch as the job runs it: pure Python, no Spark.
 
-The job packs its work instead of moving every message through Spark as its own row:
-
-1. ``route`` (before the shuffle, one task per Kafka partition) parses and validates each
-   message once and groups the messages of one batch by (cluster, bucket). A node's bucket is
-   ``crc32(node) % buckets``; cluster events go to the bucket of node ``""``, where their
-   cluster's version gates live. Messages that fail validation become their dead letters here
-   and go to cluster ``""``.
-2. ``stage_one_bucket`` (keyed by cluster and bucket) restores the bucket's nodes from one state
-   value and applies each node's messages in offset order (``engine.apply_stage``), giving one
-   ``Staged`` item per message and the batch's accounting counters.
-3. ``stage_two`` (keyed by cluster) merges one cluster's staged items in log order
-   (``merge_log_order``) and runs the cluster stage over them (``run_cluster``).
+1. ``route`` (before the shuffle, one task per Kafka partition) parses and validates each message
+   once and groups the batch's messages by cluster, each as a ``Routed`` record: where it came
+   from, the event's ``wall_ms`` and the validated event, or its dead letter (those go to cluster
+   ``""``).
+2. ``run_batch`` (the one stateful operator, keyed by cluster) puts one cluster's messages in log
+   order (``merge_log_order``) and runs ``engine.step`` on each, as ``replay`` does: the cluster's
+   state from one stored value, each node's from its bucket's value (``BucketNodes``: a bucket is
+   read when the batch first touches one of its nodes, and written back only if it was touched).
 
 ``streaming/processors.py`` only moves these values in and out of Spark rows; ``replay`` (the
-per-message ``Engine``) is the reference the job is tested against.
+``Engine``) is the reference the job is tested against, and runs the same ``step``.
 """
 
 from __future__ import annotations
@@ -29,10 +25,10 @@ from operator import itemgetter
 from typing import Any, NamedTuple
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import APPLIED, DEADLETTERED, IGNORED, Position, StageOne, apply_stage, cluster_stage, parse_stage
-from safepoint.core.events import DEADLETTER_CODES, is_node_event
-from safepoint.core.node import NodeState, NodeUpdate
-from safepoint.core.outputs import DEADLETTER, Output
+from safepoint.core.engine import APPLIED, DEADLETTERED, step
+from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
+from safepoint.core.node import NodeState
+from safepoint.core.outputs import DEADLETTER, Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS, cluster_status, node_status, status_key
@@ -42,18 +38,21 @@ __all__ = [
     "IGNORE_REASONS",
     "METRICS",
     "BUCKET_STATE_VERSION",
+    "BatchResult",
+    "BucketNodes",
+    "DeadLetterPayload",
+    "Emitted",
     "Routed",
-    "Staged",
     "bucket_of",
     "route",
-    "stage_one_bucket",
-    "stage_two",
-    "run_cluster",
+    "run_batch",
     "merge_log_order",
     "BY_NAME",
     "counts_of",
-    "encode_staged",
-    "decode_staged",
+    "encode_bucket",
+    "decode_bucket",
+    "encode_cluster",
+    "decode_cluster",
 ]
 
 IGNORE_REASONS = ("duplicate", "older_seq", "stale_incarnation", "stale_version")
@@ -67,10 +66,9 @@ METRICS: tuple[str, ...] = (
 )
 """The per-batch accounting counters (the query's observedMetrics["accounting"])."""
 
-BUCKET_STATE_VERSION = 2
-"""The layout of a bucket's state value: {"v", "b": buckets, "nodes": [NodeState json], "gates"}.
-Version 2 names the fields of each node's state (``NodeState.to_json``); version 1's short keys are
-migrated when read. A newer version than this one is refused."""
+BUCKET_STATE_VERSION = 3
+"""The layout of a bucket's stored value: {"v", "b": buckets, "nodes": [NodeState json]}. A newer
+version than this one is refused."""
 
 
 class DeadLetterPayload(NamedTuple):
@@ -83,29 +81,14 @@ class DeadLetterPayload(NamedTuple):
 
 
 class Routed(NamedTuple):
-    """One routed message: its node ("" for cluster events), position, and the validated event or
-    its dead letter."""
-
-    node: str
-    offset: int
-    partition: int
-    payload: dict[str, Any] | DeadLetterPayload
-
-
-class Staged(NamedTuple):
-    """One message after stage one, on its way to its cluster's round.
-
-    ``tag`` says what ``data`` holds: ``u`` a node update (its JSON list), ``e`` a cluster event,
-    ``d`` a dead letter (``DeadLetterPayload``), ``i`` the reason it was ignored, ``s`` a node's
-    part of the status (``core/status.py``; position -1, after the node's events, not a message). ``wall_ms`` is
-    what partitions are merged by (-1 for ignored messages and dead letters)."""
+    """One message of a micro-batch, from the router to its cluster's operator: where it came from,
+    the event's ``wall_ms`` (what partitions are merged by in log order; -1 for a dead letter) and
+    the validated event, or its dead letter."""
 
     partition: int
     offset: int
     wall_ms: int
-    label: str
-    tag: str
-    data: Any
+    payload: dict[str, Any] | DeadLetterPayload
 
 
 def bucket_of(node: str, buckets: int) -> int:
@@ -113,58 +96,50 @@ def bucket_of(node: str, buckets: int) -> int:
     return zlib.crc32(node.encode("utf-8")) % buckets
 
 
-def route(
-    rows: Iterable[tuple[int, int, bytes | None, bytes | None]], topic: str, policy: Policy, buckets: int
-) -> dict[tuple[str, int], list[Routed]]:
-    """Parse (partition, offset, key, value) messages and group them by (cluster, bucket)."""
-    groups: dict[tuple[str, int], list[Routed]] = {}
+def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None]], topic: str, policy: Policy
+          ) -> dict[str, list[Routed]]:
+    """Parse (partition, offset, key, value) messages and group them by cluster (dead letters: "")."""
+    groups: dict[str, list[Routed]] = {}
+    limit = policy.max_message_bytes
     for partition, offset, key, value in rows:
-        event = parse_stage(value, Position(topic, partition, offset, key), policy)
-        if isinstance(event, StageOne):
-            assert event.output is not None and event.reason is not None and event.code is not None
-            item = Routed("", offset, partition, DeadLetterPayload(event.output.key, event.output.value, event.reason,
-                                                                   event.code))
-            gkey = ("", 0)
+        event = parse(value, limit)
+        if isinstance(event, Rejected):
+            out = dead_letter(event.error, value, key, topic, partition, offset)
+            item = Routed(partition, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))
+            cluster = ""
         else:
-            node = event["node"] if is_node_event(event) else ""
-            item = Routed(node, offset, partition, event)
-            gkey = (event["cluster"], bucket_of(node, buckets))
-        group = groups.get(gkey)
+            item = Routed(partition, offset, event["wall_ms"], event)
+            cluster = event["cluster"]
+        group = groups.get(cluster)
         if group is None:
-            groups[gkey] = [item]
+            groups[cluster] = [item]
         else:
             group.append(item)
     return groups
 
 
-# -- the one codec of stage-one results ---------------------------------------------------
+BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("wall_ms"))
+"""``merge_log_order``'s getters for rows with named fields: ``merge_log_order(rows, *BY_NAME)``."""
 
 
-def encode_staged(partition: int, offset: int, item: StageOne) -> Staged:
-    """A stage-one result as the value that travels to the cluster stage."""
-    label = item.label
-    if item.update is not None:
-        return Staged(partition, offset, item.update.wall_ms, label, "u", item.update.to_json())
-    if item.event is not None:
-        return Staged(partition, offset, item.event["wall_ms"], label, "e", item.event)
-    if item.output is not None:
-        assert item.reason is not None and item.code is not None
-        return Staged(partition, offset, -1, label, "d", DeadLetterPayload(item.output.key, item.output.value, item.reason,
-                                                                           item.code))
-    return Staged(partition, offset, -1, label, "i", item.reason)
+def merge_log_order(
+    rows: list[Any],
+    position: Callable[[Any], Any] = itemgetter(0, 1),
+    partition: Callable[[Any], Any] = itemgetter(0),
+    wall: Callable[[Any], Any] = itemgetter(2),
+) -> Iterator[Any]:
+    """One batch's rows of a cluster in log order (``Routed`` records by default; other rows through
+    the getters, e.g. ``*BY_NAME`` for dicts).
 
-
-def decode_staged(cluster: str, tag: str, data: Any) -> StageOne:
-    """The stage-one result a ``Staged`` item carries."""
-    if tag == "u":
-        return StageOne(cluster=cluster, outcome=APPLIED, update=NodeUpdate.from_json(data))
-    if tag == "e":
-        return StageOne(cluster=cluster, outcome=APPLIED, event=data)
-    if tag == "d":
-        dl = DeadLetterPayload(*data)
-        return StageOne(cluster=cluster, outcome=DEADLETTERED, reason=dl.reason, output=Output(DEADLETTER, dl.key, dl.value),
-                        code=dl.code)
-    return StageOne(cluster=cluster, outcome=IGNORED, reason=data)
+    Each Kafka partition's rows keep their offset order; partitions are interleaved by the
+    events' ``wall_ms`` (ties: lower partition first), which is deterministic for a batch and
+    is the file order for a single-partition log.
+    """
+    rows = sorted(rows, key=position)
+    runs = [list(g) for _, g in groupby(rows, key=partition)]
+    if len(runs) == 1:
+        return iter(runs[0])
+    return heapq.merge(*runs, key=wall)
 
 
 def counts_of(labels: Iterable[str]) -> dict[str, int]:
@@ -181,126 +156,109 @@ def counts_of(labels: Iterable[str]) -> dict[str, int]:
     return {m: c.get(m, 0) for m in METRICS}
 
 
-# -- stage one: the nodes of one (cluster, bucket) -------------------------------------------
+class BucketNodes:
+    """One cluster's node states, read bucket by bucket from stored values as a batch touches them
+    (``engine.NodeSource``). ``load(bucket)`` gives a bucket's stored value or None."""
+
+    def __init__(self, buckets: int, load: Callable[[int], bytes | None]) -> None:
+        self.buckets = buckets
+        self.load = load
+        self.loaded: dict[int, dict[str, NodeState]] = {}
+        self.touched: dict[str, NodeState] = {}
+        """The nodes this batch looked up, by name (their status goes out after the batch)."""
+
+    def node(self, cluster: str, name: str) -> NodeState:
+        state = self.touched.get(name)
+        if state is not None:
+            return state
+        bucket = bucket_of(name, self.buckets)
+        nodes = self.loaded.get(bucket)
+        if nodes is None:
+            nodes = self.loaded[bucket] = self.decode(self.load(bucket))
+        state = nodes.get(name)
+        if state is None:
+            state = nodes[name] = NodeState(cluster, name)
+        self.touched[name] = state
+        return state
+
+    def decode(self, stored: bytes | None) -> dict[str, NodeState]:
+        return {} if stored is None else {ns.node: ns for ns in decode_bucket(stored, self.buckets)}
+
+    def dump(self) -> dict[int, bytes]:
+        """The stored value of every bucket the batch touched."""
+        touched = {bucket_of(name, self.buckets) for name in self.touched}
+        return {b: encode_bucket(self.loaded[b].values(), self.buckets) for b in sorted(touched)}
 
 
-def stage_one_bucket(
-    stored: str | None, items: list[Routed], policy: Policy, buckets: int
-) -> tuple[str | None, list[Staged], dict[str, int]]:
-    """One bucket's batch: (new state or None to leave it, staged items, accounting counters)."""
-    nodes: dict[tuple[str, str], NodeState] = {}
-    gates: dict[str, dict[str, int]] = {}
-    if stored is not None:
-        data = json.loads(stored)
-        if data.get("v", 1) > BUCKET_STATE_VERSION:
-            msg = (f"this checkpoint's state was written by a newer safepoint (state version {data['v']}, this one "
-                   f"reads up to {BUCKET_STATE_VERSION}): run that version, or start from a new checkpoint")
-            raise ConfigError(msg)
-        if data.get("b") != buckets:
-            msg = (f"node_buckets is {buckets} but this checkpoint's state was written with {data.get('b')}: "
-                   "keep the old value or start from a new checkpoint")
-            raise ConfigError(msg)
-        for raw in data["nodes"]:
-            ns = NodeState.from_json(raw)
-            nodes[(ns.cluster, ns.node)] = ns
-        gates = data["gates"]
-    items.sort(key=lambda it: (it[0], it[1], it[2]))  # each node's messages in offset order
-    out: list[Staged] = []
-    labels: list[str] = []
-    for _node, offset, partition, payload in items:
-        if isinstance(payload, tuple):  # a dead letter, decided by the router
-            dl = DeadLetterPayload(*payload)
-            staged = Staged(partition, offset, -1, f"{DEADLETTERED}:{dl.code}", "d", dl)
-        else:
-            staged = encode_staged(partition, offset, apply_stage(nodes, payload, policy, gates))
-        out.append(staged)
-        labels.append(staged.label)
-    if policy.status_holds:  # each node this batch touched: its part of the status
-        touched = {(p["cluster"], node) for node, _, _, p in items if node and not isinstance(p, tuple)}
-        for key in sorted(touched):
-            seen = nodes.get(key)
-            if seen is not None:
-                out.append(Staged(-1, -1, -1, "", "s", node_status(seen, policy)))
-    new_state = None
-    if nodes or gates:
-        new_state = json.dumps({"v": BUCKET_STATE_VERSION, "b": buckets, "nodes": [ns.to_json() for ns in nodes.values()],
-                                "gates": gates}, separators=(",", ":"))
-    return new_state, out, counts_of(labels)
+# -- the stored forms -----------------------------------------------------------------------
 
 
-# -- stage two: one cluster's round over the batch ---------------------------------------------
+def encode_bucket(nodes: Iterable[NodeState], buckets: int) -> bytes:
+    """A bucket's stored value: the states of its nodes."""
+    return json.dumps({"v": BUCKET_STATE_VERSION, "b": buckets, "nodes": [ns.to_json() for ns in nodes]},
+                      separators=(",", ":")).encode()
 
 
-BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("wall_ms"))
-"""``merge_log_order``'s getters for rows with named fields: ``merge_log_order(rows, *BY_NAME)``."""
+def decode_bucket(stored: bytes, buckets: int) -> list[NodeState]:
+    """The node states of a bucket's stored value (refused: another ``node_buckets``, a newer version)."""
+    data = json.loads(stored)
+    if data.get("v", 1) > BUCKET_STATE_VERSION:
+        msg = (f"this checkpoint's state was written by a newer safepoint (state version {data['v']}, this one "
+               f"reads up to {BUCKET_STATE_VERSION}): run that version, or start from a new checkpoint")
+        raise ConfigError(msg)
+    if data.get("b") != buckets:
+        msg = (f"node_buckets is {buckets} but this checkpoint's state was written with {data.get('b')}: "
+               "keep the old value or start from a new checkpoint")
+        raise ConfigError(msg)
+    return [NodeState.from_json(raw) for raw in data["nodes"]]
 
 
-def merge_log_order(
-    rows: list[Any],
-    position: Callable[[Any], Any] = itemgetter(0, 1),
-    partition: Callable[[Any], Any] = itemgetter(0),
-    wall: Callable[[Any], Any] = itemgetter(2),
-) -> Iterator[Any]:
-    """One batch's rows of a cluster in log order (``Staged`` items by default; other rows through
-    the getters, e.g. ``*BY_NAME`` for dicts).
+def encode_cluster(state: ClusterState) -> bytes:
+    """A cluster's stored value."""
+    return json.dumps(state.to_json(), separators=(",", ":")).encode()
 
-    Each Kafka partition's rows keep their offset order; partitions are interleaved by the
-    events' ``wall_ms`` (ties: lower partition first), which is deterministic for a batch and
-    is the file order for a single-partition log.
-    """
-    rows = sorted(rows, key=position)
-    runs = [list(g) for _, g in groupby(rows, key=partition)]
-    if len(runs) == 1:
-        return iter(runs[0])
-    return heapq.merge(*runs, key=wall)
+
+def decode_cluster(stored: bytes) -> ClusterState:
+    return ClusterState.from_json(json.loads(stored))
 
 
 Emitted = tuple[str | None, str, dict[str, Any]]
 """An output as (channel, key, value); channel None is an accounting row."""
 
 
-def run_cluster(
-    cluster: str,
-    state: ClusterState | None,
-    entries: Iterable[tuple[int, int, str, StageOne]],
-    policy: Policy,
-    accounting: bool,
-    start: StartPlan | None = None,
-) -> tuple[ClusterState | None, bool, list[Emitted]]:
-    """The cluster stage over (partition, offset, label, stage-one result) in log order.
+class BatchResult(NamedTuple):
+    """One cluster's micro-batch: what it emits, the labels' counters, and what to store (None:
+    leave the cluster's value as it is; buckets: only those the batch touched)."""
 
-    Returns the state, whether it was touched, and the outputs.
-    """
-    touched = False
+    outputs: list[Emitted]
+    counts: dict[str, int]
+    cluster: bytes | None
+    buckets: dict[int, bytes]
+
+
+def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
+              accounting: bool, start: StartPlan | None = None) -> BatchResult:
+    """One cluster's messages of one micro-batch through ``step``, in log order (cluster ``""``
+    holds the batch's dead letters)."""
+    state = decode_cluster(stored) if stored is not None else None
     outputs: list[Emitted] = []
-    for partition, offset, label, item in entries:
-        if accounting:
-            outputs.append((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
-        if item.output is not None:
-            emitted = [item.output]  # a dead letter touches no state
+    labels: Counter[str] = Counter()
+    touched = False
+    for partition, offset, _wall, payload in merge_log_order(items):
+        if isinstance(payload, DeadLetterPayload):
+            label = f"{DEADLETTERED}:{payload.code}"
+            emitted = [Output(DEADLETTER, payload.key, payload.value)]
         else:
             if state is None:
                 state = ClusterState.starting(cluster, start)
-            emitted = cluster_stage(state, item, policy, partition, offset).outputs
+            label, emitted = step(state, nodes, payload, policy, partition, offset)
             touched = True
+        labels[label] += 1
+        if accounting:
+            outputs.append((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
         outputs += [(o.channel, o.key, o.value) for o in emitted]
-    return state, touched, outputs
-
-
-def stage_two(
-    cluster: str, stored: str | None, items: list[Staged], policy: Policy, accounting: bool,
-    start: StartPlan | None = None,
-) -> tuple[str | None, list[Emitted]]:
-    """One cluster's batch of staged items: (new state or None to leave it, outputs)."""
-    state = ClusterState.from_json(json.loads(stored)) if stored is not None else None
-    parts = [s.data for s in items if s.tag == "s"]
-    if parts:
-        items = [s for s in items if s.tag != "s"]
-    entries = ((s.partition, s.offset, s.label, decode_staged(cluster, s.tag, s.data)) for s in merge_log_order(items))
-    state, touched, outputs = run_cluster(cluster, state, entries, policy, accounting, start)
-    if policy.status_holds:
-        outputs.extend((STATUS, status_key(cluster, p["node"]), p) for p in parts)
-        if state is not None and touched:
-            outputs.append((STATUS, status_key(cluster), cluster_status(state, policy)))
-    new_state = json.dumps(state.to_json(), separators=(",", ":")) if state is not None and touched else None
-    return new_state, outputs
+    if policy.status_holds and state is not None and touched:
+        outputs += [(STATUS, status_key(cluster, name), node_status(ns, policy)) for name, ns in sorted(nodes.touched.items())]
+        outputs.append((STATUS, status_key(cluster), cluster_status(state, policy)))
+    new_state = encode_cluster(state) if state is not None and touched else None
+    return BatchResult(outputs, counts_of(labels.elements()), new_state, nodes.dump())

@@ -1,6 +1,6 @@
 """One database cluster: its nodes' summaries, topology, catalog, and the safe point.
 
-The cluster stage of the job keeps one ``ClusterState`` per cluster. It learns about nodes
+``engine.step`` hands each event of a cluster to its ``ClusterState``. It learns about nodes
 only through ``NodeUpdate`` summaries and about the cluster through cluster events, and after
 each one it re-evaluates the round: aborts (with alerts), the global minimum, the monotonic
 safe point and the catalog floor, and emits a directive when either advances.
@@ -44,7 +44,7 @@ IGNORED_STALE_VERSION = "stale_version"
 
 
 class ClusterState:
-    """The cluster stage's state for one cluster: the round's figures and its parts."""
+    """One cluster's state: the round's figures and its parts."""
 
     __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "emergency",
                  "versions",

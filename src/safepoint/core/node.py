@@ -1,8 +1,8 @@
 """One node's active holds, identity and figures, and the rules that change them.
 
-The node stage of the job keeps one ``NodeState`` per (cluster, node) and calls
-``NodeState.apply`` for each of the node's events, in offset order. What the cluster stage
-needs to know comes out as a ``NodeUpdate``: a compact summary, never the whole hold set.
+``engine.step`` hands each of a node's events, in offset order, to the node's ``NodeState``
+(``NodeState.apply``). What its cluster needs to know comes out as a ``NodeUpdate``: a compact
+summary, never the whole hold set.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The named records the two stages keep and hand over: open holds, blockers and node summaries.
+"""The named records a node's and a cluster's state keep, and what a node tells its cluster:
+open holds, blockers, a cluster's record of each node, and the ``NodeUpdate`` of one event.
 
-Each record is a slotted dataclass or a NamedTuple in memory. In the state store and between the
-stages it is the positional list its ``to_json`` gives (the fields in declaration order, trailing
-optional ones left out), so the layout of each is written down here and nowhere else.
+Each record is a slotted dataclass or a NamedTuple in memory. In the state store a stored record
+is the positional list its ``to_json`` gives (the fields in declaration order, trailing optional
+ones left out), so the layout of each is written down here and nowhere else. A ``NodeUpdate``
+lives only between ``NodeState.apply`` and ``ClusterState.apply_node_update`` (``engine.step``).
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ class NodeRecord:
 
 @dataclass(slots=True)
 class NodeUpdate:
-    """What the cluster stage learns from one applied node event."""
+    """What the cluster learns from one applied node event."""
 
     node: str
     wall_ms: int
@@ -190,30 +192,3 @@ class NodeUpdate:
     """With namespaced holds: [the lowest of what pins every namespace, {namespace: its lowest hold}]."""
     led: list[str] | None = None
     """With ``groups``: the groups it says it leads."""
-
-    def to_json(self) -> list[Any]:
-        return [
-            self.node,
-            self.wall_ms,
-            self.incarnation,
-            self.seq,
-            self.local_min,
-            self.unknown,
-            None if self.blocker is None else self.blocker.to_json(),
-            self.groups,
-            self.opened,
-            self.closed,
-            self.changed,
-            self.signals,
-            self.snapshot,
-            self.floor,
-            *([] if self.ns is None and self.led is None else [self.ns]),
-            *([] if self.led is None else [self.led]),
-        ]
-
-    @classmethod
-    def from_json(cls, data: list[Any]) -> NodeUpdate:
-        node, wall, inc, seq, lmin, unknown, blocker, groups, opened, closed, changed, signals, snapshot, floor, *rest = data
-        return cls(node, wall, inc, seq, lmin, unknown, Blocker.of(blocker), groups, [OpenedHold(*o) for o in opened],
-                   [HoldRef(*c) for c in closed], changed, signals, snapshot, Floor.of(floor), rest[0] if rest else None,
-                   rest[1] if len(rest) > 1 else None)

@@ -1,11 +1,11 @@
 """What pins history, as one status per cluster: the job publishes it, ``replay --status`` writes it.
 
-The status comes in two parts, each computed from one stage's state on cluster time (no clock):
+The status comes in two parts, each computed from one part of the state on cluster time (no clock):
 
-* ``node_status`` (the node stage): one node's figures, its bands, the count of its open holds
+* ``node_status`` (a node's ``NodeState``): one node's figures, its bands, the count of its open holds
   by kind, its own floors (retention bound, groups' published times) and its ``status_holds``
   oldest readers and transactions with their labels;
-* ``cluster_status`` (the cluster stage): the safe point, catalog floor and directive ``seq``,
+* ``cluster_status`` (its ``ClusterState``): the safe point, catalog floor and directive ``seq``,
   the round (aborted or not, and every reason), the blocker, each node's lease and minimum, and
   the active cluster alerts.
 
@@ -162,7 +162,7 @@ def _listed(cs: ClusterState, policy: Policy, now: int | None, never: list[str])
 
 
 def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
-    """The cluster stage's part of a cluster's status."""
+    """The cluster's own part of its status."""
     now = cs.cluster_time
     blocker = None
     records = cs.members.nodes

@@ -1,7 +1,7 @@
 """The status as the job publishes it, followed from its compacted topic.
 
 ``StatusStore`` reads the status topic from its beginning (no consumer group: it never disturbs the
-job or another viewer) and keeps the latest part of every key: ``cluster`` (the cluster stage's
+job or another viewer) and keeps the latest part of every key: ``cluster`` (the cluster's own
 part), ``cluster/node`` (a node's part), each name escaped as ``core/status.status_key`` writes
 it, and ``%job`` (the job driver's progress). ``status(c)`` joins a cluster's parts with
 ``core/status.assemble``, the function ``replay --status`` uses. For the dashboard it also keeps
