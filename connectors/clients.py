@@ -34,6 +34,7 @@ __all__ = [
     "crc32_partition",
     "make_client",
     "end_offsets",
+    "known_ends",
     "make_consumer",
     "read_positions",
     "set_paused",
@@ -334,6 +335,15 @@ class PyConsumer:
         except KafkaError as exc:
             raise ClientError(str(exc)) from exc
 
+    def known_ends(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """Each partition's end as the last fetch response said it (no request; unknown ones left out)."""
+        out = {}
+        for tp in self._tps(topic, partitions):
+            high = self._consumer.highwater(tp)
+            if high is not None:
+                out[tp.partition] = int(high)
+        return out
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -393,6 +403,21 @@ def end_offsets(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[in
 
     return {p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1])
             for p in sorted(partitions)}
+
+
+def known_ends(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+    """Each partition's end offset as the consumer's last fetch response carried it, without a
+    request (partitions not fetched yet are left out), either library."""
+    if isinstance(consumer, PyConsumer):
+        return consumer.known_ends(topic, partitions)
+    from confluent_kafka import TopicPartition
+
+    out = {}
+    for p in partitions:
+        high = int(consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1])
+        if high >= 0:
+            out[p] = high
+    return out
 
 
 def read_positions(consumer: Any, topic: str, partitions: Iterable[int], seen: Mapping[int, int]) -> dict[int, int]:

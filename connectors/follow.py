@@ -42,6 +42,8 @@ class TopicFollower:
         self._consumer: Any = None
         self._next: dict[TP, int] = {}
         """(topic, partition) -> the offset to read next; a negative one: from the first offset there is."""
+        self._first: dict[TP, int] = {}
+        """(topic, partition) -> its first offset, for those not read yet (asked with the ends)."""
         self._idle = IdlePause(idle_s)
 
     # -- assignment -------------------------------------------------------------------------
@@ -95,22 +97,45 @@ class TopicFollower:
         self._consumer.assign([TopicPartition(t, p, offset) for (t, p), offset in self._next.items()])
 
     def _ends(self) -> dict[TP, int]:
+        """Each partition's end offset, asked of the broker now (and the first offset of those not
+        read yet, in the same answer)."""
         from confluent_kafka import TopicPartition
 
-        ends = {tp: int(self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5, cached=False)[1])
-                for tp in self._next}
+        ends = {}
+        for tp in self._next:
+            first, ends[tp] = (int(x) for x in self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5,
+                                                                                    cached=False))
+            if self._next[tp] < 0:
+                self._first[tp] = first
         self.last_poll = time.monotonic()  # the broker answered
         return ends
 
+    def _marks(self) -> dict[TP, int]:
+        """Each partition's end as the last fetch response carried it (no request)."""
+        from confluent_kafka import TopicPartition
+
+        out = {}
+        for tp in self._next:
+            high = int(self._consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1])
+            if high >= 0:
+                out[tp] = high
+        return out
+
     def _positions(self) -> dict[TP, int]:
         """What was read; before the first record of a partition, its first offset (compaction or
-        retention may have moved it on)."""
+        retention may have moved it on: asked of the broker once, then with each ask of the ends)."""
         from confluent_kafka import TopicPartition
 
         out = {}
         for tp, offset in self._next.items():
-            out[tp] = offset if offset >= 0 else int(
-                self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5, cached=False)[0])
+            if offset >= 0:
+                out[tp] = offset
+                continue
+            first = self._first.get(tp)
+            if first is None:
+                first = self._first[tp] = int(
+                    self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5, cached=False)[0])
+            out[tp] = first
         return out
 
     # -- reading ----------------------------------------------------------------------------
@@ -121,18 +146,23 @@ class TopicFollower:
             if self._consumer is None and not self._assign():
                 time.sleep(min(1.0, timeout_s))
                 return []
-            go = self._idle.may_poll(self._ends, self._positions(), self._resume)
+            positions = self._positions()
+            go = self._idle.may_poll(self._ends, positions, self._resume)
             if go is not True:
                 time.sleep(max(0.0, min(float(go), deadline - time.monotonic())))
                 return []
-            msgs = self._consumer.consume(max_messages, max(0.0, min(0.2, deadline - time.monotonic())))
+            # what is known to be there: a read of exactly that returns once it has it, not after the wait
+            want = min(max_messages, self._idle.backlog(positions)) or max_messages
+            msgs = self._consumer.consume(want, max(0.0, min(0.2, deadline - time.monotonic())))
             self.last_poll = time.monotonic()
             out = []
             for m in msgs:
                 if m.error() is None and m.partition() is not None and m.offset() is not None:
-                    self._next[(m.topic(), m.partition())] = m.offset() + 1
+                    tp = (m.topic(), m.partition())
+                    self._next[tp] = m.offset() + 1
+                    self._first.pop(tp, None)
                     out.append(m)
-            self._idle.polled(bool(msgs), self._positions(), self._consumer.unassign)
+            self._idle.polled(bool(msgs), self._positions(), self._consumer.unassign, self._marks())
             return out
         except Exception as exc:  # a broker away or a consumer in a bad state: rebuild it where it stood
             self._rebuild(exc)

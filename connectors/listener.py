@@ -46,6 +46,7 @@ from safepoint.connectors.clients import (
     assign_from_beginning,
     check_client,
     end_offsets,
+    known_ends,
     make_consumer,
     read_positions,
     set_paused,
@@ -238,7 +239,8 @@ class DirectiveListener(NodeDirectivesMixin):
                     elif err.code() == PARTITION_EOF:
                         self._read[msg.partition()] = offset  # an end of partition carries the end offset
                 if self._caught_up:
-                    self._idle.polled(msg is not None, self._positions(), lambda: self._set_paused(True))
+                    self._idle.polled(msg is not None, self._positions(), lambda: self._set_paused(True),
+                                      known_ends(self._consumer, self.topic, self._partitions))
             except CLIENT_ERRORS as exc:
                 msg_text = f"cannot read {self.topic} at {self.bootstrap}: {exc}"
                 raise BrokerError(msg_text) from exc

@@ -41,13 +41,29 @@ def prometheus_missing() -> str | None:
     return None if PROMETHEUS else "Debian's prometheus is not installed (scripts/setup.sh installs it as root)"
 
 
+_READ_FIGURES = """
+// as WebDriver's element text: table cells apart by a space, not a tab
+const text = (el) => (el.innerText || el.textContent || "").replace(/\t/g, " ");
+const out = {page: text(document.body)};
+for (const el of document.querySelectorAll("[data-field]")) out[el.getAttribute("data-field")] = text(el);
+for (const section of document.querySelectorAll("section[data-cluster]")) {
+  const name = section.getAttribute("data-cluster");
+  out[name + ":"] = text(section);
+  for (const el of section.querySelectorAll("[data-field], [data-axis]")) {
+    out[name + ":" + (el.getAttribute("data-field") || el.getAttribute("data-axis"))] = text(el);
+  }
+}
+return out;
+"""
+"""The dashboard's figures as a person sees them, read in one go (see ``dashboard_text``)."""
+
+
 def dashboard_text(url: str, wait_for: list[str], screenshot: Path, timeout_s: float = 60) -> dict[str, str]:
     """Open the dashboard headless, wait until every string of ``wait_for`` is on the page, save a
     screenshot; the page's text and its ``data-field`` figures as a person sees them (also as
     ``cluster:field`` per cluster section, and ``cluster:`` for a section's whole text)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     opts = webdriver.ChromeOptions()
@@ -57,17 +73,13 @@ def dashboard_text(url: str, wait_for: list[str], screenshot: Path, timeout_s: f
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
     try:
         driver.get(url)
-        WebDriverWait(driver, timeout_s).until(
-            lambda d: all(s in d.find_element(By.ID, "clusters").text for s in wait_for))
+        shown = "const el = document.getElementById('clusters'); return el ? el.innerText : '';"
+        WebDriverWait(driver, timeout_s).until(lambda d: all(s in d.execute_script(shown) for s in wait_for))
         driver.save_screenshot(str(screenshot))
-        figures = {el.get_attribute("data-field"): el.text for el in driver.find_elements(By.CSS_SELECTOR, "[data-field]")}
-        for section in driver.find_elements(By.CSS_SELECTOR, "section[data-cluster]"):
-            name = section.get_attribute("data-cluster")
-            figures[f"{name}:"] = section.text
-            for el in section.find_elements(By.CSS_SELECTOR, "[data-field], [data-axis]"):
-                figures[f"{name}:{el.get_attribute('data-field') or el.get_attribute('data-axis')}"] = (
-                    el.text or el.get_attribute("textContent") or "")
-        return {"page": driver.find_element(By.TAG_NAME, "body").text, **figures}
+        # One script reads every figure: the page re-renders on each refresh, so elements found by
+        # one WebDriver call may be gone (stale) by the next; a script runs between two renders.
+        figures: dict[str, str] = driver.execute_script(_READ_FIGURES)
+        return figures
     finally:
         driver.quit()
 

@@ -377,8 +377,10 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
 
     conf = settings.librdkafka()
     auditor = Auditor()
+    # a growing topic is read in rounds of idle_s (connectors/idle.py): the auditor needs no
+    # quarter-second latency, and a round costs an end-offset request per partition
     follower = TopicFollower(conf, [settings.events_topic, settings.directives_topic],
-                             "beginning" if from_beginning else "end", client_id="safepoint-audit")
+                             "beginning" if from_beginning else "end", idle_s=1.0, client_id="safepoint-audit")
     producer = make_producer("confluent", producer_conf(conf, linger_ms=5)) if alerts else None
     quiet_since = time.monotonic()
     last_line = time.monotonic()
