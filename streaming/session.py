@@ -10,8 +10,11 @@ import sys
 from typing import Any
 
 from safepoint.errors import JavaMissingError
+from safepoint.streaming.classes import java_options
 
 __all__ = ["check_java", "build_session", "spark_conf"]
+
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 def check_java() -> str:
@@ -71,6 +74,9 @@ def build_session(
     from pyspark.sql import SparkSession
 
     conf = spark_conf(shuffle_partitions, extra, ui)
+    archive = java_options()  # the class-data archive, where one was made (streaming/classes.py)
+    if archive and "ArchiveClassesAtExit" not in conf.get(DRIVER_JAVA_OPTIONS, ""):
+        conf[DRIVER_JAVA_OPTIONS] = f"{conf.get(DRIVER_JAVA_OPTIONS, '')} {archive}".strip()
     if master not in ("", "submit"):
         _launch_jvm_apart(master, app, conf, log_file)
     builder = SparkSession.builder.appName(app)

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(p, "max-offsets-per-trigger", "most messages one micro-batch reads", int)
     _flag(p, "starting-offsets", "earliest or latest, for a new checkpoint")
     _flag(p, "source-format", "python (no jars) or kafka (Spark's connector)")
-    _flag(p, "shuffle-partitions", "tasks the stateful stages spread over", int)
+    _flag(p, "shuffle-partitions", "tasks the stateful operator spreads its clusters over (1 for one cluster)", int)
     _flag(p, "node-buckets", "map entries a cluster's node state is split into (crc32(node) %% node_buckets; fixed per checkpoint)", int)
     _flag(p, "spark-master", "Spark master URL")
     _flag(p, "spark-ui", "serve Spark's web UI (its address is printed at start)", _bool)
@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--report", default=None, help=f"also write the report as JSON to this file [env {env_name('report')}]")
+
+    p = sub.add_parser("spark-classes", help="build the class-data archive that makes Spark's JVM start faster "
+                       "(once per machine; scripts/setup.sh runs it)")
+    p.add_argument("--if-missing", action="store_true", help="do nothing when this Java and Spark's archive exists")
+    p.add_argument("--path", default=None, help="where to write it [default: under the environment's share/safepoint; "
+                   "SAFEPOINT_SPARK_CLASSES names another path, or off]")
 
     from safepoint.ops.control_cli import add_parsers
 
@@ -345,6 +351,26 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return run_soak(cfg, _env_or(args, "report", None, str))
 
 
+def cmd_spark_classes(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from safepoint.devtools.spark_classes import make_archive
+    from safepoint.streaming.classes import archive_path
+
+    target = Path(args.path) if args.path else archive_path()
+    if target is None:
+        print("spark-classes: SAFEPOINT_SPARK_CLASSES=off, nothing to build", flush=True)
+        return 0
+    if args.if_missing and target.is_file():
+        print(f"spark-classes: {target} is there", flush=True)
+        return 0
+    try:
+        make_archive(target)
+    except RuntimeError as exc:
+        raise SafepointError(str(exc)) from exc
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run benchmarks/bench.py of this source checkout (it is not part of the installed package)."""
     import importlib.util
@@ -366,10 +392,10 @@ EXTRAS = {"pyspark": "job", "pyarrow": "job", "pandas": "job", "fastapi": "serve
           "psutil": "dev", "kafka": "kafka-python"}
 """The extra that brings a module a command needs (pyproject.toml: the bare install is the node client)."""
 COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "serve", "broker": "broker", "demo": "dev",
-                  "soak": "dev", "bench": "dev"}
+                  "soak": "dev", "bench": "dev", "spark-classes": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench}
+COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -164,3 +164,22 @@ def test_the_spark_ui_is_a_setting_and_off_by_default() -> None:
     assert load_settings(environ={"SAFEPOINT_SPARK_UI": "true"}).spark_ui is True
     assert spark_conf(2)["spark.ui.enabled"] == "false"
     assert spark_conf(2, ui=True)["spark.ui.enabled"] == "true"
+
+
+def test_the_class_data_archive_is_used_only_where_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """streaming/classes.py: the JVM options name the archive when the file exists, nothing
+    otherwise; SAFEPOINT_SPARK_CLASSES names another path, or turns it off."""
+    from safepoint.streaming.classes import ENV, archive_path, java_options
+
+    archive = tmp_path / "classes.jsa"
+    monkeypatch.setenv(ENV, str(archive))
+    assert archive_path() == archive
+    assert java_options() == ""
+    archive.write_bytes(b"x")
+    assert java_options().split() == [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", "-Xlog:cds=off",
+                                      "-Xlog:cds+dynamic=off"]
+    monkeypatch.setenv(ENV, "off")
+    assert archive_path() is None and java_options() == ""
+    monkeypatch.delenv(ENV)
+    default = archive_path()
+    assert default is not None and default.name.startswith("spark-classes-") and default.suffix == ".jsa"

@@ -1,0 +1,26 @@
+"""The class-data archive (streaming/classes.py) that setup.sh builds: every Spark JVM the project
+starts maps it, so the session starts seconds sooner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from safepoint.streaming.classes import archive_path
+
+from observers import missing_tool
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_sessions_jvm_maps_the_class_data_archive(spark: Any) -> None:
+    path = archive_path()
+    if path is None or not path.is_file():
+        missing_tool(f"no class-data archive at {path} (scripts/setup.sh builds it: safepoint spark-classes)")
+    jvm = spark.sparkContext._jvm
+    mf = jvm.java.lang.management.ManagementFactory
+    assert f"-XX:SharedArchiveFile={path}" in list(mf.getRuntimeMXBean().getInputArguments())
+    bean = mf.getPlatformMXBean(jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    # false when the JVM could not map it (another Java or Spark): -Xshare:auto then starts without it
+    assert bean.getVMOption("UseSharedSpaces").getValue() == "true"
