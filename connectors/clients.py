@@ -325,7 +325,13 @@ class PyConsumer:
         (self._consumer.pause if paused else self._consumer.resume)(*tps)
 
     def positions(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
-        return {tp.partition: int(self._consumer.position(tp)) for tp in self._tps(topic, partitions)}
+        """The offset each partition is read up to by the caller: records this wrapper holds in its
+        buffer are not read yet (kafka-python's own position is past its whole last batch)."""
+        out = {tp.partition: int(self._consumer.position(tp)) for tp in self._tps(topic, partitions)}
+        for rec in self._buffer:
+            if rec.topic() == topic and rec.partition() in out and rec.offset() >= 0:
+                out[rec.partition()] = min(out[rec.partition()], rec.offset())
+        return out
 
     def ends(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         from kafka.errors import KafkaError
