@@ -111,7 +111,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
                     groups[cluster].extend(pickle.loads(pickle.dumps(items, 5)))
             t1 = time.perf_counter()
             for cluster, items in groups.items():
-                result = run_batch(cluster, clusters.get(cluster), BucketNodes(buckets, lambda b, c=cluster: nodes.get((c, b))),
+                result = run_batch(cluster, clusters.get(cluster), BucketNodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b))),
                                    items, policy, False)
                 if result.cluster is not None:
                     clusters[cluster] = result.cluster

@@ -124,7 +124,7 @@ class ClusterJob(StatefulProcessor):
         with paused():
             items = unpack(rows)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
-            result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(self.buckets, self._bucket),
+            result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
                                items, self.policy, bool(self.accounting_topic), self.start)
             del items
         for bucket, value in result.buckets.items():

@@ -188,7 +188,7 @@ def test_router_groups_by_cluster_and_keeps_dead_letters_apart() -> None:
 
 def _stored_bucket(policy: Policy, buckets: int) -> bytes:
     hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
-    nodes = BucketNodes(buckets, lambda _b: None)
+    nodes = BucketNodes("c1", buckets, lambda _b: None)
     assert not isinstance(nodes.node("c1", "n1").apply(hb, policy), str)
     (value,) = nodes.dump().values()
     return value
@@ -197,15 +197,29 @@ def _stored_bucket(policy: Policy, buckets: int) -> bytes:
 def test_changing_node_buckets_on_a_checkpoint_is_refused() -> None:
     stored = _stored_bucket(Policy(), 8)
     with pytest.raises(ConfigError, match="node_buckets is 4 but this checkpoint's state was written with 8"):
-        BucketNodes(4, lambda _b: stored).node("c1", "n1")
+        BucketNodes("c1", 4, lambda _b: stored).node("c1", "n1")
 
 
 def test_a_state_of_a_newer_version_is_refused() -> None:
+    import msgspec
+
     stored = _stored_bucket(Policy(), 8)
-    assert json.loads(stored)["v"] == 3
-    newer = json.dumps({**json.loads(stored), "v": 4}).encode()
-    with pytest.raises(ConfigError, match="written by a newer safepoint \\(state version 4, this one reads up to 3\\)"):
-        BucketNodes(8, lambda _b: newer).node("c1", "n1")
+    version, buckets, nodes = msgspec.msgpack.decode(stored)
+    assert (version, buckets, len(nodes)) == (4, 8, 1)
+    newer = msgspec.msgpack.encode([5, buckets, nodes])
+    with pytest.raises(ConfigError, match="written by a newer safepoint \\(state version 5, this one reads up to 4\\)"):
+        BucketNodes("c1", 8, lambda _b: newer).node("c1", "n1")
+
+
+def test_a_bucket_of_state_version_3_is_still_read() -> None:
+    """The first layout of one operator wrote a bucket as JSON text, each node by name."""
+    from safepoint.core.batch import decode_bucket
+
+    stored = _stored_bucket(Policy(), 8)
+    (state,) = decode_bucket(stored, "c1", 8)
+    version_3 = json.dumps({"v": 3, "b": 8, "nodes": [state.to_json()]}).encode()
+    (again,) = decode_bucket(version_3, "c1", 8)
+    assert again.to_json() == state.to_json()
 
 
 def test_a_batch_reads_and_writes_only_the_buckets_it_touches() -> None:

@@ -373,20 +373,19 @@ def test_retention_bound_stays_a_signed_64_bit_timestamp() -> None:
     assert run.last_safe_ts() == INT64_MIN + 4_000
 
 
-def test_a_version_1_node_state_migrates_to_named_fields() -> None:
-    """Checkpoints written before the state's fields had names (version 1: "c", "n", "pb", ...)
-    restore to the same state."""
-    from safepoint.core.node import NODE_STATE_KEYS, NodeState
+def test_the_compact_stored_form_names_every_field_and_restores_the_same_state() -> None:
+    """``to_stored`` keeps every field ``to_json`` writes, by position (``STORED_FIELDS``)."""
+    from safepoint.core.node import STORED_FIELDS, NodeState
 
-    run = Run()
+    run = Run(pinned_warning_enter_bytes=100, pinned_warning_exit_bytes=50, band_enter_window_ms=0)
     n1 = single(run)
-    run.feed(n1.open("r", 500, WALL), n1.begin("t", 400, WALL + 1), n1.prepare("t", WALL + 2, "n2", ["n1", "n2"]),
-             n1.hb(WALL + 3, 1_000))
-    now = run.engine.nodes[("default", "n1")].to_json()
-    old_names = {v: k for k, v in NODE_STATE_KEYS.items()}
-    version_1 = {old_names[k]: v for k, v in now.items()}
-    assert "c" in version_1 and "readers" not in version_1
-    assert NodeState.from_json(json.loads(json.dumps(version_1))).to_json() == now
+    run.feed(n1.open("r", 500, WALL, namespace="a"), n1.begin("t", 400, WALL + 1),
+             n1.prepare("t", WALL + 2, "n2", ["n1", "n2"]), n1.hb(WALL + 3, 1_000, pinned_bytes=200))
+    state = run.engine.nodes[("default", "n1")]
+    full = state.to_json()
+    assert set(full) - {"cluster"} <= set(STORED_FIELDS), "every stored field has a place"
+    stored = json.loads(json.dumps(state.to_stored()))
+    assert NodeState.from_stored("default", stored).to_json() == full
 
 
 def test_a_close_that_restarts_the_node_walks_its_holds_again() -> None:

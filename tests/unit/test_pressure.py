@@ -26,9 +26,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from safepoint.core import DIRECTIVES, Engine, NodeState, Output, Policy, Position
+from safepoint.core import DIRECTIVES, Engine, Output, Policy, Position
 from safepoint.core.bands import BandSpec, band_step, new_band
-from safepoint.core.records import Expiry
 
 from core_helpers import EVENTS_TOPIC, NodeClient, Run, check_output, restore_engine, topology, validator
 
@@ -1217,14 +1216,6 @@ def test_a_reader_and_a_transaction_with_one_id_are_two_holds_for_forced_expiry(
     outs = run.feed(n1.hb(T0 + 2_000, 1_000, pinned_bytes=500))
     hard = [o.value for o in outs if o.channel == DIRECTIVES and o.value["type"] == "expire"]
     assert [(e.get("tx_id"), e["mode"]) for e in hard] == [("h1", "hard")]
-
-
-def test_an_older_state_of_expiries_restores() -> None:
-    data = {"c": "default", "n": "n1", "i": 0, "s": 1, "w": T0, "r": {"r1": [5, T0, None, 0]},
-            "ex": {"r1": ["reader", "graceful", T0]}}  # state version 1, before kinds were told apart
-    restored = NodeState.from_json(json.loads(json.dumps(data)))
-    assert restored.pressure.expiries == {"reader/r1": Expiry("reader", "graceful", T0, "r1")}
-    assert "ex" not in restored.to_json() and restored.to_json()["expiries"] == {"reader/r1": ["reader", "graceful", T0, "r1"]}
 
 
 def test_wall_ms_zero_is_a_time_for_the_in_doubt_timer() -> None:

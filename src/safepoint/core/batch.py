@@ -24,6 +24,8 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+import msgspec
+
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import APPLIED, DEADLETTERED, step
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
@@ -66,9 +68,9 @@ METRICS: tuple[str, ...] = (
 )
 """The per-batch accounting counters (the query's observedMetrics["accounting"])."""
 
-BUCKET_STATE_VERSION = 3
-"""The layout of a bucket's stored value: {"v", "b": buckets, "nodes": [NodeState json]}. A newer
-version than this one is refused."""
+BUCKET_STATE_VERSION = 4
+"""The layout of a bucket's stored value (see "the stored forms" below); 3: JSON text, still read. A
+newer version than this one is refused."""
 
 
 class DeadLetterPayload(NamedTuple):
@@ -160,7 +162,8 @@ class BucketNodes:
     """One cluster's node states, read bucket by bucket from stored values as a batch touches them
     (``engine.NodeSource``). ``load(bucket)`` gives a bucket's stored value or None."""
 
-    def __init__(self, buckets: int, load: Callable[[int], bytes | None]) -> None:
+    def __init__(self, cluster: str, buckets: int, load: Callable[[int], bytes | None]) -> None:
+        self.cluster = cluster
         self.buckets = buckets
         self.load = load
         self.loaded: dict[int, dict[str, NodeState]] = {}
@@ -182,7 +185,7 @@ class BucketNodes:
         return state
 
     def decode(self, stored: bytes | None) -> dict[str, NodeState]:
-        return {} if stored is None else {ns.node: ns for ns in decode_bucket(stored, self.buckets)}
+        return {} if stored is None else {ns.node: ns for ns in decode_bucket(stored, self.cluster, self.buckets)}
 
     def dump(self) -> dict[int, bytes]:
         """The stored value of every bucket the batch touched."""
@@ -191,35 +194,47 @@ class BucketNodes:
 
 
 # -- the stored forms -----------------------------------------------------------------------
+#
+# Binary (MessagePack): a bucket is [version, node_buckets, [each node's compact stored form
+# (NodeState.to_stored: its fields by position)]]; a cluster is ClusterState.to_json's value.
+# Values of state version 3 (JSON text, the first layout of one operator) are still read.
+
+_PACK = msgspec.msgpack.Encoder()
+_UNPACK = msgspec.msgpack.Decoder()
 
 
 def encode_bucket(nodes: Iterable[NodeState], buckets: int) -> bytes:
-    """A bucket's stored value: the states of its nodes."""
-    return json.dumps({"v": BUCKET_STATE_VERSION, "b": buckets, "nodes": [ns.to_json() for ns in nodes]},
-                      separators=(",", ":")).encode()
+    """A bucket's stored value: the states of its nodes, each in its compact form."""
+    return _PACK.encode([BUCKET_STATE_VERSION, buckets, [ns.to_stored() for ns in nodes]])
 
 
-def decode_bucket(stored: bytes, buckets: int) -> list[NodeState]:
+def decode_bucket(stored: bytes, cluster: str, buckets: int) -> list[NodeState]:
     """The node states of a bucket's stored value (refused: another ``node_buckets``, a newer version)."""
-    data = json.loads(stored)
-    if data.get("v", 1) > BUCKET_STATE_VERSION:
-        msg = (f"this checkpoint's state was written by a newer safepoint (state version {data['v']}, this one "
+    if stored[:1] == b"{":  # state version 3: JSON, each node by name
+        data = json.loads(stored)
+        version, written_with, nodes = data.get("v", 1), data.get("b"), data["nodes"]
+    else:
+        version, written_with, nodes = _UNPACK.decode(stored)
+    if version > BUCKET_STATE_VERSION:
+        msg = (f"this checkpoint's state was written by a newer safepoint (state version {version}, this one "
                f"reads up to {BUCKET_STATE_VERSION}): run that version, or start from a new checkpoint")
         raise ConfigError(msg)
-    if data.get("b") != buckets:
-        msg = (f"node_buckets is {buckets} but this checkpoint's state was written with {data.get('b')}: "
+    if written_with != buckets:
+        msg = (f"node_buckets is {buckets} but this checkpoint's state was written with {written_with}: "
                "keep the old value or start from a new checkpoint")
         raise ConfigError(msg)
-    return [NodeState.from_json(raw) for raw in data["nodes"]]
+    if version < 4:
+        return [NodeState.from_json(raw) for raw in nodes]
+    return [NodeState.from_stored(cluster, raw) for raw in nodes]
 
 
 def encode_cluster(state: ClusterState) -> bytes:
     """A cluster's stored value."""
-    return json.dumps(state.to_json(), separators=(",", ":")).encode()
+    return _PACK.encode(state.to_json())
 
 
 def decode_cluster(stored: bytes) -> ClusterState:
-    return ClusterState.from_json(json.loads(stored))
+    return ClusterState.from_json(json.loads(stored) if stored[:1] == b"{" else _UNPACK.decode(stored))
 
 
 Emitted = tuple[str | None, str, dict[str, Any]]

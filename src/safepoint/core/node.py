@@ -10,14 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from safepoint.core.cost import History
-from safepoint.core.ids import join_id
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import Holds, Pressure
 from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
-           "NODE_STATE_KEYS"]
+           "STORED_FIELDS"]
 
 IGNORED_DUPLICATE = "duplicate"
 IGNORED_OLDER_SEQ = "older_seq"
@@ -25,11 +24,13 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
 
-NODE_STATE_KEYS = {  # the stored form's version 1 key -> today's (``from_json`` reads and migrates version 1)
-    "c": "cluster", "n": "node", "i": "incarnation", "s": "seq", "w": "last_wall_ms", "r": "readers", "t": "txs",
-    "m": "mvcc_now", "g": "groups", "p": "pinned_bytes", "d": "debt_bytes", "x": "summary", "pb": "pinned_band",
-    "ab": "age_band", "id": "in_doubt", "xp": "expiries", "ew": "expire_walls",
-}
+STORED_FIELDS = (
+    "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
+    "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
+    "admission", "history",
+)
+"""The positional stored form's layout (``to_stored``): ``to_json``'s fields in this order, absent ones
+as null, trailing ones left out; the cluster is the state value's own (its key)."""
 
 
 class NodeState:
@@ -105,12 +106,22 @@ class NodeState:
                 data[key] = value
         return data
 
+    def to_stored(self) -> list[Any]:
+        """The compact stored form: ``to_json``'s fields by position (``STORED_FIELDS``), without the cluster."""
+        data = self.to_json()
+        stored = [data.get(f) for f in STORED_FIELDS]
+        while stored[-1] is None:
+            stored.pop()
+        return stored
+
+    @classmethod
+    def from_stored(cls, cluster: str, stored: list[Any]) -> NodeState:
+        data = {f: v for f, v in zip(STORED_FIELDS, stored, strict=False) if v is not None}
+        data["cluster"] = cluster
+        return cls.from_json(data)
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeState:
-        if "c" in data:  # version 1: short keys
-            if "ex" in data:  # before readers and transactions sharing an id were told apart: keyed by the id alone
-                data["xp"] = {join_id(v[0], hid): [*v[:3], hid] for hid, v in data.pop("ex").items()}
-            data = {NODE_STATE_KEYS[k]: v for k, v in data.items()}
         state = cls(data["cluster"], data["node"])
         state.incarnation = data["incarnation"]
         state.seq = data["seq"]
