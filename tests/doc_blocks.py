@@ -52,8 +52,8 @@ def block(doc: str, prefix: str) -> Block:
 CLAIMS: dict[tuple[str, str], str] = {
     ("docs/operations.md", "from safepoint.errors import AdmissionRefused"):
         "tests/integration/test_client.py::test_the_guides_report_is_admitted_throttled_and_refused_by_the_band",
-    ("README.md", "./scripts/demo.sh --duration 120"):
-        "tests/integration/test_demo.py::test_the_readmes_demo_command_gives_directives_and_ends_soon_after_it_says_so",
+    ("README.md", "./scripts/demo.sh"):
+        "tests/integration/test_demo.py::test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c",
     ("README.md", "./scripts/test.sh"): "tests/unit/test_doc_blocks.py::test_ci_runs_the_readmes_test_command",
     ("README.md", "pip install ."): "tests/integration/test_bare_install.py::test_the_bare_package_is_the_node_client",
     ("README.md", "from safepoint.connectors.reporter import Reporter"):

@@ -67,7 +67,9 @@ def spark() -> Iterator[Any]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # tests stay on loopback
     from safepoint.streaming.session import build_session
 
-    session = build_session(master="local[2]", shuffle_partitions=2, app="safepoint-tests")
+    # the whole offset log kept, as job_env keeps it for a job process: the verifier rebuilds every batch from it
+    session = build_session(master="local[2]", shuffle_partitions=2, app="safepoint-tests",
+                            extra={"spark.sql.streaming.minBatchesToRetain": "1000000"})
     try:
         yield session
     finally:

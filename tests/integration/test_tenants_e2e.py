@@ -15,7 +15,7 @@ from safepoint.connectors.listener import DirectiveListener, compact_up_to
 from safepoint.connectors.reporter import Reporter
 from safepoint.errors import ReaderRefused
 
-from tests_support import JOB_START_TIMEOUT_S, JobProcess, caught_up, job_flags, make_settings, topic_ends, verify, wait_for
+from tests_support import JOB_START_TIMEOUT_S, QueryJob, caught_up, make_settings, topic_ends, verify, wait_for
 
 pytestmark = pytest.mark.integration
 RETENTION_US = 1_000_000  # one second of a microsecond MVCC clock
@@ -25,10 +25,10 @@ def mvcc_now() -> int:
     return time.time_ns() // 1_000
 
 
-def test_a_tenants_long_reader_holds_only_its_namespace(broker: Any, tmp_path: Path) -> None:
+def test_a_tenants_long_reader_holds_only_its_namespace(broker: Any, spark: Any, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap, "tenants", 1, retention=RETENTION_US, node_lease_ms=2_000, trigger_ms=200)
     ckpt = tmp_path / "ckpt"
-    job = JobProcess(job_flags(settings, ckpt), tmp_path / "job.log")
+    job = QueryJob(spark, settings, ckpt)
     rep = Reporter(broker.bootstrap, "n1", cluster="c1", mvcc_clock=mvcc_now, topic=settings.events_topic)
     listener = DirectiveListener(broker.bootstrap, "c1", topic=settings.directives_topic, reporter=rep).start()
     try:

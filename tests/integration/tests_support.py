@@ -434,12 +434,12 @@ def caught_up(ckpt: Path, ends: dict[int, int]) -> bool:
     return all(done.get(p, 0) >= n for p, n in ends.items())
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, job: JobProcess | None = None,
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, job: JobProcess | QueryJob | None = None,
              every_s: float = 0.05) -> None:
     deadline = time.monotonic() + timeout_s
     while not cond():
         if job is not None and not job.alive():
-            pytest.fail(f"the job exited ({job.proc.returncode}) while waiting for {what}:\n{job.tail()}")
+            pytest.fail(f"the job ended ({job.ended()}) while waiting for {what}:\n{job.tail()}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}" + (f":\n{job.tail()}" if job else ""))
         time.sleep(every_s)
@@ -479,6 +479,9 @@ class JobProcess:
         keep = [ln for ln in lines if "TransformWithStateInPandas" not in ln and ln.strip()]
         return "\n".join(keep[-n:])
 
+    def ended(self) -> str:
+        return f"exit {self.proc.returncode}"
+
     def kill9(self) -> None:
         """SIGKILL the driver, its JVM and every Python worker the JVM started."""
         try:
@@ -506,6 +509,33 @@ class JobProcess:
             except subprocess.TimeoutExpired:
                 self.kill9()
         return self.proc.returncode
+
+
+class QueryJob:
+    """The job as a query on this test worker's shared Spark session: what a test needs of a running
+    job (its outputs, its checkpoint) without the half minute a JVM of its own costs. A test that
+    signals, kills or restarts the job, or runs ``safepoint run`` itself, uses ``JobProcess``."""
+
+    def __init__(self, spark: Any, settings: Settings, ckpt: Path) -> None:
+        from safepoint.streaming.job import build_query
+
+        self.query = build_query(spark, settings, str(ckpt))
+
+    def alive(self) -> bool:
+        return bool(self.query.isActive)
+
+    def ended(self) -> str:
+        return f"query stopped: {self.query.exception()}"
+
+    def tail(self, n: int = 40) -> str:
+        progress = self.query.lastProgress or {}
+        return f"query active={self.query.isActive}, exception={self.query.exception()}, last batch {progress.get('batchId')}"
+
+    def stop(self) -> int:
+        """Stop the query; 0 when it had not failed."""
+        failed = self.query.exception() is not None
+        self.query.stop()
+        return 1 if failed else 0
 
 
 def job_flags(settings: Settings, ckpt: Path, **extra: Any) -> dict[str, Any]:

@@ -73,22 +73,25 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         view = LiveView(settings, expiries)
         last_print = 0.0
         last_batch = None
-        while duration_s is None or time.monotonic() - start < duration_s:
-            view.poll(1.0)
-            if not query.isActive:
-                print(f"the job stopped: {query.exception()}", file=sys.stderr)
-                return 1
-            if not sim_thread.is_alive() and (duration_s is None or time.monotonic() - start < duration_s - 1):
-                print("the simulator stopped early (its error is printed above); stopping the demo", file=sys.stderr)
-                return 1
-            prog = query.lastProgress
-            job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
-            if prog and prog["batchId"] != last_batch:
-                last_batch = prog["batchId"]
-                surface.batch(prog, batch_accounting(prog), messages_in(prog))
-            group = view.render(f"safepoint demo ({nodes} nodes, {rate:.0f} events/s)",
-                                f"t+{time.monotonic() - start:.0f}s   job: {job}")
-            last_print = show(group, tty, last_print)
+        try:
+            while duration_s is None or time.monotonic() - start < duration_s:
+                view.poll(1.0)
+                if not query.isActive:
+                    print(f"the job stopped: {query.exception()}", file=sys.stderr)
+                    return 1
+                if not sim_thread.is_alive() and (duration_s is None or time.monotonic() - start < duration_s - 1):
+                    print("the simulator stopped early (its error is printed above); stopping the demo", file=sys.stderr)
+                    return 1
+                prog = query.lastProgress
+                job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
+                if prog and prog["batchId"] != last_batch:
+                    last_batch = prog["batchId"]
+                    surface.batch(prog, batch_accounting(prog), messages_in(prog))
+                group = view.render(f"safepoint demo ({nodes} nodes, {rate:.0f} events/s)",
+                                    f"t+{time.monotonic() - start:.0f}s   job: {job}")
+                last_print = show(group, tty, last_print)
+        except KeyboardInterrupt:  # Ctrl-C ends the demo as its duration does: the summary, then a clean stop
+            print(flush=True)
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
             print(f"  cluster {name}: seq {d['seq']} safe_ts {d['safe_ts']}", flush=True)
@@ -97,7 +100,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         if audit_box:
             print(audit_box[0].summary(), flush=True)
         return 0 if view.count > 0 and not (audit_box and audit_box[0].violations) else 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the live view ran: nothing to sum up
         return 0
     finally:
         if view is not None:
