@@ -83,9 +83,10 @@ class Policy:
     # -- the status (``core/status.py``) --------------------------------------------------------
     status_holds: int = 20
     """Oldest readers and transactions of each node kept in the status (0: no status at all)."""
-    status_nodes: int = 1_000
+    status_nodes: int = 100
     """Nodes whose lease and minimum the cluster's status record lists: those with a problem first,
-    then the lowest minimums (the rest are filled in from their own records); bounds its size."""
+    then the lowest minimums (the rest are filled in from their own records); bounds its size. The
+    record goes out every micro-batch: at 1,000 nodes, listing all took 160 ms of a 1,076 ms batch."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
