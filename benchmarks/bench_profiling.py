@@ -154,7 +154,7 @@ _PYSPY_GROUPS = [
     ("batch logic: routing, staging, state JSON, log-order merge (core/batch.py)", lambda f: "safepoint/core/batch.py" in f),
     ("processors: (un)pickling packed rows, Row fields (streaming/processors.py)", lambda f: "streaming/processors.py" in f),
     ("source: Kafka read (kafka_source.py read)", lambda f: "kafka_source.py" in f and f.startswith(("read ", "KafkaStreamReader.read "))),
-    ("sink: Kafka write (kafka_sink.py write)", lambda f: "kafka_sink.py" in f),
+    ("Kafka produce (kafka_sink.py deliver)", lambda f: "kafka_sink.py" in f),
     ("source: driver-side offsets, planning, commit (kafka_source.py)", lambda f: "kafka_source.py" in f),
     ("pyspark: Arrow -> Row, cell by cell (worker.py generate_data_batches)", lambda f: "generate_data_batches" in f),
     ("pyspark: Row -> Arrow of the outputs (worker.py convert_results)", lambda f: "convert_results" in f),

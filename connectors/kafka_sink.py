@@ -20,7 +20,7 @@ from safepoint.connectors.clients import CONFLUENT
 from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
 from safepoint.gcfreeze import freeze_once
 
-__all__ = ["KafkaStreamWriter", "client_conf"]
+__all__ = ["KafkaStreamWriter", "client_conf", "deliver"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,62 @@ def _slot(options: Mapping[str, str]) -> ProducerSlot:
     return slot
 
 
+def deliver(options: Mapping[str, str], rows: list[tuple[str, Any, Any]], flush_timeout_s: float = 60.0) -> int:
+    """Produce ``rows`` (topic, key, value) in order and wait for every delivery (``poll()`` until
+    the flush timeout, not ``flush()``); return how many. A fatal producer error drops the
+    producer and sends again, on a new one, every row whose delivery was not confirmed (at most
+    ``_MAX_PRODUCER_REBUILDS`` times); any other failure raises, so that Spark retries the task.
+    The sink's tasks and the job's operator (``streaming/processors.py``) both send this way."""
+    if not rows:
+        return 0
+    freeze_once()
+    from confluent_kafka import KafkaException
+
+    slot = _slot(options)
+    pending = list(range(len(rows)))
+    rebuilds = 0
+    while True:
+        deliveries = Deliveries()
+        error: BaseException | None = None
+        try:
+            _send(slot.producer, rows, pending, deliveries, flush_timeout_s)
+        except (KafkaException, BufferError, SystemError) as exc:
+            error = exc
+        delivered = deliveries.reports
+        fatal = (error is not None and is_fatal_exception(error)) or deliveries.fatal
+        if fatal and rebuilds < _MAX_PRODUCER_REBUILDS:
+            slot.rebuild()
+            rebuilds += 1
+            pending = [i for i in pending if i not in delivered or delivered[i] is not None]
+            log.warning("the Kafka producer failed fatally (%s); sending %d message(s) again on a new one",
+                        error or "delivery error", len(pending))
+            continue
+        if error is not None:
+            slot.drop()
+            msg = f"producing to Kafka failed: {error}"
+            raise RuntimeError(msg) from error
+        failures = [f"{rows[i][0]}: {err}" for i, err in delivered.items() if err is not None]
+        remaining = len(pending) - len(delivered)
+        if remaining or failures:
+            slot.drop()
+            msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
+            raise RuntimeError(msg)
+        return len(rows)
+
+
+def _send(producer: Any, rows: list[tuple[str, Any, Any]], pending: list[int], deliveries: Deliveries,
+          flush_timeout_s: float) -> None:
+    """Produce ``rows[i]`` for each pending ``i`` in order, then poll until each has its delivery
+    report or the flush timeout has passed."""
+    for i in pending:
+        topic, key, value = rows[i]
+        producer.produce(topic, value=value, key=key, on_delivery=deliveries.callback(i))
+        producer.poll(0)
+    deadline = time.monotonic() + flush_timeout_s
+    while len(deliveries.reports) < len(pending) and time.monotonic() < deadline:
+        producer.poll(_DELIVERY_POLL_S)
+
+
 class KafkaWriterCommit(WriterCommitMessage):
     def __init__(self, count: int) -> None:
         self.count = count
@@ -62,55 +118,9 @@ class KafkaStreamWriter(DataSourceStreamWriter):
         self.flush_timeout_s = float(self.options.get("flushtimeoutseconds", self.options.get("flushTimeoutSeconds", "60")))
 
     def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
-        """Produce the task's rows and wait for every delivery (``poll()`` until the flush
-        timeout, not ``flush()``). A fatal producer error drops the producer and sends again, on a
-        new one, every row whose delivery was not confirmed (at most ``_MAX_PRODUCER_REBUILDS``
-        times); any other failure fails the task so that Spark retries it."""
-        freeze_once()
-        from confluent_kafka import KafkaException
-
-        slot = _slot(self.options)
+        """Produce the task's rows and wait for every delivery (see ``deliver``)."""
         rows = [(row["topic"], row["key"], row["value"]) for row in iterator]
-        pending = list(range(len(rows)))
-        rebuilds = 0
-        while True:
-            deliveries = Deliveries()
-            error: BaseException | None = None
-            try:
-                self._send(slot.producer, rows, pending, deliveries)
-            except (KafkaException, BufferError, SystemError) as exc:
-                error = exc
-            delivered = deliveries.reports
-            fatal = (error is not None and is_fatal_exception(error)) or deliveries.fatal
-            if fatal and rebuilds < _MAX_PRODUCER_REBUILDS:
-                slot.rebuild()
-                rebuilds += 1
-                pending = [i for i in pending if i not in delivered or delivered[i] is not None]
-                log.warning("the Kafka producer failed fatally (%s); sending %d message(s) again on a new one",
-                            error or "delivery error", len(pending))
-                continue
-            if error is not None:
-                slot.drop()
-                msg = f"producing to Kafka failed: {error}"
-                raise RuntimeError(msg) from error
-            failures = [f"{rows[i][0]}: {err}" for i, err in delivered.items() if err is not None]
-            remaining = len(pending) - len(delivered)
-            if remaining or failures:
-                slot.drop()
-                msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
-                raise RuntimeError(msg)
-            return KafkaWriterCommit(len(rows))
-
-    def _send(self, producer: Any, rows: list[tuple[str, Any, Any]], pending: list[int], deliveries: Deliveries) -> None:
-        """Produce ``rows[i]`` for each pending ``i`` in order, then poll until each has its
-        delivery report or the flush timeout has passed."""
-        for i in pending:
-            topic, key, value = rows[i]
-            producer.produce(topic, value=value, key=key, on_delivery=deliveries.callback(i))
-            producer.poll(0)
-        deadline = time.monotonic() + self.flush_timeout_s
-        while len(deliveries.reports) < len(pending) and time.monotonic() < deadline:
-            producer.poll(_DELIVERY_POLL_S)
+        return KafkaWriterCommit(deliver(self.options, rows, self.flush_timeout_s))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
         """Each task flushed its own messages before reporting success."""

@@ -4,7 +4,8 @@
       (or Spark's kafka source, then the Router as a mapInArrow)
     -> group by cluster -> ClusterJob                          (streaming/processors.py ->
                                                                  core/batch.py run_batch)
-    -> sink (topic, key, value)                                (connectors/kafka_sink.py)
+       which produces its outputs when its task ends           (connectors/kafka_sink.py deliver)
+    -> noop sink (Spark's kafka format: Spark's Kafka sink writes the (topic, key, value) rows)
 
 ``ClusterJob`` is the one stateful operator (``transformWithState`` on the RocksDB state store);
 the rules it runs live in the pure core: ``run_batch`` runs ``engine.step``, replay's own loop,
@@ -144,15 +145,25 @@ def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start:
 
 def _stateful_stage(routed: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
     """Group by cluster -> ClusterJob (no timers, append) -> the accounting counters observed from
-    its counter rows, which are then dropped -> the sink's columns."""
+    its counter rows, which are then dropped -> the sink's columns. With the Python source the
+    operator produces its outputs itself (``produce_in_operator``) and only counter rows come out."""
     from pyspark.sql import functions as F
 
-    job = ClusterJob(policy, settings.node_buckets, settings.topics(), settings.accounting_topic, start)
+    produce = kafka_options(settings, builtin=False) if produce_in_operator(settings) else None
+    job = ClusterJob(policy, settings.node_buckets, settings.topics(), settings.accounting_topic, start, produce)
     rows = routed.groupBy("cluster").transformWithState(
         statefulProcessor=job, outputStructType=OUTPUT_SCHEMA, outputMode="Append", timeMode="None"
     )
     rows = rows.observe(ACCOUNTING, *accounting_metrics())
     return rows.where(F.col("topic") != "").select(*SINK_COLUMNS)
+
+
+def produce_in_operator(settings: Settings) -> bool:
+    """Whether ``ClusterJob`` produces to Kafka itself, behind a ``noop`` sink: with the Python
+    source (``source_format = "python"``). Its outputs then skip a second Python worker per task
+    (the sink's writer), the trip through the JVM to reach it and the sink's planning workers;
+    Spark's ``kafka`` format keeps Spark's own Kafka sink."""
+    return settings.source_format == "python"
 
 
 def start_plan(spark: Any, settings: Settings, checkpoint: str) -> StartPlan | None:
@@ -198,10 +209,12 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
         outputs = _stateful_stage(read_events(spark, settings, policy), settings, policy, start)
     else:
         outputs = _route_in_spark(read_events(spark, settings), settings, policy, start)
-    builtin = settings.source_format == "kafka"
-    writer = outputs.writeStream.format("kafka" if builtin else "safepoint_kafka").queryName(QUERY_NAME)
-    for k, v in kafka_options(settings, builtin).items():
-        writer = writer.option(k, v)
+    if produce_in_operator(settings):
+        writer = outputs.writeStream.format("noop").queryName(QUERY_NAME)
+    else:
+        writer = outputs.writeStream.format("kafka").queryName(QUERY_NAME)
+        for k, v in kafka_options(settings, builtin=True).items():
+            writer = writer.option(k, v)
     return (
         writer.option("checkpointLocation", checkpoint)
         .outputMode("append")

@@ -5,9 +5,9 @@ after Spark's kafka source) and calls ``core.batch.route``: one packed row per c
 batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it calls
 ``core.batch.run_batch`` over the cluster's messages of the batch, with the cluster's state in a
 value and its nodes' in a map of buckets (read and written only when the batch touches them), and
-turns the outputs into the sink's (topic, key, value) rows, plus one row of the batch's
-accounting counters. Neither holds a rule: they unpickle, read and write state values, and
-translate rows. Packed rows (pickled ``Routed`` records) live only inside one micro-batch.
+produces the outputs itself when its task ends (``produce``; behind Spark's Kafka sink it
+returns them as (topic, key, value) rows instead), plus one row of the batch's accounting
+counters. Neither holds a rule: they unpickle, read and write state values, and translate rows. Packed rows (pickled ``Routed`` records) live only inside one micro-batch.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
+from safepoint.connectors.kafka_sink import deliver
 from safepoint.core.batch import METRICS, BucketNodes, Routed, route, run_batch
 from safepoint.core.codec import encode
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
@@ -97,13 +98,16 @@ class ClusterJob(StatefulProcessor):
     """One cluster's micro-batch through the core: its state a value, its nodes' a map of buckets."""
 
     def __init__(self, policy: dict[str, Any], buckets: int, topics: dict[str, str], accounting_topic: str = "",
-                 start: dict[str, Any] | None = None) -> None:
+                 start: dict[str, Any] | None = None, produce: dict[str, str] | None = None) -> None:
         self.policy_dict = policy
         self.buckets = buckets
         self.topics = topics
         self.accounting_topic = accounting_topic
         self.start_dict = start
         """``StartPlan.to_json()``: how clusters without state start (a start on empty state)."""
+        self.produce = produce
+        """The Kafka options (``bootstrap.servers``, ``kafka.*``) when the operator produces its
+        outputs itself (the query's sink is then ``noop``); None: it returns them as rows."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_once()
@@ -115,6 +119,7 @@ class ClusterJob(StatefulProcessor):
         self.channel_topic = {DIRECTIVES: topics["directives"], ALERTS: topics["alerts"],
                               DEADLETTER: topics["deadletter"], STATUS: topics.get("status", ""),
                               None: self.accounting_topic}
+        self.outbox: list[tuple[str, str | None, str]] = []
 
     def _bucket(self, bucket: int) -> bytes | None:
         value = self.nodes.getValue((bucket,))
@@ -132,9 +137,17 @@ class ClusterJob(StatefulProcessor):
         if result.cluster is not None:
             self.cluster.update((result.cluster,))
         topics = self.channel_topic
-        for channel, okey, ovalue in result.outputs:
-            yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
+        if self.produce is not None:
+            self.outbox.extend((topics[channel], okey, encode(ovalue)) for channel, okey, ovalue in result.outputs)
+        else:
+            for channel, okey, ovalue in result.outputs:
+                yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
         yield Row(topic="", key=None, value="", **result.counts)
 
     def close(self) -> None:
-        pass
+        """At the end of the task, before Spark commits its state: with ``produce``, send what the
+        task's clusters emitted and wait for every delivery. A failure raises, the task fails and
+        its state is not committed, so Spark runs the batch again (at-least-once, as the sink)."""
+        if self.produce is not None and self.outbox:
+            outbox, self.outbox = self.outbox, []
+            deliver(self.produce, outbox)

@@ -13,6 +13,12 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def topic_flags(tag: str, *more: str) -> dict[str, str]:
+    """Settings flags naming a test's own events, directives, alerts and dead-letter topics (and
+    ``more`` of them, e.g. ``status``) after ``tag``."""
+    return {f"{name}_topic": f"{tag}.{name}" for name in ("events", "directives", "alerts", "deadletter", *more)}
+
+
 def produce(bootstrap: str, topic: str, messages: list[tuple[str | None, Any]]) -> None:
     """Produce (key, value) pairs in order; value dicts are JSON-encoded, bytes/str sent as is."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})

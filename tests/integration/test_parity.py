@@ -17,7 +17,7 @@ from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, messages_in
 
-from kafka_util import produce, read_topic, unique
+from kafka_util import produce, read_topic, topic_flags, unique
 
 pytestmark = pytest.mark.integration
 
@@ -84,10 +84,8 @@ def as_message(ev: Any) -> tuple[str | None, Any]:
 
 def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: Any, tmp_path: Any) -> None:
     tag = unique("parity")
-    settings = load_settings(flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
-        "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": 1_000_000,
-        "node_lease_ms": 3_000, "directive_interval_ms": 200}, environ={})
+    settings = load_settings(flags={"bootstrap": broker.bootstrap, **topic_flags(tag), "retention": 1_000_000,
+                                    "node_lease_ms": 3_000, "directive_interval_ms": 200}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3))
     cfg = SimConfig(nodes=6, rate=300, long_reader_share=0.01, long_reader_ms=(1_000, 6_000),
                     restart_per_node_per_min=3.0, groups_per_node=1)
@@ -133,6 +131,57 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
     for i, e in enumerate(log):
         file_engine.process(as_message(e)[1], Position("file", 0, i))
     assert file_engine.clusters["default"].safe_ts == final
+
+
+def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: Any, spark: Any, tmp_path: Any) -> None:
+    """The operator produces its own outputs when its task ends, before Spark commits the state. A
+    delivery that fails (here: the status topic's name is one the broker refuses) must fail the
+    batch with nothing committed; run again, the batch sends everything: what the failed run had
+    delivered repeats a part of what replay emits, and the rerun's outputs are all of it."""
+    from dataclasses import replace
+
+    from pyspark.errors import StreamingQueryException
+
+    tag = unique("redo")
+    settings = load_settings(flags={"bootstrap": broker.bootstrap, **topic_flags(tag, "status"), "retention": 1_000_000,
+                                    "node_lease_ms": 3_000, "directive_interval_ms": 200}, environ={})
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    log = drained(generate_log(SimConfig(nodes=4, rate=200), 8_000, seed=11), random.Random(11))
+    half = len(log) // 2
+    ckpt = tmp_path / "ckpt"
+
+    def run(phase_settings: Any) -> None:
+        q = build_query(spark, phase_settings, str(ckpt))
+        try:
+            q.processAllAvailable()
+        finally:
+            q.stop()
+
+    def directives() -> list[str]:
+        return [encode({k: v for k, v in m.items() if k != "key"}) for m in read_topic(broker.bootstrap, settings.directives_topic)]
+
+    produce(broker.bootstrap, settings.events_topic, [as_message(e) for e in log[:half]])
+    run(settings)
+    first = directives()
+    produce(broker.bootstrap, settings.events_topic, [as_message(e) for e in log[half:]])
+    with pytest.raises(StreamingQueryException, match="(Invalid|Unknown) topic"):
+        run(replace(settings, status_topic="refused/status"))
+    assert sorted(p.name for p in (ckpt / "commits").iterdir() if p.name.isdigit()) == ["0"], \
+        "the failed batch was committed"
+    failed = directives()[len(first):]
+    run(settings)
+
+    engine = Engine(settings.policy())
+    expected = []
+    for r in merge_log_order(_rows_since(broker.bootstrap, settings.events_topic, {}), *BY_NAME):
+        for o in engine.process(r["value"], Position(settings.events_topic, r["partition"], r["offset"], r["key"])):
+            if o.channel == "directives":
+                expected.append(encode(o.value))
+    got = directives()
+    n = len(first)
+    assert got[:n] == expected[:n], "the first batch, as replay"
+    assert failed == expected[n:n + len(failed)], "what the failed run delivered (if any) is the batch's start, in order"
+    assert got[n + len(failed):] == expected[n:], "the rerun sent all of the batch's directives"
 
 
 def _ends(bootstrap: str, topic: str) -> dict[int, int]:
