@@ -22,9 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from safepoint.streaming.java import java_binary, java_version_text
 
 __all__ = ["ENV", "archive_path", "java_options"]
 
@@ -36,12 +37,8 @@ def _key() -> str:
     """What an archive is bound to: the Java runtime, the Spark version and its jars."""
     import pyspark
 
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else "java"
-    try:
-        version = subprocess.run([java, "-version"], capture_output=True, text=True, check=False, timeout=30).stderr
-    except (OSError, subprocess.TimeoutExpired):
-        version = "?"
+    java = java_binary()
+    version = java_version_text(java) if java else "?"
     jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
     text = json.dumps([version, pyspark.__version__, jars])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -7,7 +7,8 @@ batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it c
 value and its nodes' in a map of buckets (read and written only when the batch touches them), and
 produces the outputs itself when its task ends (``produce``; behind Spark's Kafka sink it
 returns them as (topic, key, value) rows instead), plus one row of the batch's accounting
-counters. Neither holds a rule: they unpickle, read and write state values, and translate rows. Packed rows (pickled ``Routed`` records) live only inside one micro-batch.
+counters. Neither holds a rule: they unpickle, read and write state values, and translate rows.
+Packed rows (pickled ``Routed`` records) live only inside one micro-batch.
 """
 
 from __future__ import annotations

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from typing import Any
 
 from safepoint.errors import JavaMissingError
 from safepoint.streaming.classes import java_options
+from safepoint.streaming.java import java_binary, java_version_text
 
 __all__ = ["check_java", "build_session", "spark_conf"]
 
@@ -20,16 +20,14 @@ LOCAL_CHECKPOINT_FS = "spark.hadoop.fs.AbstractFileSystem.file.impl"
 
 def check_java() -> str:
     """Return the Java version, or raise with what to install."""
-    java_home = os.environ.get("JAVA_HOME")
-    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    java = java_binary()
+    if java is None:
         msg = (
             "Java not found: Spark needs a JDK or JRE 17 or newer. Install it "
             "(Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless) or set JAVA_HOME."
         )
         raise JavaMissingError(msg)
-    proc = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    text = proc.stderr + proc.stdout
+    text = java_version_text(java)
     m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
     if not m:
         msg = f"cannot read the Java version from {java}: {text.strip()[:200]}"

@@ -62,9 +62,9 @@ class Settings:
     shuffle_partitions: int = 1
     """spark.sql.shuffle.partitions: how many tasks the stateful operator spreads its clusters over
     (fixed per checkpoint by Spark). Every task loads and commits a state store each batch, so one
-    cluster wants 1 (measured on local[2], steady batches of one cluster: the state commit 130 -> 45 ms, the
-    batch 720-780 -> 640-750 ms);
-    a job serving several clusters wants about the executor cores."""
+    cluster wants 1 (measured on local[2], steady batches of one cluster: the state commit 130 -> 45
+    ms, the batch 720-780 -> 640-750 ms); a job serving several clusters wants about the executor
+    cores."""
     node_buckets: int = 8
     """The map entries a cluster's node state is split into (crc32(node) % node_buckets): a batch reads
     and writes only the buckets it touches; fixed per checkpoint."""

@@ -55,7 +55,7 @@ def _warm_up(dump_to: str) -> None:
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.settings import load_settings
     from safepoint.streaming.job import build_query
-    from safepoint.streaming.session import build_session
+    from safepoint.streaming.session import DRIVER_JAVA_OPTIONS, build_session
 
     broker = EmbeddedBroker().start()
     with tempfile.TemporaryDirectory(prefix="safepoint-classes-") as work:
@@ -72,7 +72,7 @@ def _warm_up(dump_to: str) -> None:
         producer.produce(settings.events_topic, key="bad", value=b"{not json")
         producer.flush(30)
         spark = build_session("local[2]", 1, app="safepoint-classes",
-                              extra={"spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={dump_to}"},
+                              extra={DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={dump_to}"},
                               log_file=os.path.join(work, "spark.log"))
         query = build_query(spark, settings, os.path.join(work, "ckpt"))
         try:
