@@ -7,7 +7,8 @@ the auditor following 300 events/s spun 43% of a core and the broker 40%).
 Each consumer runs alone in a child process; its CPU time and the broker's are read from the
 operating system over a few seconds once it has caught up. The target is under 3% of a core; the
 assertion keeps a wide margin (10%) for a loaded machine: this test catches a spinning consumer
-(40% and more), not a few percent."""
+(40% and more), not a few percent. While the topic grows the broker also takes the writes, so its
+bound there is twice as wide (a clean-clone run measured it at 10.4% serving the view)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from kafka_util import produce, unique
 pytestmark = pytest.mark.integration
 MEASURE_S = 5.0
 LIMIT = 0.10
+GROWING_BROKER_LIMIT = 0.20
 
 CONSUMERS = {
     "listener-confluent": """
@@ -124,7 +126,7 @@ def child_code(settings: Any, body: str, ready: Any) -> str:
 
 def measure(kind: str, child: Any, ready: Any, broker: Any, during: Any = None) -> None:
     """Wait until the child is ready, then read its CPU and the broker's over ``MEASURE_S``
-    (``during``: a callable run meanwhile, in this process)."""
+    (``during``: a callable writing to the topic meanwhile, in this process)."""
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert child.poll() is None, child.stdout.read().decode() if child.stdout else ""
@@ -145,7 +147,7 @@ def measure(kind: str, child: Any, ready: Any, broker: Any, during: Any = None) 
     if b0 is not None and b1 is not None:
         served = (b1.user + b1.system - b0.user - b0.system) / MEASURE_S
         print(f", broker {served:.1%}")
-        assert served < LIMIT, f"serving {kind}, the broker used {served:.0%} of a core"
+        assert served < (LIMIT if during is None else GROWING_BROKER_LIMIT), f"serving {kind}, the broker used {served:.0%} of a core"
 
 
 @pytest.mark.parametrize("kind", sorted(FOLLOWERS))
