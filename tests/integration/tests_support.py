@@ -452,8 +452,10 @@ def job_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEPOINT_")}
     env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     env["SPARK_LOCAL_IP"] = "127.0.0.1"  # tests stay on loopback
-    # keep the whole offset log: the test rebuilds every batch from it
-    env["PYSPARK_SUBMIT_ARGS"] = "--conf spark.sql.streaming.minBatchesToRetain=1000000 pyspark-shell"
+    # keep the whole offset log: the test rebuilds every batch from it; a cluster's executors compile
+    # with C1 only, as the suite's other JVMs (conftest.py)
+    env["PYSPARK_SUBMIT_ARGS"] = ("--conf spark.sql.streaming.minBatchesToRetain=1000000 "
+                                  "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 pyspark-shell")
     return env
 
 
