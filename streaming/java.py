@@ -2,6 +2,7 @@
 
 ``session.check_java`` reads its version and ``classes`` binds the class-data archive to what it
 prints; ``java -version`` runs once per process for both (it took 0.05-0.1 s a run here).
+``C1_ONLY`` is the option for the project's short-lived JVMs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ import os
 import shutil
 import subprocess
 
-__all__ = ["java_binary", "java_version_text"]
+__all__ = ["C1_ONLY", "java_binary", "java_version_text"]
+
+C1_ONLY = "-XX:TieredStopAtLevel=1"
+"""The JVM option that compiles with C1 only: for JVMs that live seconds to minutes (the
+class-data archive's one run, the tests' Spark JVMs), where C2's compiling is CPU spent for
+nothing. The job itself keeps both compilers (its steady batches are faster with C2)."""
 
 
 def java_binary() -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from safepoint.devtools.broker import EmbeddedBroker
+from safepoint.streaming.java import C1_ONLY
 
 KAFKA_IMAGE = "apache/kafka:4.1.0"
 
@@ -26,7 +27,7 @@ KAFKA_IMAGE = "apache/kafka:4.1.0"
 # 26 CPU-s instead of 39-43 (the product keeps both compilers: its steady batch was 15% slower with
 # C1 only). The Spark masters and workers of the cluster test take the same.
 for _opts in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
-    os.environ.setdefault(_opts, "-XX:TieredStopAtLevel=1")
+    os.environ.setdefault(_opts, C1_ONLY)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
-from safepoint.core import Engine, Position
+from safepoint.core import Engine, Output, Position
 from safepoint.core.batch import BY_NAME, merge_log_order
 from safepoint.core.codec import encode
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -105,14 +105,11 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
             consumed += sum(messages_in(p) for p in q.recentProgress)
         finally:
             q.stop()
-        # Replay this phase in the job's order for one batch: per partition by offset, merged by wall_ms.
-        rows = _rows_since(broker.bootstrap, settings.events_topic, before)
-        for r in merge_log_order(rows, *BY_NAME):
-            for o in engine.process(r["value"], Position(settings.events_topic, r["partition"], r["offset"], r["key"])):
-                expected[o.channel].append(encode(o.value))
+        for o in replay_batch(engine, broker.bootstrap, settings.events_topic, before):
+            expected[o.channel].append(encode(o.value))
     assert consumed == len(log), "every message consumed exactly once across the restart"
 
-    got = {ch: [encode({k: v for k, v in m.items() if k != "key"}) for m in read_topic(broker.bootstrap, t)]
+    got = {ch: unkeyed(broker.bootstrap, t)
            for ch, t in (("directives", settings.directives_topic), ("alerts", settings.alerts_topic),
                          ("deadletter", settings.deadletter_topic))}
     assert len(expected["directives"]) > 10
@@ -158,7 +155,7 @@ def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: A
             q.stop()
 
     def directives() -> list[str]:
-        return [encode({k: v for k, v in m.items() if k != "key"}) for m in read_topic(broker.bootstrap, settings.directives_topic)]
+        return unkeyed(broker.bootstrap, settings.directives_topic)
 
     produce(broker.bootstrap, settings.events_topic, [as_message(e) for e in log[:half]])
     run(settings)
@@ -171,17 +168,25 @@ def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: A
     failed = directives()[len(first):]
     run(settings)
 
-    engine = Engine(settings.policy())
-    expected = []
-    for r in merge_log_order(_rows_since(broker.bootstrap, settings.events_topic, {}), *BY_NAME):
-        for o in engine.process(r["value"], Position(settings.events_topic, r["partition"], r["offset"], r["key"])):
-            if o.channel == "directives":
-                expected.append(encode(o.value))
+    expected = [encode(o.value) for o in replay_batch(Engine(settings.policy()), broker.bootstrap, settings.events_topic, {})
+                if o.channel == "directives"]
     got = directives()
     n = len(first)
     assert got[:n] == expected[:n], "the first batch, as replay"
     assert failed == expected[n:n + len(failed)], "what the failed run delivered (if any) is the batch's start, in order"
     assert got[n + len(failed):] == expected[n:], "the rerun sent all of the batch's directives"
+
+
+def replay_batch(engine: Engine, bootstrap: str, topic: str, since: dict[int, int]) -> list[Output]:
+    """What ``engine`` emits over the topic's messages after ``since`` taken as one micro-batch,
+    in the job's order: per partition by offset, merged by wall_ms."""
+    rows = merge_log_order(_rows_since(bootstrap, topic, since), *BY_NAME)
+    return [o for r in rows for o in engine.process(r["value"], Position(topic, r["partition"], r["offset"], r["key"]))]
+
+
+def unkeyed(bootstrap: str, topic: str) -> list[str]:
+    """The topic's values, encoded as the core encodes them, without the reader's ``key`` field."""
+    return [encode({k: v for k, v in m.items() if k != "key"}) for m in read_topic(bootstrap, topic)]
 
 
 def _ends(bootstrap: str, topic: str) -> dict[int, int]:

@@ -45,6 +45,7 @@ from safepoint.core.batch import BY_NAME, merge_log_order, route
 from safepoint.core.codec import encode
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import Settings, load_settings
+from safepoint.streaming.java import C1_ONLY
 
 from kafka_util import read_topic, unique
 
@@ -455,7 +456,7 @@ def job_env() -> dict[str, str]:
     # keep the whole offset log: the test rebuilds every batch from it; a cluster's executors compile
     # with C1 only, as the suite's other JVMs (conftest.py)
     env["PYSPARK_SUBMIT_ARGS"] = ("--conf spark.sql.streaming.minBatchesToRetain=1000000 "
-                                  "--conf spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 pyspark-shell")
+                                  f"--conf spark.executor.extraJavaOptions={C1_ONLY} pyspark-shell")
     return env
 
 

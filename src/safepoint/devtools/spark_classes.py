@@ -16,13 +16,9 @@ import time
 from pathlib import Path
 
 from safepoint.streaming.classes import ENV, archive_path
+from safepoint.streaming.java import C1_ONLY
 
 __all__ = ["make_archive"]
-
-# The run is a JVM's start and one batch: compiling with C1 only spends less CPU on it (measured on
-# 2 cores: 55 s instead of 62, 54 CPU-s instead of 73). The archive holds classes, not compiled
-# code, so it serves JVMs with either compiler.
-ONE_RUN_JIT = "-XX:TieredStopAtLevel=1"
 
 
 def make_archive(path: Path | None = None, timeout_s: float = 300) -> Path:
@@ -76,8 +72,10 @@ def _warm_up(dump_to: str) -> None:
             producer.produce(settings.events_topic, key=ev.get("node", "warm-up"), value=json.dumps(ev))
         producer.produce(settings.events_topic, key="bad", value=b"{not json")
         producer.flush(30)
+        # C1_ONLY: the run is a JVM's start and one batch (on 2 cores 55 s instead of 62, 54 CPU-s
+        # instead of 73); the archive holds classes, not compiled code, so it serves either compiler
         spark = build_session("local[2]", 1, app="safepoint-classes",
-                              extra={DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={dump_to} {ONE_RUN_JIT}"},
+                              extra={DRIVER_JAVA_OPTIONS: f"-XX:ArchiveClassesAtExit={dump_to} {C1_ONLY}"},
                               log_file=os.path.join(work, "spark.log"))
         query = build_query(spark, settings, os.path.join(work, "ckpt"))
         try:
