@@ -50,6 +50,9 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.python.worker.reuse": "true",
+        # the daemon that forks the Python workers imports the installed PySpark, compiled once,
+        # instead of the zip copy Spark puts first on their path (streaming/worker_daemon.py)
+        "spark.python.daemon.module": "safepoint.streaming.worker_daemon",
         "spark.driver.memory": "2g",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",

@@ -183,3 +183,24 @@ def test_the_class_data_archive_is_used_only_where_there_is_one(tmp_path: Path, 
     monkeypatch.delenv(ENV)
     default = archive_path()
     assert default is not None and default.name.startswith("spark-classes-") and default.suffix == ".jsa"
+
+
+def test_the_worker_daemon_drops_only_zips_of_the_installed_pyspark(tmp_path: Path) -> None:
+    """streaming/worker_daemon.py: Spark's zips of a PySpark installed on the path itself leave the
+    path (the installed package is imported, compiled once); any other Spark's zip stays."""
+    from safepoint.streaming.session import spark_conf
+    from safepoint.streaming.worker_daemon import installed_copies
+
+    site = tmp_path / "site-packages"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    for package in ("pyspark", "py4j"):
+        (site / package).mkdir(exist_ok=True)
+        (site / package / "__init__.py").write_text("")
+    ours = [str(lib / "pyspark.zip"), str(lib / "py4j-0.10.9.9-src.zip")]
+    cluster = ["/opt/spark/python/lib/pyspark.zip", "/opt/spark/python/lib/py4j-0.10.9.9-src.zip"]
+    assert installed_copies([*ours, *cluster, str(site)]) == ours
+    assert installed_copies([*ours, *cluster]) == [], "the installed package is not on the path: the zips stay"
+    (site / "py4j" / "__init__.py").unlink()
+    assert installed_copies([*ours, str(site)]) == ours[:1]
+    assert spark_conf(2)["spark.python.daemon.module"] == "safepoint.streaming.worker_daemon"
