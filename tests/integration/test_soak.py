@@ -1,5 +1,6 @@
 """``safepoint soak`` end to end, shortened: embedded broker, simulator with bad messages and
-restarts, the job, then the independent checker. The run must be safe and say so, with figures."""
+restarts, the job, then the independent checker. The run must be safe and say so, with figures.
+Part of the nightly target (``./scripts/nightly.sh``, ``pytest -m nightly``), not of ``.ci/run``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.nightly]
 
 
 def test_a_short_soak_is_safe_and_reports_its_figures(tmp_path: Path) -> None:
