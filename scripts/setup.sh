@@ -83,7 +83,9 @@ fi
 .venv/bin/python -m compileall -q -j 0 src streaming connectors schemas >/dev/null 2>&1 || true
 # Spark's class-data archive (streaming/classes.py): every Spark JVM of the project then starts a
 # few seconds sooner. Made once per environment by running the job once (about a minute).
-if ! .venv/bin/safepoint spark-classes --if-missing >/dev/null 2>.venv/spark-classes.log; then
+# (SAFEPOINT_SETUP_CLASSES=later: the caller builds it, as scripts/test.sh does beside ruff and mypy)
+if [ "${SAFEPOINT_SETUP_CLASSES:-}" != "later" ] \
+   && ! .venv/bin/safepoint spark-classes --if-missing >/dev/null 2>.venv/spark-classes.log; then
   echo "setup: the Spark class-data archive could not be built (.venv/spark-classes.log); Spark starts without it" >&2
 fi
 echo "setup: ready (.venv/bin/safepoint)"
