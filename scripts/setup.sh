@@ -79,6 +79,10 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -c "import pyspark, confluent_kafka, noida_db, safepoint.streaming, safepoint.connectors" 
   touch "$stamp"
 fi
+# every Python of this environment that Spark starts imports the installed PySpark, not the zip
+# copy Spark puts first on its path (streaming/worker_daemon.py: the processes Spark starts
+# without its daemon setting, such as data source planning and the source's offset runner)
+cp scripts/safepoint-spark-path.pth "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
 # this project's own modules, compiled each run (quick when nothing changed), for the same reason
 .venv/bin/python -m compileall -q -j 0 src streaming connectors schemas >/dev/null 2>&1 || true
 # Spark's class-data archive (streaming/classes.py): every Spark JVM of the project then starts a

@@ -11,6 +11,11 @@ the path when the package they copy is installed and importable, then runs ``pys
 its forked workers inherit the path. A zip of any other Spark (a cluster's own ``SPARK_HOME``)
 stays first, as Spark meant. It must not import PySpark before the path is fixed, so it imports
 nothing of this project either.
+
+Spark starts a few Python processes without that setting (data source lookup, creation and read
+planning through its own daemon; the source's offset runner; the operator's driver-side init):
+``scripts/safepoint-spark-path.pth``, which ``scripts/setup.sh`` puts in the environment's
+site-packages, calls ``drop_installed_copies`` when any Python of that environment starts.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["installed_copies"]
+__all__ = ["drop_installed_copies", "installed_copies"]
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -39,9 +44,14 @@ def installed_copies(path: list[str]) -> list[str]:
     return copies
 
 
-def main() -> None:
+def drop_installed_copies() -> None:
+    """Drop from ``sys.path`` the zips ``installed_copies`` names."""
     drop = set(installed_copies(sys.path))
     sys.path[:] = [p for p in sys.path if p not in drop]
+
+
+def main() -> None:
+    drop_installed_copies()
     from pyspark.daemon import manager
 
     manager()

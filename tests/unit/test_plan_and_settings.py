@@ -204,3 +204,22 @@ def test_the_worker_daemon_drops_only_zips_of_the_installed_pyspark(tmp_path: Pa
     (site / "py4j" / "__init__.py").unlink()
     assert installed_copies([*ours, str(site)]) == ours[:1]
     assert spark_conf(2)["spark.python.daemon.module"] == "safepoint.streaming.worker_daemon"
+
+
+def test_setup_makes_every_python_of_the_environment_import_the_installed_pyspark(tmp_path: Path) -> None:
+    """scripts/safepoint-spark-path.pth (put in site-packages by scripts/setup.sh): a Python started
+    with Spark's zips first on its path, as Spark starts its planning processes, imports PySpark
+    and Py4J from the installed packages."""
+    import subprocess
+    import sys
+    import sysconfig
+
+    site = Path(sysconfig.get_paths()["purelib"])
+    pth = site / "safepoint-spark-path.pth"
+    assert pth.read_text() == (Path(__file__).parents[2] / "scripts" / "safepoint-spark-path.pth").read_text()
+    lib = site / "pyspark" / "python" / "lib"
+    zips = [str(lib / "pyspark.zip"), *map(str, lib.glob("py4j-*.zip"))]
+    out = subprocess.run([sys.executable, "-c", "import pyspark, py4j; print(pyspark.__file__); print(py4j.__file__)"],
+                         env={"PYTHONPATH": ":".join(zips), "PATH": "/usr/bin:/bin"}, cwd=tmp_path, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == [str(site / "pyspark" / "__init__.py"), str(site / "py4j" / "__init__.py")]
