@@ -64,6 +64,7 @@ fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 stamp=.venv/.safepoint-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
@@ -74,7 +75,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   # PYTHONDONTWRITEBYTECODE is set, nothing imported is ever cached, and without compiled modules
   # every Python process Spark starts compiles pandas, pyarrow and PySpark again (a job's start to
   # its first batch: 38 CPU-s instead of 27)
-  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   .venv/bin/python -m compileall -q -j 0 -x 'site-packages/.*/tests?/' "$site" >/dev/null 2>&1 || true
   .venv/bin/python -c "import pyspark, confluent_kafka, noida_db, safepoint.streaming, safepoint.connectors" 
   touch "$stamp"
@@ -82,7 +82,7 @@ fi
 # every Python of this environment that Spark starts imports the installed PySpark, not the zip
 # copy Spark puts first on its path (streaming/worker_daemon.py: the processes Spark starts
 # without its daemon setting, such as data source planning and the source's offset runner)
-cp scripts/safepoint-spark-path.pth "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+cp scripts/safepoint-spark-path.pth "$site/"
 # this project's own modules, compiled each run (quick when nothing changed), for the same reason
 .venv/bin/python -m compileall -q -j 0 src streaming connectors schemas >/dev/null 2>&1 || true
 # Spark's class-data archive (streaming/classes.py): every Spark JVM of the project then starts a

@@ -15,7 +15,8 @@ nothing of this project either.
 Spark starts a few Python processes without that setting (data source lookup, creation and read
 planning through its own daemon; the source's offset runner; the operator's driver-side init):
 ``scripts/safepoint-spark-path.pth``, which ``scripts/setup.sh`` puts in the environment's
-site-packages, calls ``drop_installed_copies`` when any Python of that environment starts.
+site-packages, calls ``drop_installed_copies`` when a Python of that environment starts with a
+``pyspark.zip`` on its path (any other start imports nothing of this project).
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -127,13 +130,26 @@ def child_code(settings: Any, body: str, ready: Any) -> str:
     ])
 
 
-def start(settings: Any, body: str, ready: Any) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", child_code(settings, body, ready)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+Children = dict[str, tuple[subprocess.Popen[bytes], Path]]
 
 
-def measure(children: dict[str, tuple[subprocess.Popen[bytes], Any]], broker: Any, broker_limit: float,
-            during: Any = None) -> None:
+@contextmanager
+def started(settings: Any, bodies: dict[str, str], tmp_path: Path) -> Iterator[Children]:
+    """Each body in a child process of its own (with the file it creates once caught up); killed on exit."""
+    children: Children = {}
+    try:
+        for kind, body in bodies.items():
+            ready = tmp_path / f"{kind}.ready"
+            children[kind] = (subprocess.Popen([sys.executable, "-c", child_code(settings, body, ready)],
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT), ready)
+        yield children
+    finally:
+        for child, _ in children.values():
+            child.kill()
+            child.wait(10)
+
+
+def measure(children: Children, broker: Any, broker_limit: float, during: Any = None) -> None:
     """Wait until every child is ready, then read each one's CPU and the broker's over ``MEASURE_S``
     (``during``: a callable writing to the topics meanwhile, in this process)."""
     deadline = time.monotonic() + 60
@@ -167,7 +183,6 @@ def test_consumers_of_growing_topics_stay_idle(settings: Any, broker: Any, tmp_p
     process): they read in rounds, not in a spin."""
     from confluent_kafka import Producer
 
-    children = {kind: start(settings, body, tmp_path / f"{kind}.ready") for kind, body in FOLLOWERS.items()}
     producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 5})
     beat = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n9", "incarnation": 1, "mvcc_now": 5}
     later = json.loads(directives(60)[-1][1])
@@ -185,20 +200,11 @@ def test_consumers_of_growing_topics_stay_idle(settings: Any, broker: Any, tmp_p
             time.sleep(0.01)
         producer.flush(10)
 
-    try:
-        measure({k: (c, tmp_path / f"{k}.ready") for k, c in children.items()}, broker, GROWING_BROKER_LIMIT, write)
-    finally:
-        for child in children.values():
-            child.kill()
-            child.wait(10)
+    with started(settings, FOLLOWERS, tmp_path) as children:
+        measure(children, broker, GROWING_BROKER_LIMIT, write)
 
 
 def test_caught_up_consumers_stay_idle(settings: Any, broker: Any, tmp_path: Any) -> None:
     """Every consumer at once, each in its own process, on topics that hold data and stay still."""
-    children = {kind: start(settings, body, tmp_path / f"{kind}.ready") for kind, body in CONSUMERS.items()}
-    try:
-        measure({k: (c, tmp_path / f"{k}.ready") for k, c in children.items()}, broker, BROKER_LIMIT)
-    finally:
-        for child in children.values():
-            child.kill()
-            child.wait(10)
+    with started(settings, CONSUMERS, tmp_path) as children:
+        measure(children, broker, BROKER_LIMIT)
