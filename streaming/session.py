@@ -12,7 +12,7 @@ from safepoint.errors import JavaMissingError
 from safepoint.streaming.classes import java_options
 from safepoint.streaming.java import java_binary, java_version_text
 
-__all__ = ["check_java", "build_session", "spark_conf"]
+__all__ = ["check_java", "build_session", "quiet_accumulator_hangup", "spark_conf"]
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 LOCAL_CHECKPOINT_FS = "spark.hadoop.fs.AbstractFileSystem.file.impl"
@@ -93,7 +93,29 @@ def build_session(
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    quiet_accumulator_hangup(getattr(spark.sparkContext, "_accumulatorServer", None))
     return spark
+
+
+def quiet_accumulator_hangup(server: Any) -> None:
+    """Let PySpark's accumulator server take the JVM's hang-up without a traceback.
+
+    The JVM opens one connection to the driver's accumulator server at the first Python task and
+    never closes it itself: the socket goes when the JVM collects it, which after the context's
+    stop can be before PySpark's own ``SparkContext.stop`` has told the server to end. Its handler
+    then reads end-of-file and ``socketserver`` prints the ``EOFError`` to stderr, so a clean stop
+    looked like a crash on a loaded machine. End-of-file is how that connection always ends; every
+    other error is still printed.
+    """
+    if server is None:
+        return
+    default = server.handle_error
+
+    def handle_error(request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], EOFError):
+            default(request, client_address)
+
+    server.handle_error = handle_error
 
 
 def _launch_jvm_apart(master: str, app: str, conf: dict[str, str], log_file: str | None = None) -> None:

@@ -223,3 +223,49 @@ def test_setup_makes_every_python_of_the_environment_import_the_installed_pyspar
                          env={"PYTHONPATH": ":".join(zips), "PATH": "/usr/bin:/bin"}, cwd=tmp_path, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == [str(site / "pyspark" / "__init__.py"), str(site / "py4j" / "__init__.py")]
+
+
+
+def _hang_up_on(server: object, token: str, updates: bool) -> None:
+    """Connect to an accumulator server as the JVM does (its token, then rounds of updates) and hang up."""
+    import socket
+    import struct
+
+    with socket.create_connection(server.server_address, timeout=5) as conn:  # type: ignore[attr-defined]
+        conn.sendall(token.encode() + (struct.pack("!i", 0) if updates else b""))
+        if updates:
+            assert conn.recv(1) == struct.pack("!b", 1)  # the server took one (empty) round of updates
+
+
+def _stderr_until(capfd: pytest.CaptureFixture[str], needle: str) -> str:
+    import time
+
+    err, deadline = "", time.monotonic() + 20
+    while needle not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capfd.readouterr().err
+    return err
+
+
+def test_the_jvm_hanging_up_on_the_accumulator_server_prints_nothing_and_other_errors_still_show(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from pyspark.accumulators import _start_update_server
+
+    from safepoint.streaming.session import quiet_accumulator_hangup
+
+    bare = _start_update_server("token-a", False)
+    quieted = _start_update_server("token-b", False)
+    quiet_accumulator_hangup(quieted)
+    try:
+        _hang_up_on(bare, "token-a", updates=True)
+        assert "EOFError" in _stderr_until(capfd, "EOFError")  # what a stop printed before
+        _hang_up_on(quieted, "token-b", updates=True)
+        # the server handles one connection at a time: the next is read only after the hang-up was
+        _hang_up_on(quieted, "token-x", updates=False)
+        err = _stderr_until(capfd, "is not correct")
+        assert "The value of the provided token to the AccumulatorServer is not correct" in err  # still reported
+        assert "EOFError" not in err
+    finally:
+        bare.shutdown()
+        quieted.shutdown()
