@@ -34,26 +34,19 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 echo "setup: $("$PY" --version), java $(java_major)"
 
-# kcat (Debian's kcat, formerly kafkacat): the operator guide's shell examples and their test.
-if ! command -v kcat >/dev/null 2>&1 && ! command -v kafkacat >/dev/null 2>&1; then
-  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing kcat with apt-get (the guide's shell examples)" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat >/dev/null) \
-      || echo "setup: kcat could not be installed; its test will be skipped (and fails in CI)" >&2
-  else
-    echo "setup: kcat not found (apt-get install kcat); its test will be skipped (and fails in CI)" >&2
-  fi
-fi
-
-# Debian's chromium and chromium-driver (the dashboard's browser test) and prometheus (the test
-# that scrapes /metrics with a real Prometheus)
+# Tools some tests use, in one apt-get run: Debian's kcat (the guide's shell examples), chromium
+# and chromium-driver (the dashboard's browser test), prometheus (the test that scrapes /metrics
+# with a real Prometheus) and docker-compose (the test that validates docker/compose.yaml; it
+# needs no Docker engine)
 missing=()
+command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing ${missing[*]} with apt-get (the dashboard and Prometheus tests)" >&2
+    echo "setup: installing ${missing[*]} with apt-get (for the tests that use them)" >&2
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
       || echo "setup: ${missing[*]} could not be installed; their tests will be skipped (and fail in CI)" >&2
   else
