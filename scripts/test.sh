@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up, then run lint, type checks and the whole test suite (unit, properties, integration
 # against the embedded broker and a real Spark session). Extra arguments go to pytest.
-# Two pytest workers (SAFEPOINT_TEST_WORKERS; 0: one process), each with its own broker and Spark
-# session. A third shortened a quiet run (pytest 777 -> 653 s) but overloads 2 cores: on a clean
-# clone a fresh Python worker then took over Spark's 10 s to connect back and a bounded give-up
-# took 11 s against 10, so two it is.
+# Three pytest workers (SAFEPOINT_TEST_WORKERS; 0: one process), each with its own broker and Spark
+# session. Most of a test's time is waiting (a JVM starting, a batch, a broker's answer): with two
+# workers a clean-clone run used 0.8 cores of 2 on average (pytest 517 s), with three 0.9 cores
+# (457 s). A third once overloaded 2 cores (a Python worker missed Spark's 10 s connect-back);
+# since every Python process imports compiled modules, not PySpark's zip, they start in a fifth
+# of the time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAFEPOINT_SETUP_CLASSES=later ./scripts/setup.sh
@@ -20,7 +22,7 @@ if ! wait "$classes"; then
 fi
 echo "== pytest"
 set +e
-workers="${SAFEPOINT_TEST_WORKERS:-2}"
+workers="${SAFEPOINT_TEST_WORKERS:-3}"
 if [ "$workers" = "0" ]; then
   .venv/bin/pytest "$@"
 else

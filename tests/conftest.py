@@ -9,8 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# The slowest modules first (test-seconds of a run on 2 cores, most first), so that the two workers
-# end together: what runs last is short. Without it a minute-long test could start last on one
+# The slowest modules first (test-seconds of a run on 2 cores, most first), so that the workers end
+# together: what runs last is short. Without it a minute-long test could start last on one
 # worker while the other sat idle (a clean-clone run's last 10% of tests took 58 s in one run and
 # 175 s in the next).
 SLOWEST_FIRST = ["test_faults", "test_spark_cluster", "test_control_e2e", "test_submit", "test_demo", "test_status_http",
