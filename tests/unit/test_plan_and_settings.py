@@ -206,6 +206,21 @@ def test_the_worker_daemon_drops_only_zips_of_the_installed_pyspark(tmp_path: Pa
     assert spark_conf(2)["spark.python.daemon.module"] == "safepoint.streaming.worker_daemon"
 
 
+
+def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_thread() -> None:
+    """A daemon forks its workers: what it imports first must start no thread (a fork copies only
+    the forking one, half-way through whatever the others held)."""
+    import subprocess
+    import sys
+
+    from safepoint.streaming.worker_daemon import PRELOAD
+
+    probe = ("import os, sys; from safepoint.streaming.worker_daemon import preload; preload(); "
+             "print(len(os.listdir('/proc/self/task')), *(m in sys.modules for m in sys.argv[1:]))")
+    out = subprocess.run([sys.executable, "-c", probe, *PRELOAD, "pyarrow", "pandas"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["1", *["True"] * len(PRELOAD), "False", "False"], out
+
 def test_setup_makes_every_python_of_the_environment_import_the_installed_pyspark(tmp_path: Path) -> None:
     """scripts/safepoint-spark-path.pth (put in site-packages by scripts/setup.sh): a Python started
     with Spark's zips first on its path, as Spark starts its planning processes, imports PySpark
