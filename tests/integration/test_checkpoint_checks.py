@@ -104,3 +104,31 @@ def test_a_checkpoint_past_the_end_of_a_recreated_topic_is_refused(broker: Any, 
     text = str(err.value)
     assert "the topic was deleted and recreated, or truncated" in text and "new checkpoint directory" in text
     assert f"has read {settings.events_topic} partition" in text
+
+
+def test_a_checkpoint_written_with_lz4_state_resumes_with_its_codec(broker: Any, spark: Any, tmp_path: Path) -> None:
+    """The job compresses its state with zstd (``streaming/session.py``); a checkpoint a version
+    before wrote with lz4 resumes on lz4 (Spark keeps the codec in the offset log) and loses
+    nothing: its outputs are replay's, as in the fault tests."""
+    from tests_support import make_settings, send, simulated_log, verify
+
+    settings = make_settings(broker.bootstrap, "codec", 3, retention=1_000_000, node_lease_ms=3_000)
+    log, closing = simulated_log(seed=31, duration_ms=6_000)
+    ckpt = tmp_path / "ckpt"
+    codec = "spark.sql.streaming.stateStore.compression.codec"
+    assert spark.conf.get(codec) == "zstd"
+    send(broker.bootstrap, settings.events_topic, log[: len(log) // 2])
+    spark.conf.set(codec, "lz4")
+    try:
+        run_to_end(spark, settings, str(ckpt))
+    finally:
+        spark.conf.set(codec, "zstd")
+    send(broker.bootstrap, settings.events_topic, [*log[len(log) // 2:], closing])
+    run_to_end(spark, settings, str(ckpt))
+    batches = sorted(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())
+    assert len(batches) >= 2
+    for b in batches:
+        assert f'"{codec}":"lz4"' in (ckpt / "offsets" / str(b)).read_text(), f"batch {b} changed codec"
+    done = verify(broker.bootstrap, settings, ckpt)
+    assert done.directives["c1"], "directives came out"
+
