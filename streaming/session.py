@@ -108,11 +108,11 @@ def quiet_accumulator_hangup(server: Any) -> None:
     """Let PySpark's accumulator server take the JVM's hang-up without a traceback.
 
     The JVM opens one connection to the driver's accumulator server at the first Python task and
-    never closes it itself: the socket goes when the JVM collects it, which after the context's
-    stop can be before PySpark's own ``SparkContext.stop`` has told the server to end. Its handler
-    then reads end-of-file and ``socketserver`` prints the ``EOFError`` to stderr, so a clean stop
-    looked like a crash on a loaded machine. End-of-file is how that connection always ends; every
-    other error is still printed.
+    has no step that closes it: it closes when the JVM lets go of it, which on a loaded machine
+    can come inside ``SparkContext.stop``, before PySpark tells the server to end (seen in CI and
+    reproduced with both cores busy). Its handler then reads end-of-file and ``socketserver``
+    prints the ``EOFError`` to stderr, so a clean stop looked like a crash. End-of-file is how that
+    connection always ends; every other error is still printed.
     """
     if server is None:
         return
