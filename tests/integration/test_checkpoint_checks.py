@@ -18,7 +18,7 @@ from safepoint.streaming.checkpoint import LAYOUT_FILE
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, unique
-from tests_support import run_to_end
+from tests_support import make_settings, run_to_end, send, simulated_log, verify
 
 pytestmark = pytest.mark.integration
 
@@ -110,8 +110,6 @@ def test_a_checkpoint_written_with_lz4_state_resumes_with_its_codec(broker: Any,
     """The job compresses its state with zstd (``streaming/session.py``); a checkpoint a version
     before wrote with lz4 resumes on lz4 (Spark keeps the codec in the offset log) and loses
     nothing: its outputs are replay's, as in the fault tests."""
-    from tests_support import make_settings, send, simulated_log, verify
-
     settings = make_settings(broker.bootstrap, "codec", 3, retention=1_000_000, node_lease_ms=3_000)
     log, closing = simulated_log(seed=31, duration_ms=6_000)
     ckpt = tmp_path / "ckpt"
@@ -131,4 +129,3 @@ def test_a_checkpoint_written_with_lz4_state_resumes_with_its_codec(broker: Any,
         assert f'"{codec}":"lz4"' in (ckpt / "offsets" / str(b)).read_text(), f"batch {b} changed codec"
     done = verify(broker.bootstrap, settings, ckpt)
     assert done.directives["c1"], "directives came out"
-
