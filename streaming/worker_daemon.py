@@ -59,15 +59,16 @@ copy half-done (pyarrow does at import, so the source module, which imports it, 
 
 
 def preload() -> None:
-    """Import ``PRELOAD`` and freeze what is alive, so the forked workers share those pages and
-    PySpark's collection after every task does not walk them."""
-    import gc
+    """Import ``PRELOAD`` and freeze what is alive (``gcfreeze.freeze_once``, which the workers
+    then count on: a worker freezes again only once it imported more), so the forked workers
+    share those pages and PySpark's collection after every task does not walk them."""
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
-    gc.collect()
-    gc.freeze()
+    from safepoint.gcfreeze import freeze_once
+
+    freeze_once()
 
 
 def main() -> None:

@@ -10,7 +10,9 @@ that first ran the source and then a stateful stage imports that stage's modules
 them, only then: the benchmark's profile still put 17% of the workers' samples in those
 collections when freezing stopped after two tasks). At most ``_MAX_FREEZES`` times per process.
 What those tasks had alive at that moment and later drop is not collected if it sits in a
-reference cycle: a bounded cost per worker process.
+reference cycle: a bounded cost per worker process. The workers' daemon
+(``streaming/worker_daemon.py``) makes the first freeze before it forks, with what every worker
+imports; its workers inherit the count.
 """
 
 from __future__ import annotations

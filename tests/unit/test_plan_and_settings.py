@@ -206,7 +206,6 @@ def test_the_worker_daemon_drops_only_zips_of_the_installed_pyspark(tmp_path: Pa
     assert spark_conf(2)["spark.python.daemon.module"] == "safepoint.streaming.worker_daemon"
 
 
-
 def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_thread() -> None:
     """A daemon forks its workers: what it imports first must start no thread (a fork copies only
     the forking one, half-way through whatever the others held)."""
@@ -220,6 +219,7 @@ def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_threa
     out = subprocess.run([sys.executable, "-c", probe, *PRELOAD, "pyarrow", "pandas"], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["1", *["True"] * len(PRELOAD), "False", "False"], out
+
 
 def test_setup_makes_every_python_of_the_environment_import_the_installed_pyspark(tmp_path: Path) -> None:
     """scripts/safepoint-spark-path.pth (put in site-packages by scripts/setup.sh): a Python started
@@ -238,7 +238,6 @@ def test_setup_makes_every_python_of_the_environment_import_the_installed_pyspar
                          env={"PYTHONPATH": ":".join(zips), "PATH": "/usr/bin:/bin"}, cwd=tmp_path, capture_output=True,
                          text=True, check=True).stdout.split()
     assert out == [str(site / "pyspark" / "__init__.py"), str(site / "py4j" / "__init__.py")]
-
 
 
 def _hang_up_on(server: object, token: str, updates: bool) -> None:
