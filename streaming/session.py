@@ -53,6 +53,13 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
         # the daemon that forks the Python workers imports the installed PySpark, compiled once,
         # instead of the zip copy Spark puts first on their path (streaming/worker_daemon.py)
         "spark.python.daemon.module": "safepoint.streaming.worker_daemon",
+        # One daemon for the read tasks and the operator's task. Spark keys its worker daemons by
+        # their environment, and the read tasks' runner adds SPARK_SIMPLIFIED_TRACEBACK=1 where
+        # the operator's does not: two daemons, and the operator's first task forked a worker that
+        # imported everything again. With one, it takes a worker a read task left warm (batch 0's
+        # operator work 3.1-3.7 -> 1.9-2.6 s with the daemon's arrow preload). The cost: a Python
+        # error in a read task shows PySpark's own frames too.
+        "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
         "spark.driver.memory": "2g",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",

@@ -25,7 +25,8 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["PRELOAD", "drop_installed_copies", "installed_copies", "preload"]
+__all__ = ["PRELOAD", "PRELOAD_ARROW", "THREAD_FREE_ENV", "arrow_is_thread_free", "drop_installed_copies", "installed_copies",
+           "preload"]
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -50,21 +51,47 @@ def drop_installed_copies() -> None:
     """Drop from ``sys.path`` the zips ``installed_copies`` names."""
     drop = set(installed_copies(sys.path))
     sys.path[:] = [p for p in sys.path if p not in drop]
+    for entry in drop:  # or every importlib.invalidate_caches() (a worker's first task) rereads the zip
+        sys.path_importer_cache.pop(entry, None)
 
 
 PRELOAD = ("pyspark.worker", "safepoint.streaming.processors")
 """What every forked worker imports anyway, imported once in the daemon instead (about 0.35 CPU-s
 a worker, a dozen workers at a query's start): none of it starts a thread, which a fork must not
-copy half-done (pyarrow does at import, so the source module, which imports it, stays out)."""
+copy half-done."""
+
+PRELOAD_ARROW = ("pyarrow", "pandas", "pyarrow.pandas_compat", "safepoint.streaming.source")
+"""Imported too where they start no thread (``arrow_is_thread_free``): every worker of the job
+imports pyarrow, and pandas with it (``pyarrow.array`` of a Python list imports pandas, and so
+does PySpark's conversion of the operator's rows), about 0.9 CPU-s a worker, on batch 0's path."""
+
+THREAD_FREE_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false", "OPENBLAS_NUM_THREADS": "1"}
+"""What keeps those imports to one thread: pyarrow's bundled jemalloc starts a background purge
+thread when it loads (the default pool is mimalloc, which starts none), and numpy's OpenBLAS a
+pool of threads unless told one (Spark sets ``OMP_NUM_THREADS`` for its workers, which OpenBLAS
+also reads). Set where unset; the workers inherit them."""
+
+
+def arrow_is_thread_free(environ: dict[str, str] | os._Environ[str]) -> bool:
+    """Whether ``environ`` keeps pyarrow and pandas from starting threads at import."""
+    jemalloc = environ.get("JE_ARROW_MALLOC_CONF", "")
+    blas = environ.get("OPENBLAS_NUM_THREADS") or environ.get("OMP_NUM_THREADS")
+    return "background_thread:false" in jemalloc and blas == "1"
 
 
 def preload() -> None:
-    """Import ``PRELOAD`` and freeze what is alive (``gcfreeze.freeze_once``, which the workers
+    """Import ``PRELOAD`` (and ``PRELOAD_ARROW`` when ``arrow_is_thread_free`` after
+    ``THREAD_FREE_ENV``), then freeze what is alive (``gcfreeze.freeze_once``, which the workers
     then count on: a worker freezes again only once it imported more), so the forked workers
     share those pages and PySpark's collection after every task does not walk them."""
     import importlib
 
-    for name in PRELOAD:
+    for key, value in THREAD_FREE_ENV.items():
+        if key == "OPENBLAS_NUM_THREADS":
+            value = os.environ.get("OMP_NUM_THREADS", value)
+        os.environ.setdefault(key, value)
+    names = PRELOAD + (PRELOAD_ARROW if arrow_is_thread_free(os.environ) else ())
+    for name in names:
         importlib.import_module(name)
     from safepoint.gcfreeze import freeze_once
 

@@ -208,17 +208,49 @@ def test_the_worker_daemon_drops_only_zips_of_the_installed_pyspark(tmp_path: Pa
 
 def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_thread() -> None:
     """A daemon forks its workers: what it imports first must start no thread (a fork copies only
-    the forking one, half-way through whatever the others held)."""
+    the forking one, half-way through whatever the others held). pyarrow and pandas come too where
+    the environment keeps them to one thread, and stay out where it does not."""
+    import os
     import subprocess
     import sys
 
-    from safepoint.streaming.worker_daemon import PRELOAD
+    from safepoint.streaming.worker_daemon import PRELOAD, PRELOAD_ARROW, THREAD_FREE_ENV
 
     probe = ("import os, sys; from safepoint.streaming.worker_daemon import preload; preload(); "
              "print(len(os.listdir('/proc/self/task')), *(m in sys.modules for m in sys.argv[1:]))")
-    out = subprocess.run([sys.executable, "-c", probe, *PRELOAD, "pyarrow", "pandas"], capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == ["1", *["True"] * len(PRELOAD), "False", "False"], out
+    bare = {k: v for k, v in os.environ.items() if k not in (*THREAD_FREE_ENV, "OMP_NUM_THREADS")}
+
+    def run(**env: str) -> list[str]:
+        return subprocess.run([sys.executable, "-c", probe, *PRELOAD, *PRELOAD_ARROW], capture_output=True, text=True,
+                              check=True, env={**bare, **env}).stdout.split()
+
+    assert run() == ["1", *["True"] * (len(PRELOAD) + len(PRELOAD_ARROW))]
+    assert run(OPENBLAS_NUM_THREADS="4") == ["1", *["True"] * len(PRELOAD), *["False"] * len(PRELOAD_ARROW)]
+    assert run(OMP_NUM_THREADS="2") == ["1", *["True"] * len(PRELOAD), *["False"] * len(PRELOAD_ARROW)]
+    assert run(JE_ARROW_MALLOC_CONF="narenas:1") == ["1", *["True"] * len(PRELOAD), *["False"] * len(PRELOAD_ARROW)]
+
+
+def test_a_dropped_zip_leaves_no_finder_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """``importlib.invalidate_caches()`` (PySpark calls it in a worker's first task) rereads every
+    zip that still has a finder cached: a dropped zip's finder goes with it."""
+    import sys
+    import zipfile
+    import zipimport
+
+    from safepoint.streaming.worker_daemon import drop_installed_copies
+
+    site = tmp_path / "site-packages"
+    lib = site / "pyspark" / "python" / "lib"
+    lib.mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    with zipfile.ZipFile(lib / "pyspark.zip", "w") as z:
+        z.writestr("pyspark/__init__.py", "")
+    zipped = str(lib / "pyspark.zip")
+    monkeypatch.setattr(sys, "path", [zipped, str(site), *sys.path])
+    monkeypatch.setitem(sys.path_importer_cache, zipped, zipimport.zipimporter(zipped))
+    drop_installed_copies()
+    assert zipped not in sys.path
+    assert zipped not in sys.path_importer_cache
 
 
 def test_setup_makes_every_python_of_the_environment_import_the_installed_pyspark(tmp_path: Path) -> None:
