@@ -8,7 +8,10 @@ process that uses them, consumers ``unassign()``ed after each read. Writing is t
 (``streaming/source.py``).
 
 Options: ``bootstrap.servers`` (required), ``subscribe`` (the topic), ``startingOffsets``
-(``earliest`` or ``latest``), ``maxOffsetsPerTrigger``, and any ``kafka.<librdkafka key>``.
+(``earliest`` or ``latest``), ``maxOffsetsPerTrigger``, ``minRowsPerTask`` (a read task takes at
+least this many messages before the batch is split over more tasks, one Kafka partition at most
+per task; 0, the default: one task per Kafka partition with messages), and any
+``kafka.<librdkafka key>``.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pyspark.sql.types import StructType
 from safepoint.connectors.kafka_sink import KafkaStreamWriter, client_conf
 from safepoint.gcfreeze import freeze_once
 
-__all__ = ["KafkaDataSource", "KafkaStreamReader", "SOURCE_SCHEMA", "plan_offsets"]
+__all__ = ["KafkaDataSource", "KafkaReadTask", "KafkaStreamReader", "SOURCE_SCHEMA", "group_ranges", "plan_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +114,35 @@ class KafkaInputPartition(InputPartition):
         self.end = end
 
 
+class KafkaReadTask(InputPartition):
+    """Several partitions' ranges read one after the other by one task (``minRowsPerTask``)."""
+
+    def __init__(self, ranges: list[KafkaInputPartition]) -> None:
+        super().__init__(tuple(r.value for r in ranges))
+        self.ranges = ranges
+
+
+def group_ranges(ranges: list[KafkaInputPartition], min_rows: int) -> list[InputPartition]:
+    """``ranges`` as read tasks of at least ``min_rows`` messages each where the batch has that
+    many (never more tasks than ranges); the largest ranges first, each to the task with the
+    fewest messages so far, so the tasks come out about even."""
+    total = sum(r.end - r.start for r in ranges)
+    tasks = max(1, min(len(ranges), total // min_rows)) if min_rows > 0 else len(ranges)
+    if tasks >= len(ranges):
+        return list(ranges)
+    bins: list[list[KafkaInputPartition]] = [[] for _ in range(tasks)]
+    rows = [0] * tasks
+    for r in sorted(ranges, key=lambda r: (r.start - r.end, r.partition)):
+        i = rows.index(min(rows))
+        bins[i].append(r)
+        rows[i] += r.end - r.start
+    out: list[InputPartition] = []
+    for b in bins:
+        b.sort(key=lambda r: r.partition)
+        out.append(b[0] if len(b) == 1 else KafkaReadTask(b))
+    return out
+
+
 class KafkaStreamReader(DataSourceStreamReader):
     def __init__(self, options: Mapping[str, str]) -> None:
         # Spark hands a Python data source its options with lower-cased keys.
@@ -123,6 +155,10 @@ class KafkaStreamReader(DataSourceStreamReader):
         limit = self.options.get("maxoffsetspertrigger")
         self.max_rows = int(limit) if limit else None
         self.timeout_s = float(self.options.get("readtimeoutseconds", "120"))
+        self.min_rows_per_task = int(self.options.get("minrowspertask", "0"))
+        if self.min_rows_per_task < 0:
+            msg = f"safepoint_kafka source option minRowsPerTask must be >= 0, got {self.min_rows_per_task}"
+            raise ValueError(msg)
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -161,16 +197,20 @@ class KafkaStreamReader(DataSourceStreamReader):
         return {p: m[1] for p, m in self._watermarks().items()}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
-        parts: list[InputPartition] = []
+        parts: list[KafkaInputPartition] = []
         for p in sorted(end, key=int):
             s, e = int(start.get(p, 0)), int(end[p])
             if e > s:
                 parts.append(KafkaInputPartition(self.topic, int(p), s, e))
-        return parts
+        return group_ranges(parts, self.min_rows_per_task)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, KafkaInputPartition)
         freeze_once()
+        if isinstance(partition, KafkaReadTask):
+            for r in partition.ranges:
+                yield from self._read(r)
+            return
+        assert isinstance(partition, KafkaInputPartition)
         yield from self._read(partition)
 
     def _read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:

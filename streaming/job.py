@@ -117,6 +117,8 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
             raise ConfigError(msg)
         for k, v in pack_options(pack).items():
             reader = reader.option(k, v)
+    if not builtin:
+        reader = reader.option("minRowsPerTask", str(settings.read_task_min_rows))
     reader = (
         reader.option("subscribe", settings.events_topic)
         .option("startingOffsets", settings.starting_offsets)

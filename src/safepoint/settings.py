@@ -55,6 +55,11 @@ class Settings:
     """Micro-batch trigger interval (processing time)."""
     max_offsets_per_trigger: int = 200_000
     """Most input messages one micro-batch reads, over all partitions."""
+    read_task_min_rows: int = 10_000
+    """A micro-batch is read by one task per this many messages, at most one task per events
+    partition (the Python source; 0: always one task per partition with messages). A read task has
+    a fixed cost (scheduling, a Python worker's turn, a consumer's assign and first fetch), so small
+    batches read in one task."""
     starting_offsets: str = "earliest"
     """Where a new query (no checkpoint yet) starts: earliest or latest."""
     source_format: str = "python"
@@ -251,6 +256,9 @@ def _check_choices(settings: Settings) -> None:
         raise ConfigError(msg)
     if settings.node_buckets < 1:
         msg = f"node_buckets must be at least 1, got {settings.node_buckets}"
+        raise ConfigError(msg)
+    if settings.read_task_min_rows < 0:
+        msg = f"read_task_min_rows must be 0 or more, got {settings.read_task_min_rows}"
         raise ConfigError(msg)
     if settings.client not in ("confluent", "kafka-python"):
         msg = f"client must be 'confluent' or 'kafka-python', got {settings.client!r}"

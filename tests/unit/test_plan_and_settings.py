@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from safepoint.cli import main
-from safepoint.connectors.kafka_source import plan_offsets
+from safepoint.connectors.kafka_source import KafkaInputPartition, KafkaReadTask, group_ranges, plan_offsets
 from safepoint.errors import ConfigError
 from safepoint.settings import Secret, Settings, load_settings
 
@@ -36,6 +36,30 @@ def test_plan_offsets_never_overreads_and_uses_the_budget(parts: dict[str, tuple
     taken = sum(end[p] - start[p] for p in parts)
     available = sum(latest[p] - start[p] for p in parts)
     assert taken == (available if limit is None else min(limit, available))
+
+
+@given(st.lists(st.integers(1, 60_000), min_size=1, max_size=8), st.integers(0, 50_000))
+@settings(max_examples=200, deadline=None)
+def test_read_tasks_take_every_range_once_and_split_only_large_batches(sizes: list[int], min_rows: int) -> None:
+    ranges = [KafkaInputPartition("t", p, 100 * p, 100 * p + n) for p, n in enumerate(sizes)]
+    tasks = group_ranges(ranges, min_rows)
+    read = [r for t in tasks for r in (t.ranges if isinstance(t, KafkaReadTask) else [t])]
+    assert sorted(r.value for r in read) == sorted(r.value for r in ranges)
+    total = sum(sizes)
+    expected = len(sizes) if min_rows == 0 else max(1, min(len(sizes), total // min_rows))
+    assert len(tasks) == expected
+    loads = sorted(sum(r.end - r.start for r in (t.ranges if isinstance(t, KafkaReadTask) else [t])) for t in tasks)
+    if len(tasks) > 1:  # no task could give its smallest range to the lightest and end lighter than it was
+        assert loads[0] + max(sizes) >= loads[-1]
+
+
+def test_a_small_batch_is_one_read_task_in_partition_order() -> None:
+    ranges = [KafkaInputPartition("t", p, 0, n) for p, n in enumerate([300, 500, 200, 400])]
+    (task,) = group_ranges(ranges, 10_000)
+    assert isinstance(task, KafkaReadTask)
+    assert [r.partition for r in task.ranges] == [0, 1, 2, 3]
+    assert group_ranges(ranges, 0) == ranges
+    assert [len(t.ranges) if isinstance(t, KafkaReadTask) else 1 for t in group_ranges(ranges, 600)] == [2, 2]
 
 
 def test_settings_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
@@ -65,7 +89,8 @@ def test_the_retired_fast_path_setting_is_refused_with_what_to_do(tmp_path: Path
 
 @pytest.mark.parametrize(("text", "needle"), [("bogus = 1", "unknown setting 'bogus'"), ("retention = -1", ">= 0"),
                                                ("retention = 'x'", "must be an integer"),
-                                               ("node_buckets = 0", "node_buckets must be at least 1")])
+                                               ("node_buckets = 0", "node_buckets must be at least 1"),
+                                               ("read_task_min_rows = -1", "read_task_min_rows must be 0 or more")])
 def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)
