@@ -12,9 +12,18 @@ from safepoint.errors import JavaMissingError
 from safepoint.streaming.classes import java_options
 from safepoint.streaming.java import java_binary, java_version_text
 
-__all__ = ["check_java", "build_session", "quiet_accumulator_hangup", "spark_conf"]
+__all__ = ["JIT_OPTIONS", "check_java", "build_session", "quiet_accumulator_hangup", "spark_conf"]
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+JIT_OPTIONS = {"c1": "-XX:TieredStopAtLevel=1", "tiered": ""}
+"""The ``jvm_jit`` setting's Java options. ``c1``: the JVM compiles with its quick compiler only.
+On 2 cores the optimizing one (C2) took 8.6-9.2 of the JVM's 20 CPU-s from the session's start to
+the end of batch 0, while the JVM does about a tenth of the job's work per event (the Python
+workers and the broker the rest): with C1 only, batch 0 6.6-7.7 s against 7.8-9.5 and the session
+4.0-4.4 s against 5.5-5.7 (a probe's three alternating runs each), the JVM's CPU per event in the
+benchmark's throughput runs 6-7 us against 15-16. ``tiered``: the JVM's default, for executors
+with cores to spare over a long run."""
 LOCAL_CHECKPOINT_FS = "spark.hadoop.fs.AbstractFileSystem.file.impl"
 
 
@@ -82,11 +91,12 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
 
 def build_session(
     master: str = "local[2]", shuffle_partitions: int = 4, app: str = "safepoint", extra: dict[str, str] | None = None,
-    ui: bool = False, log_file: str | None = None,
+    ui: bool = False, log_file: str | None = None, jit: str = "c1",
 ) -> Any:
     """A SparkSession whose Python workers use this interpreter (they need pyarrow). With
     ``log_file``, what the JVM and its Python workers print (log4j lines, worker notices) goes to
-    that file instead of this process's terminal."""
+    that file instead of this process's terminal. ``jit``: a key of ``JIT_OPTIONS`` (the
+    ``jvm_jit`` setting), for the driver's JVM and the executors'."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -95,6 +105,9 @@ def build_session(
     from pyspark.sql import SparkSession
 
     conf = spark_conf(shuffle_partitions, extra, ui)
+    for key in (DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS):
+        if JIT_OPTIONS[jit] and "TieredStopAtLevel" not in conf.get(key, ""):  # extra's own choice stands
+            conf[key] = f"{conf.get(key, '')} {JIT_OPTIONS[jit]}".strip()
     archive = java_options()  # the class-data archive, where one was made (streaming/classes.py)
     if archive and "ArchiveClassesAtExit" not in conf.get(DRIVER_JAVA_OPTIONS, ""):
         conf[DRIVER_JAVA_OPTIONS] = f"{conf.get(DRIVER_JAVA_OPTIONS, '')} {archive}".strip()

@@ -76,6 +76,10 @@ class Settings:
     mvcc_unit: str = "none"
     """The unit of MVCC timestamps, for screens: ns, us, ms or s shows safe points as times and lags
     in seconds; counter (or none: an opaque counter) shows the numbers."""
+    jvm_jit: str = "c1"
+    """How Spark's JVMs compile: c1 (the quick compiler only; on 2 cores the optimizing one took
+    most of the JVM's CPU in a query's first minute, for a JVM that does a tenth of the job's work)
+    or tiered (the JVM's default, for executors with cores to spare over a long run)."""
     spark_ui: bool = False
     """Serve Spark's web UI (its address is printed at start); off by default and in tests."""
     spark_master: str = "local[2]"
@@ -256,6 +260,9 @@ def _check_choices(settings: Settings) -> None:
         raise ConfigError(msg)
     if settings.node_buckets < 1:
         msg = f"node_buckets must be at least 1, got {settings.node_buckets}"
+        raise ConfigError(msg)
+    if settings.jvm_jit not in ("c1", "tiered"):
+        msg = f"jvm_jit must be 'c1' or 'tiered', got {settings.jvm_jit!r}"
         raise ConfigError(msg)
     if settings.read_task_min_rows < 0:
         msg = f"read_task_min_rows must be 0 or more, got {settings.read_task_min_rows}"

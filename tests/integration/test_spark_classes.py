@@ -1,5 +1,5 @@
 """The class-data archive (streaming/classes.py) that setup.sh builds: every Spark JVM the project
-starts maps it, so the session starts seconds sooner."""
+starts maps it, so the session starts seconds sooner; and the JVM's compiler (``jvm_jit``)."""
 
 from __future__ import annotations
 
@@ -24,3 +24,13 @@ def test_the_sessions_jvm_maps_the_class_data_archive(spark: Any) -> None:
     bean = mf.getPlatformMXBean(jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
     # false when the JVM could not map it (another Java or Spark): -Xshare:auto then starts without it
     assert bean.getVMOption("UseSharedSpaces").getValue() == "true"
+
+
+def test_the_sessions_jvm_compiles_with_the_quick_compiler_only(spark: Any) -> None:
+    """``jvm_jit = "c1"`` (the default): the session's JVM stops at tier 1, with the archive still mapped."""
+    jvm = spark.sparkContext._jvm
+    mf = jvm.java.lang.management.ManagementFactory
+    assert "-XX:TieredStopAtLevel=1" in list(mf.getRuntimeMXBean().getInputArguments())
+    bean = mf.getPlatformMXBean(jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
+    assert spark.conf.get("spark.executor.extraJavaOptions") == "-XX:TieredStopAtLevel=1"

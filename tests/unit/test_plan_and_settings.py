@@ -90,7 +90,8 @@ def test_the_retired_fast_path_setting_is_refused_with_what_to_do(tmp_path: Path
 @pytest.mark.parametrize(("text", "needle"), [("bogus = 1", "unknown setting 'bogus'"), ("retention = -1", ">= 0"),
                                                ("retention = 'x'", "must be an integer"),
                                                ("node_buckets = 0", "node_buckets must be at least 1"),
-                                               ("read_task_min_rows = -1", "read_task_min_rows must be 0 or more")])
+                                               ("read_task_min_rows = -1", "read_task_min_rows must be 0 or more"),
+                                               ("jvm_jit = 'c2'", "jvm_jit must be 'c1' or 'tiered'")])
 def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)

@@ -67,7 +67,8 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         print(f"simulating {nodes} nodes at {rate:.0f} events/s; starting Spark (its log: {log_file}) ...", flush=True)
         surface = JobSurface(settings, lambda: bool(query is not None and query.isActive), "demo",
                              port=settings.http_port or 0)  # before Spark: nothing else takes the port
-        spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file)
+        spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file,
+                              jit=settings.jvm_jit)
         query = build_query(spark, settings)
 
         view = LiveView(settings, expiries)

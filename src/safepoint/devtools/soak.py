@@ -220,6 +220,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
                 "spark.sql.streaming.minBatchesToRetain": str(cfg.min_batches_to_retain),
                 "spark.sql.streaming.stateStore.maintenanceInterval": "10s",
             },
+            jit=settings.jvm_jit,
         )
         try:
             accounting.attach(spark)
