@@ -90,9 +90,13 @@ def preload() -> None:
         if key == "OPENBLAS_NUM_THREADS":
             value = os.environ.get("OMP_NUM_THREADS", value)
         os.environ.setdefault(key, value)
-    names = PRELOAD + (PRELOAD_ARROW if arrow_is_thread_free(os.environ) else ())
-    for name in names:
+    for name in PRELOAD:
         importlib.import_module(name)
+    for name in PRELOAD_ARROW if arrow_is_thread_free(os.environ) else ():
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an executor without it: the worker that needs it says so, not the daemon
+            continue
     from safepoint.gcfreeze import freeze_once
 
     freeze_once()

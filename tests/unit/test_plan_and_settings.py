@@ -254,6 +254,11 @@ def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_threa
     assert run(OPENBLAS_NUM_THREADS="4") == ["1", *["True"] * len(PRELOAD), *["False"] * len(PRELOAD_ARROW)]
     assert run(OMP_NUM_THREADS="2") == ["1", *["True"] * len(PRELOAD), *["False"] * len(PRELOAD_ARROW)]
     assert run(JE_ARROW_MALLOC_CONF="narenas:1") == ["1", *["True"] * len(PRELOAD), *["False"] * len(PRELOAD_ARROW)]
+    # an executor without pandas: the daemon still starts, with what it could import
+    blocked = ("import sys; sys.modules['pandas'] = None; " + probe).replace("print(", "sys.modules.pop('pandas'); print(")
+    out = subprocess.run([sys.executable, "-c", blocked, "pyarrow", "pandas"], capture_output=True, text=True, check=True,
+                         env=bare).stdout.split()
+    assert out == ["1", "True", "False"], out
 
 
 def test_a_dropped_zip_leaves_no_finder_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
