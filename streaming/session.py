@@ -112,12 +112,10 @@ def build_session(
     from pyspark.sql import SparkSession
 
     conf = spark_conf(shuffle_partitions, extra, ui)
-    for key in (DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS):
-        if JIT_OPTIONS[jit] and "TieredStopAtLevel" not in conf.get(key, ""):  # extra's own choice stands
-            conf[key] = f"{conf.get(key, '')} {JIT_OPTIONS[jit]}".strip()
-    archive = java_options()  # the class-data archive, where one was made (streaming/classes.py)
-    if archive and "ArchiveClassesAtExit" not in conf.get(DRIVER_JAVA_OPTIONS, ""):
-        conf[DRIVER_JAVA_OPTIONS] = f"{conf.get(DRIVER_JAVA_OPTIONS, '')} {archive}".strip()
+    for key in (DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS):  # extra's own compiler choice stands
+        _add_java_options(conf, key, JIT_OPTIONS[jit], unless="TieredStopAtLevel")
+    # the class-data archive, where one was made (streaming/classes.py), unless this JVM makes one
+    _add_java_options(conf, DRIVER_JAVA_OPTIONS, java_options(), unless="ArchiveClassesAtExit")
     if master not in ("", "submit"):
         _launch_jvm_apart(master, app, conf, log_file)
     builder = SparkSession.builder.appName(app)
@@ -129,6 +127,12 @@ def build_session(
     spark.sparkContext.setLogLevel("WARN")
     quiet_accumulator_hangup(getattr(spark.sparkContext, "_accumulatorServer", None))
     return spark
+
+
+def _add_java_options(conf: dict[str, str], key: str, options: str, unless: str) -> None:
+    """Append ``options`` (if any) to the Java options at ``conf[key]``, unless those name ``unless``."""
+    if options and unless not in conf.get(key, ""):
+        conf[key] = f"{conf.get(key, '')} {options}".strip()
 
 
 def quiet_accumulator_hangup(server: Any) -> None:

@@ -86,10 +86,8 @@ def preload() -> None:
     share those pages and PySpark's collection after every task does not walk them."""
     import importlib
 
-    for key, value in THREAD_FREE_ENV.items():
-        if key == "OPENBLAS_NUM_THREADS":
-            value = os.environ.get("OMP_NUM_THREADS", value)
-        os.environ.setdefault(key, value)
+    os.environ.setdefault("JE_ARROW_MALLOC_CONF", THREAD_FREE_ENV["JE_ARROW_MALLOC_CONF"])
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", THREAD_FREE_ENV["OPENBLAS_NUM_THREADS"]))
     for name in PRELOAD:
         importlib.import_module(name)
     for name in PRELOAD_ARROW if arrow_is_thread_free(os.environ) else ():

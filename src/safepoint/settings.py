@@ -253,26 +253,24 @@ def _from_toml(path: Path) -> dict[str, Any]:
     return values
 
 
+_EITHER = {"source_format": ("python", "kafka"), "jvm_jit": ("c1", "tiered"), "client": ("confluent", "kafka-python"),
+           "starting_offsets": ("earliest", "latest")}
+"""The settings that take one of two values."""
+
+
 def _check_choices(settings: Settings) -> None:
     """Settings that take one of a few values, or a least one."""
-    if settings.source_format not in ("python", "kafka"):
-        msg = f"source_format must be 'python' or 'kafka', got {settings.source_format!r}"
-        raise ConfigError(msg)
+    for name, (one, other) in _EITHER.items():
+        value = getattr(settings, name)
+        if value not in (one, other):
+            msg = f"{name} must be {one!r} or {other!r}, got {value!r}"
+            raise ConfigError(msg)
     if settings.node_buckets < 1:
         msg = f"node_buckets must be at least 1, got {settings.node_buckets}"
-        raise ConfigError(msg)
-    if settings.jvm_jit not in ("c1", "tiered"):
-        msg = f"jvm_jit must be 'c1' or 'tiered', got {settings.jvm_jit!r}"
         raise ConfigError(msg)
     if settings.read_task_min_rows < 0:
         msg = f"read_task_min_rows must be 0 or more, got {settings.read_task_min_rows}"
         raise ConfigError(msg)
-    if settings.client not in ("confluent", "kafka-python"):
-        msg = f"client must be 'confluent' or 'kafka-python', got {settings.client!r}"
-        raise ConfigError(msg)
     if settings.mvcc_unit not in ("none", "counter", "ns", "us", "ms", "s"):
         msg = f"mvcc_unit must be one of counter (or none), ns, us, ms, s, got {settings.mvcc_unit!r}"
-        raise ConfigError(msg)
-    if settings.starting_offsets not in ("earliest", "latest"):
-        msg = f"starting_offsets must be 'earliest' or 'latest', got {settings.starting_offsets!r}"
         raise ConfigError(msg)

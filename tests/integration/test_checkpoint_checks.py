@@ -18,7 +18,7 @@ from safepoint.streaming.checkpoint import LAYOUT_FILE
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, unique
-from tests_support import make_settings, run_to_end, send, simulated_log, verify
+from tests_support import _ids, make_settings, run_to_end, send, simulated_log, verify
 
 pytestmark = pytest.mark.integration
 
@@ -123,7 +123,7 @@ def test_a_checkpoint_written_with_lz4_state_resumes_with_its_codec(broker: Any,
         spark.conf.set(codec, "zstd")
     send(broker.bootstrap, settings.events_topic, [*log[len(log) // 2:], closing])
     run_to_end(spark, settings, str(ckpt))
-    batches = sorted(int(p.name) for p in (ckpt / "offsets").iterdir() if p.name.isdigit())
+    batches = _ids(ckpt, "offsets")
     assert len(batches) >= 2
     for b in batches:
         assert f'"{codec}":"lz4"' in (ckpt / "offsets" / str(b)).read_text(), f"batch {b} changed codec"
