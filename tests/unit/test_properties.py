@@ -118,6 +118,9 @@ scenarios = st.builds(
         retention=st.sampled_from([0, 0, 50, 300]),
         node_lease_ms=st.sampled_from([1_000, 5_000]),
         directive_interval_ms=st.sampled_from([0, 0, 0, 700]),
+        # short clocks, so that the pressure's bands and in-doubt alerts fire within a log
+        reader_age_warning_ms=st.sampled_from([600_000, 600_000, 250, 1_500]),
+        in_doubt_timeout_ms=st.sampled_from([60_000, 60_000, 200]),
     ),
     n_nodes=st.integers(1, 5),
     clusters=st.sampled_from([(None,), (None,), ("c1", "c2")]),

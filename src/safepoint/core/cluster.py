@@ -32,6 +32,7 @@ from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
 from safepoint.core.ids import join_id
 from safepoint.core.members import Members
+from safepoint.core.node import NodeState
 from safepoint.core.outputs import Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import NodeRecord, NodeUpdate
@@ -49,7 +50,7 @@ class ClusterState:
     __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "emergency",
                  "versions",
                  "cluster_time", "first_wall", "topology_wall", "safe_ts", "dirty", "last_advance_wall", "aborts",
-                 "reference")
+                 "settled", "reference")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -73,6 +74,9 @@ class ClusterState:
         self.last_advance_wall: int | None = None
         self.aborts = AbortSync()
         """What the last abort sync saw (not stored: a restored state starts with a full walk)."""
+        self.settled: int | None = None
+        """The cluster time of the last ``evaluate``, which left the round settled there: evaluating
+        again at that time with nothing changed emits nothing and changes nothing (not stored)."""
         self.reference = False
         """Sync the round's abort alerts by walking every member after every event: the reference
         the incremental sync is tested against (``core/aborts.py``; not stored)."""
@@ -207,6 +211,54 @@ class ClusterState:
                 self.dirty = True
         self.evaluate(policy, out)
 
+    def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy, out: list[Output]) -> bool:
+        """The shortcut of the commonest events: a reader or transaction that opens above, or closes
+        strictly above, its node's lowest hold, while nothing else moves. True when it took the
+        event (``NodeState.apply_quiet`` applied it to the node); False: nothing changed, the full
+        path takes it.
+
+        ``apply_node_update`` would change the node's record (holds, ``seq``, clock) and then find
+        nothing to say: cluster time does not move (the round was settled at it, ``settled``), the
+        node's minimum, groups and abort problems stay (it was not stale at the last sync, so a
+        later clock keeps it fresh), its holds and floor stay at or above ``safe_ts`` with no alert
+        of it to clear or raise but a violation of the hold it closes, and there is no recovery
+        and no namespace. ``test_properties`` checks it against the full path (``reference``)."""
+        now = self.cluster_time
+        if (now is None or self.settled != now or event["wall_ms"] > now or self.recovery is not None
+                or self.tenants or self.reference or (self.members.topology is not None and self.topology_wall is None)):
+            return False
+        name = node.node
+        members = self.members
+        rec = members.nodes.get(name)
+        if rec is None or rec.ns is not None or name in self.aborts.stale:
+            return False
+        member = name in members.names
+        safe = self.safe_ts
+        book = self.alerts
+        if member and (name in book.floor or (safe is not None and rec.local_min is not None and rec.local_min < safe)):
+            return False
+        change = node.apply_quiet(event, policy, safe, member)
+        if change is None:
+            return False
+        rec.incarnation = node.incarnation
+        rec.seq = node.seq
+        wall = event["wall_ms"]
+        if wall > rec.last_wall:
+            rec.last_wall = wall
+            if member:
+                members.walls.set(name, wall)
+        if change:
+            kind, hid, ts = change
+            if ts is not None:
+                rec.holds[join_id(kind, hid)] = ts
+            else:
+                rec.holds.pop(join_id(kind, hid), None)
+                if book:
+                    cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
+                    if cleared is not None:
+                        out.append(cleared)
+        return True
+
     def _signals(self, node: str, signals: list[list[Any]], now: int, out: list[Output]) -> None:
         """What the node stage decided on the node's clock, stamped with the cluster's identity and time:
         alerts, expire and snapshot_request directives, band changes, the emergency's debt signal."""
@@ -268,6 +320,11 @@ class ClusterState:
 
     # -- the round ----------------------------------------------------------------------
     def evaluate(self, policy: Policy, out: list[Output]) -> None:
+        """Run the round at the cluster time; it is settled there after (``settled``)."""
+        self._evaluate(policy, out)
+        self.settled = self.cluster_time
+
+    def _evaluate(self, policy: Policy, out: list[Output]) -> None:
         now = self.cluster_time
         if now is None or self.first_wall is None:
             return

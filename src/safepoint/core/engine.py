@@ -70,7 +70,10 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     if not is_node_event(event):
         ignored = state.apply_cluster_event(event, policy, out)
         return Outcome(APPLIED if ignored is None else f"{IGNORED}:{ignored}", out)
-    update = nodes.node(state.name, event["node"]).apply(event, policy)
+    node = nodes.node(state.name, event["node"])
+    if state.take_quiet(node, event, policy, out):
+        return Outcome(APPLIED, out)
+    update = node.apply(event, policy)
     if isinstance(update, str):
         return Outcome(f"{IGNORED}:{update}", out)
     state.apply_node_update(update, policy, out)

@@ -23,6 +23,20 @@ IGNORED_OLDER_SEQ = "older_seq"
 IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
+NEVER = float("inf")
+"""A clock bound when there is nothing to bound (``NodeState._since``)."""
+
+QUIET_SHAPES: dict[str, tuple[str, str, str | None]] = {
+    "reader_open": ("reader", "reader_id", "read_ts"),
+    "reader_close": ("reader", "reader_id", None),
+    "tx_begin": ("tx", "tx_id", "begin_ts"),
+    "tx_end": ("tx", "tx_id", None),
+}
+"""The events ``apply_quiet`` may take: (hold kind, id field, ts field; None for a closing)."""
+
+Quiet = tuple[()] | tuple[str, str, int | None]
+"""What ``apply_quiet`` changed: () nothing but the clock and ``seq`` (a closing of an unknown id),
+(kind, id, ts) a hold opened, (kind, id, None) a hold closed."""
 
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
@@ -54,6 +68,7 @@ class NodeState:
         "admission",
         "history",
         "_low",
+        "_since",
         "reference",
     )
 
@@ -82,6 +97,10 @@ class NodeState:
         depends on the next one)."""
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
+        self._since: tuple[float, float] | None = None
+        """(no hold opened before, no transaction prepared before): lower bounds ``apply_quiet``
+        keeps for the pressure's clocks; None after ``apply`` (the next shortcut walks the holds once;
+        not stored)."""
         self.reference = reference
         """Walk the holds on every event: the reference the shortcut (an event that cannot change the
         node's lowest holds reuses the last walk) is tested against (not stored)."""
@@ -159,6 +178,7 @@ class NodeState:
         ignored = self.check_order(event)
         if ignored is not None:
             return ignored
+        self._since = None
         opened: list[OpenedHold] = []
         closed: list[HoldRef] = []
         groups_changed = False
@@ -220,6 +240,69 @@ class NodeState:
         if self.leak or kind in ("heartbeat", "snapshot"):
             self.leak.check(self.readers, self.txs, event, self.last_wall_ms, policy, update.signals)
         return update
+
+    def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool) -> Quiet | None:
+        """Apply a reader or transaction opening or closing that changes nothing but the node's holds,
+        ``seq`` and clock; None when it might (nothing is changed then: ``apply`` takes the event).
+
+        It is the event ``apply`` would mark quiet (the same incarnation, nothing namespaced, a hold
+        strictly above the lowest of the last walk, no id reused), with nothing for the pressure
+        or the leak watch to decide: ``Pressure.still``, no history curve, no leak. For the
+        cluster: a hold it opens is at or above ``safe_ts`` (no violation), and, for a ``member``,
+        the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
+        state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
+        low = self._low
+        if (low is None or self.history is not None or self.leak or self.reference
+                or event["incarnation"] != self.incarnation or event["seq"] <= self.seq):
+            return None
+        lowest = low[1].ts
+        if member and safe_ts is not None and low[0].ts < safe_ts:
+            return None
+        shape = QUIET_SHAPES.get(event["type"])
+        if shape is None:
+            return None
+        kind, id_field, ts_field = shape
+        holds = self.readers if kind == "reader" else self.txs
+        hid = event[id_field]
+        wall = event["wall_ms"]
+        now = wall if wall > self.last_wall_ms else self.last_wall_ms
+        since = self._since
+        if since is None:
+            since = self._since = self._walk_since()
+        if ts_field is not None:  # an opening
+            ts = event[ts_field]
+            opened_wall = event.get("opened_wall_ms", wall)
+            if (hid in holds or ts <= lowest or event.get("namespace") is not None
+                    or (safe_ts is not None and ts < safe_ts)):
+                return None
+            first = min(since[0], opened_wall)
+            if not self.pressure.still(now, first, since[1], policy):
+                return None
+            holds[hid] = Hold(ts, opened_wall, event.get("label"), self.incarnation)
+            self._since = (first, since[1])
+            change: Quiet = (kind, hid, ts)
+        else:
+            gone = holds.get(hid)
+            if gone is not None and (gone.ts <= lowest or gone.namespace is not None):
+                return None
+            if not self.pressure.still(now, since[0], since[1], policy):
+                return None
+            change = ()
+            if gone is not None:
+                del holds[hid]
+                change = (kind, hid, None)
+        self.seq = event["seq"]
+        self.last_wall_ms = now
+        return change
+
+    def _walk_since(self) -> tuple[float, float]:
+        """(the earliest ``opened_wall`` of a hold, the earliest ``prepared_wall`` of a prepared
+        transaction): infinity for none."""
+        first = min((h.opened_wall for h in self.readers.values()), default=NEVER)
+        first = min(first, min((h.opened_wall for h in self.txs.values()), default=NEVER))
+        prepared = min((h.prepared_wall for h in self.txs.values() if h.prepared and h.prepared_wall is not None),
+                       default=NEVER)
+        return first, prepared
 
     def _prepare(self, event: dict[str, Any], wall: int) -> None:
         """A transaction is prepared: its fate now belongs to its coordinator (never expired)."""

@@ -181,6 +181,21 @@ class Pressure:
         p.debt_growing = bool(data.get("debt_growing"))
         return p
 
+    def still(self, now: int, first_opened: float, first_prepared: float, policy: Policy) -> bool:
+        """``step`` at ``now`` after an event that is no heartbeat and closes nothing in doubt or
+        expiring would decide nothing and change nothing, when every hold opened at or after
+        ``first_opened`` and every prepared transaction was prepared at or after ``first_prepared``
+        (lower bounds will do: they only make this say False more often). Then nothing is in doubt,
+        expiring or recently expired, the pinned band is not critical, the age band is quiet and
+        the oldest hold's age stays below its thresholds, and no prepared transaction reaches
+        ``in_doubt_timeout_ms``."""
+        if (self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2
+                or not self.age_band.quiet):
+            return False
+        age = _band_specs(policy)[1]
+        return (max(now - first_opened, 0) < min(age.warning_enter, age.critical_enter)
+                and now - first_prepared < policy.in_doubt_timeout_ms)
+
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
              signals: list[list[Any]], debt: int | None = None) -> None:
         """Move the bands, in-doubt and expiry state after one event at the node's time ``now``;
