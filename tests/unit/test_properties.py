@@ -37,6 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position
+from safepoint.core.leases import LastWalls
 from safepoint.replay import final_status
 
 from core_helpers import EVENTS_TOPIC, check_output
@@ -558,3 +559,16 @@ def shortcut_equals_the_walk(policy: Policy, log: list[dict[str, Any] | str]) ->
 def test_g_the_nodes_shortcut_equals_walking_its_holds(sc: Scenario) -> None:
     builder = LogBuilder(sc)
     shortcut_equals_the_walk(sc.policy, builder.build() + builder.settle())
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 50), st.integers(0, 60)), max_size=200))
+def test_lease_clock_lowest_and_older_than_equal_a_scan(steps: list[tuple[int, int, int]]) -> None:
+    """``LastWalls`` (a heap whose entries may lag behind a member's time) answers ``lowest`` and
+    ``older_than`` as a scan of every member's time does, times going up and, now and then, down."""
+    walls, model = LastWalls(), {}
+    for node, wall, limit in steps:
+        walls.set(f"n{node}", wall)
+        model[f"n{node}"] = wall
+        assert walls.lowest() == min(model.values())
+        assert walls.older_than(limit) == sorted((w, n) for n, w in model.items() if w < limit)

@@ -12,7 +12,6 @@ one cluster, in the job's log order, with the nodes loaded bucket by bucket from
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from safepoint.core.cluster import ClusterState
@@ -29,8 +28,7 @@ IGNORED = "ignored"
 DEADLETTERED = "deadlettered"
 
 
-@dataclass(frozen=True, slots=True)
-class Position:
+class Position(NamedTuple):
     """Where a message came from; dead letters and accounting name it."""
 
     topic: str

@@ -122,6 +122,15 @@ def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False)
     the two)."""
     if value is None:
         return Rejected("empty message: the value is null")
+    if not reference and not isinstance(value, str) and len(value) <= max_bytes:
+        try:  # msgspec reads the bytes as they are, refusing what is not UTF-8
+            obj = _FAST.decode(value)
+        except Exception:  # noqa: BLE001, S110 - the long way below gives the verdict in its words
+            pass
+        else:
+            if b"\\u" in value and _has_lone_surrogate(obj):
+                return Rejected("not UTF-8: a string escapes a lone UTF-16 surrogate (\\ud800-\\udfff)")
+            return parse_obj(obj)
     if isinstance(value, str):
         try:
             size = len(value.encode("utf-8"))

@@ -2,8 +2,10 @@
 
 A member whose newest ``wall_ms`` is more than ``node_lease_ms`` of cluster time behind is stale
 and aborts the round. The check runs after every applied event, and every event moves one
-member's time, so ``LastWalls`` keeps a heap with lazy deletion: a new time is pushed and the old
-entry is dropped only when it reaches the top (or when the heap has grown to twice the members).
+member's time, so ``LastWalls`` keeps a heap whose entries may lag: a later time only updates the
+member's time, and its entry in the heap (a lower bound) moves up when it reaches the top; an
+earlier time is pushed, and the entry above it is dropped when it reaches the top (or when the heap
+has grown to twice the members).
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ class LastWalls:
         return len(self._last)
 
     def set(self, node: str, wall: int) -> None:
-        if self._last.get(node) == wall:
+        old = self._last.get(node)
+        if old == wall:
             return
         self._last[node] = wall
+        if old is not None and wall > old:
+            return  # its entry in the heap is older: moved up when it reaches the top (``lowest``)
         heapq.heappush(self._heap, (wall, node))
         if len(self._heap) > 2 * len(self._last) + 64:
             self._heap = [(w, n) for n, w in self._last.items()]
@@ -37,9 +42,16 @@ class LastWalls:
     def lowest(self) -> int | None:
         """The lowest newest time over the members, or None without members."""
         heap, last = self._heap, self._last
-        while heap and last.get(heap[0][1]) != heap[0][0]:
-            heapq.heappop(heap)  # an older time of a member that has spoken since
-        return heap[0][0] if heap else None
+        while heap:
+            wall, node = heap[0]
+            now = last.get(node)
+            if now == wall:
+                return wall
+            if now is None or now < wall:
+                heapq.heappop(heap)  # an entry above the member's time: a later push has its time
+            else:
+                heapq.heapreplace(heap, (now, node))  # the member has spoken since: its entry moves up
+        return None
 
     def entries(self) -> list[tuple[int, str]]:
         """(wall, node) of every member, lowest first."""

@@ -298,10 +298,15 @@ class NodeState:
     def _walk_since(self) -> tuple[float, float]:
         """(the earliest ``opened_wall`` of a hold, the earliest ``prepared_wall`` of a prepared
         transaction): infinity for none."""
-        first = min((h.opened_wall for h in self.readers.values()), default=NEVER)
-        first = min(first, min((h.opened_wall for h in self.txs.values()), default=NEVER))
-        prepared = min((h.prepared_wall for h in self.txs.values() if h.prepared and h.prepared_wall is not None),
-                       default=NEVER)
+        first = prepared = NEVER
+        for h in self.readers.values():
+            if h.opened_wall < first:
+                first = h.opened_wall
+        for h in self.txs.values():
+            if h.opened_wall < first:
+                first = h.opened_wall
+            if h.prepared and h.prepared_wall is not None and h.prepared_wall < prepared:
+                prepared = h.prepared_wall
         return first, prepared
 
     def _prepare(self, event: dict[str, Any], wall: int) -> None:
