@@ -209,6 +209,9 @@ class ClusterState:
                 out.append(self.directives.snapshot_request(u.node, "recovery", now))
             elif step == COMPLETED:
                 self.dirty = True
+        elif (self.settled == now and not (fresh or u.changed or u.signals or self.reference)
+              and u.node not in self.aborts.stale):
+            return  # the round reads nothing that changed, at the time it was settled at (take_quiet says why)
         self.evaluate(policy, out)
 
     def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy, out: list[Output]) -> bool:
