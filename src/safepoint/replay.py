@@ -39,7 +39,7 @@ def replay_file(
             if progress is not None and offset % 4096 == 0:
                 progress(read, offset)
             value = raw.rstrip(b"\r\n")
-            if not value.strip():
+            if not value or value.isspace():
                 continue
             for out in engine.process(value, Position(input_path, 0, offset, None)):
                 target = deadletter if out.channel == DEADLETTER else output

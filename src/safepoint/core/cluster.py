@@ -228,7 +228,8 @@ class ClusterState:
         and no namespace. ``test_properties`` checks it against the full path (``reference``)."""
         now = self.cluster_time
         if (now is None or self.settled != now or event["wall_ms"] > now or self.recovery is not None
-                or self.tenants or self.reference or (self.members.topology is not None and self.topology_wall is None)):
+                or self.tenants.active or self.reference
+                or (self.members.topology is not None and self.topology_wall is None)):
             return False
         name = node.node
         members = self.members
@@ -256,7 +257,7 @@ class ClusterState:
                 rec.holds[join_id(kind, hid)] = ts
             else:
                 rec.holds.pop(join_id(kind, hid), None)
-                if book:
+                if book.raised:
                     cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
                     if cleared is not None:
                         out.append(cleared)

@@ -252,7 +252,7 @@ class NodeState:
         the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
         state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
         low = self._low
-        if (low is None or self.history is not None or self.leak or self.reference
+        if (low is None or self.history is not None or self.leak.state is not None or self.reference
                 or event["incarnation"] != self.incarnation or event["seq"] <= self.seq):
             return None
         lowest = low[1].ts

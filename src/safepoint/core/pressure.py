@@ -199,8 +199,9 @@ class Pressure:
         expiring or recently expired, the pinned band is not critical, the age band is quiet and
         the oldest hold's age stays below its thresholds, and no prepared transaction reaches
         ``in_doubt_timeout_ms``."""
+        age = self.age_band
         if (self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2
-                or not self.age_band.quiet):
+                or age.level or age.breach1 is not None or age.breach2 is not None):  # the age band is not quiet
             return False
         return max(now - first_opened, 0) < _quiet_age(policy) and now - first_prepared < policy.in_doubt_timeout_ms
 
