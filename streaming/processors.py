@@ -22,7 +22,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from safepoint.connectors.kafka_sink import deliver
-from safepoint.core.batch import METRICS, BucketNodes, Routed, StateCache, route, run_batch
+from safepoint.core.batch import METRICS, BucketNodes, Routed, route, run_batch
 from safepoint.core.codec import encode
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policy
@@ -53,9 +53,6 @@ row per cluster and batch with an empty ``topic`` carries them, and is dropped b
 _VALUE = StructType([StructField("value", BinaryType(), False)])
 _BUCKET = StructType([StructField("bucket", IntegerType(), False)])
 _NO_COUNTS = dict.fromkeys(METRICS, 0)
-WORKER_CACHE = StateCache()
-"""The states this Python worker wrote at the end of its last batches (``core/batch.py``): a
-task of the same cluster's next batch reuses them instead of decoding the store's bytes again."""
 
 
 def unpack(rows: Iterator[Row]) -> list[Routed]:
@@ -133,9 +130,8 @@ class ClusterJob(StatefulProcessor):
         with paused():
             items = unpack(rows)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
-            nodes = BucketNodes(key[0], self.buckets, self._bucket, WORKER_CACHE)
-            result = run_batch(key[0], None if stored is None else bytes(stored[0]), nodes, items, self.policy,
-                               bool(self.accounting_topic), self.start)
+            result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
+                               items, self.policy, bool(self.accounting_topic), self.start)
             del items
         for bucket, value in result.buckets.items():
             self.nodes.updateValue((bucket,), (value,))

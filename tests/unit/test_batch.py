@@ -18,18 +18,7 @@ from typing import Any
 import pytest
 
 from safepoint.core import Engine, Position
-from safepoint.core.batch import (
-    CLUSTER_VALUE,
-    METRICS,
-    BatchResult,
-    BucketNodes,
-    StateCache,
-    bucket_of,
-    counts_of,
-    merge_log_order,
-    route,
-    run_batch,
-)
+from safepoint.core.batch import METRICS, BucketNodes, bucket_of, counts_of, merge_log_order, route
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -252,69 +241,3 @@ def test_a_batch_reads_and_writes_only_the_buckets_it_touches() -> None:
     job.run_batch([hb("n1", 2), hb("n1", 3)])
     # the cluster's value read and written, n1's bucket read and written
     assert job.state_calls() - before == 4
-
-
-def _batches(seed: int, n: int) -> list[list[Any]]:
-    """``n`` consecutive batches of one cluster's routed messages (a simulated 12-node cluster)."""
-    cfg = SimConfig(nodes=12, rate=600, cluster="c1", long_reader_share=0.05, long_reader_ms=(300, 2_000),
-                    restart_per_node_per_min=3.0)
-    log = [(0, i, key_of(ev).encode(), json.dumps(ev).encode()) for i, ev in enumerate(generate_log(cfg, 4_000, seed=seed))]
-    size = len(log) // n + 1
-    return [route(log[i:i + size], "ev", Policy())["c1"] for i in range(0, len(log), size)]
-
-
-def _run(cache: StateCache | None, stored: bytes | None, buckets: dict[int, bytes], items: list[Any],
-         fail_on: int | None = None) -> tuple[BatchResult, dict[int, bytes]]:
-    def load(b: int) -> bytes | None:
-        if b == fail_on:
-            raise OSError("the state store went away")
-        return buckets.get(b)
-
-    result = run_batch("c1", stored, BucketNodes("c1", 4, load, cache), items, Policy(retention=50), False)
-    return result, {**buckets, **result.buckets}
-
-
-@pytest.mark.parametrize("seed", [1, 2])
-def test_states_kept_between_batches_give_the_outputs_of_decoding_them(seed: int) -> None:
-    """A worker's ``StateCache`` reuses what it wrote last; the outputs are those of decoding the
-    stored bytes every batch, also when a batch runs again from older bytes (its commit failed)
-    and when a batch failed halfway through (what it changed is never reused)."""
-    batches = _batches(seed, 6)
-    plain: list[BatchResult] = []
-    stored, buckets = None, {}
-    for items in batches:
-        result, buckets = _run(None, stored, buckets, items)
-        stored = result.cluster if result.cluster is not None else stored
-        plain.append(result)
-
-    cache = StateCache()
-    stored, buckets = None, {}
-    for k, items in enumerate(batches):
-        before = (stored, dict(buckets))
-        if k == 2:  # fails once it has applied part of the batch, then runs again
-            order = [bucket_of(r.payload["node"], 4) for r in items if "node" in r.payload]
-            late = max(set(order), key=order.index)  # the bucket the batch touches last for the first time
-            assert order.index(late) > 10  # a bucket first touched after the batch changed others
-            with pytest.raises(OSError):
-                _run(cache, stored, buckets, items, fail_on=late)
-        result, buckets = _run(cache, stored, buckets, items)
-        assert (result.outputs, result.counts) == (plain[k].outputs, plain[k].counts), f"batch {k}"
-        if k == 3:  # its commit "failed": the batch runs again from the bytes before it
-            kept = cache.entries[("c1", CLUSTER_VALUE)][1]
-            result, buckets = _run(cache, before[0], before[1], items)
-            assert (result.outputs, result.counts) == (plain[k].outputs, plain[k].counts), "batch 3 again"
-            assert cache.entries[("c1", CLUSTER_VALUE)][1] is not kept  # decoded again, not reused
-        else:
-            state = cache.entries[("c1", CLUSTER_VALUE)][1]
-            nxt = result.cluster if result.cluster is not None else stored
-            assert cache.take(("c1", CLUSTER_VALUE), nxt) is state  # what the next batch reuses
-            cache.put(("c1", CLUSTER_VALUE), nxt, state)
-        stored = result.cluster if result.cluster is not None else stored
-
-
-def test_state_cache_keeps_at_most_its_limit() -> None:
-    cache = StateCache(limit=2)
-    for k in range(3):
-        cache.put(("c", k), b"x", k)
-    assert list(cache.entries) == [("c", 1), ("c", 2)]
-    assert cache.take(("c", 1), b"y") is None and ("c", 1) not in cache.entries  # other bytes: taken out, not reused

@@ -42,7 +42,6 @@ __all__ = [
     "BUCKET_STATE_VERSION",
     "BatchResult",
     "BucketNodes",
-    "StateCache",
     "DeadLetterPayload",
     "Emitted",
     "Routed",
@@ -159,45 +158,14 @@ def counts_of(labels: Iterable[str]) -> dict[str, int]:
     return {m: c.get(m, 0) for m in METRICS}
 
 
-CLUSTER_VALUE = -1
-"""The ``StateCache`` key's bucket for a cluster's own value."""
-
-
-class StateCache:
-    """The states a worker decoded, kept from one micro-batch to the next: a cluster's value or a
-    bucket's nodes are reused when the state store gives back exactly the bytes this cache holds
-    for them (those written at the end of the last batch that used them), and decoded otherwise.
-    An entry is taken out when it is used and put back when its value is written, so a batch that
-    fails halfway leaves nothing of what it changed behind. A reused state carries what a decoded
-    one rebuilds (the round's indexes, the abort sync, the node's last walk), which gives the same
-    outputs (``test_properties`` e, f and g); at most ``limit`` entries, the oldest dropped first."""
-
-    def __init__(self, limit: int = 4096) -> None:
-        self.limit = limit
-        self.entries: dict[tuple[str, int], tuple[bytes, Any]] = {}
-
-    def take(self, key: tuple[str, int], stored: bytes) -> Any:
-        """The state kept for ``key`` if it was kept for exactly ``stored`` (else None); taken out."""
-        hit = self.entries.pop(key, None)
-        return hit[1] if hit is not None and hit[0] == stored else None
-
-    def put(self, key: tuple[str, int], stored: bytes, state: Any) -> None:
-        self.entries[key] = (stored, state)
-        if len(self.entries) > self.limit:
-            del self.entries[next(iter(self.entries))]
-
-
 class BucketNodes:
     """One cluster's node states, read bucket by bucket from stored values as a batch touches them
-    (``engine.NodeSource``). ``load(bucket)`` gives a bucket's stored value or None; with a
-    ``cache`` a bucket this worker wrote last is reused as it is."""
+    (``engine.NodeSource``). ``load(bucket)`` gives a bucket's stored value or None."""
 
-    def __init__(self, cluster: str, buckets: int, load: Callable[[int], bytes | None],
-                 cache: StateCache | None = None) -> None:
+    def __init__(self, cluster: str, buckets: int, load: Callable[[int], bytes | None]) -> None:
         self.cluster = cluster
         self.buckets = buckets
         self.load = load
-        self.cache = cache
         self.loaded: dict[int, dict[str, NodeState]] = {}
         self.touched: dict[str, NodeState] = {}
         """The nodes this batch looked up, by name (their status goes out after the batch)."""
@@ -209,9 +177,7 @@ class BucketNodes:
         bucket = bucket_of(name, self.buckets)
         nodes = self.loaded.get(bucket)
         if nodes is None:
-            stored = self.load(bucket)
-            cached = None if stored is None or self.cache is None else self.cache.take((self.cluster, bucket), stored)
-            nodes = self.loaded[bucket] = cached if cached is not None else self.decode(stored)
+            nodes = self.loaded[bucket] = self.decode(self.load(bucket))
         state = nodes.get(name)
         if state is None:
             state = nodes[name] = NodeState(cluster, name)
@@ -224,11 +190,7 @@ class BucketNodes:
     def dump(self) -> dict[int, bytes]:
         """The stored value of every bucket the batch touched."""
         touched = {bucket_of(name, self.buckets) for name in self.touched}
-        dumped = {b: encode_bucket(self.loaded[b].values(), self.buckets) for b in sorted(touched)}
-        if self.cache is not None:
-            for b, stored in dumped.items():
-                self.cache.put((self.cluster, b), stored, self.loaded[b])
-        return dumped
+        return {b: encode_bucket(self.loaded[b].values(), self.buckets) for b in sorted(touched)}
 
 
 # -- the stored forms -----------------------------------------------------------------------
@@ -292,12 +254,8 @@ class BatchResult(NamedTuple):
 def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
               accounting: bool, start: StartPlan | None = None) -> BatchResult:
     """One cluster's messages of one micro-batch through ``step``, in log order (cluster ``""``
-    holds the batch's dead letters). The cluster's value comes from ``nodes.cache`` too."""
-    cache, key = nodes.cache, (cluster, CLUSTER_VALUE)
-    state = None
-    if stored is not None:
-        state = cache.take(key, stored) if cache is not None else None
-        state = state if state is not None else decode_cluster(stored)
+    holds the batch's dead letters)."""
+    state = decode_cluster(stored) if stored is not None else None
     outputs: list[Emitted] = []
     labels: Counter[str] = Counter()
     touched = False
@@ -318,7 +276,4 @@ def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: lis
         outputs += [(STATUS, status_key(cluster, name), node_status(ns, policy)) for name, ns in sorted(nodes.touched.items())]
         outputs.append((STATUS, status_key(cluster), cluster_status(state, policy)))
     new_state = encode_cluster(state) if state is not None and touched else None
-    kept = new_state if new_state is not None else stored
-    if cache is not None and state is not None and kept is not None:
-        cache.put(key, kept, state)
     return BatchResult(outputs, counts_of(labels.elements()), new_state, nodes.dump())
