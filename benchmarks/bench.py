@@ -2,7 +2,7 @@
 
     .venv/bin/safepoint bench                 # or: .venv/bin/python benchmarks/bench.py
 
-On one embedded broker (own temp dir, free port) and one generated workload (1,000 nodes, mostly
+On the embedded broker (own temp dir, free port; a fresh one for each Spark run) and one generated workload (1,000 nodes, mostly
 short readers, some long ones, transactions, heartbeats, node restarts; plus one "probe" node whose
 reader closes free the cluster's blocker at a fixed rate, so directives come at a known pace):
 
