@@ -93,6 +93,10 @@ text); where it fails, ``json``'s decoder gives the verdict, so a dead letter's 
 ``json``'s."""
 
 
+_LONE_SURROGATE = "not UTF-8: a string escapes a lone UTF-16 surrogate (\\ud800-\\udfff)"
+"""Why a message is refused whose JSON escapes a surrogate that no UTF-8 output can carry."""
+
+
 def decode(text: str) -> Any:
     """The JSON value of ``text`` (raises as ``json`` does on what is not JSON)."""
     try:
@@ -129,7 +133,7 @@ def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False)
             pass
         else:
             if b"\\u" in value and _has_lone_surrogate(obj):
-                return Rejected("not UTF-8: a string escapes a lone UTF-16 surrogate (\\ud800-\\udfff)")
+                return Rejected(_LONE_SURROGATE)
             return parse_obj(obj)
     if isinstance(value, str):
         try:
@@ -157,7 +161,7 @@ def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False)
     except RecursionError:
         return Rejected("not JSON: nested too deeply")
     if "\\u" in text and _has_lone_surrogate(obj):
-        return Rejected("not UTF-8: a string escapes a lone UTF-16 surrogate (\\ud800-\\udfff)")
+        return Rejected(_LONE_SURROGATE)
     return parse_obj(obj, reference=reference)
 
 

@@ -71,24 +71,14 @@ def _alert(node: str, kind: str, aid: str, state: str, severity: str, value: int
                       "value": value, "threshold": threshold, "since": since, "detail": detail}]
 
 
-_specs: list[Any] = [None, None, None, 0]
-"""The last policy's band specs and the age below which the age band stays quiet (building the
-specs is a dataclass per call; one policy serves a run)."""
+_specs: list[Any] = [None, None, None]
+"""The last policy's band specs (building them is a dataclass per call; one policy serves a run)."""
 
 
 def _band_specs(policy: Policy) -> tuple[BandSpec, BandSpec]:
     if _specs[0] is not policy:
-        age = policy.age_band()
-        _specs[:] = [policy, policy.pinned_band(), age, min(age.warning_enter, age.critical_enter)]
+        _specs[:] = [policy, policy.pinned_band(), policy.age_band()]
     return _specs[1], _specs[2]
-
-
-def _quiet_age(policy: Policy) -> int:
-    """An age of the oldest hold below which a quiet age band stays quiet."""
-    if _specs[0] is not policy:
-        _band_specs(policy)
-    age: int = _specs[3]
-    return age
 
 
 def _slope(points: list[tuple[int, int]]) -> float | None:
@@ -199,11 +189,11 @@ class Pressure:
         expiring or recently expired, the pinned band is not critical, the age band is quiet and
         the oldest hold's age stays below its thresholds, and no prepared transaction reaches
         ``in_doubt_timeout_ms``."""
-        age = self.age_band
-        if (self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2
-                or age.level or age.breach1 is not None or age.breach2 is not None):  # the age band is not quiet
+        if self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2 or not self.age_band.quiet:
             return False
-        return max(now - first_opened, 0) < _quiet_age(policy) and now - first_prepared < policy.in_doubt_timeout_ms
+        age, spec = max(now - first_opened, 0), _band_specs(policy)[1]
+        # band_step's own test for a quiet band that stays quiet
+        return age < spec.warning_enter and age < spec.critical_enter and now - first_prepared < policy.in_doubt_timeout_ms
 
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
              signals: list[list[Any]], debt: int | None = None) -> None:
