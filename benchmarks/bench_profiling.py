@@ -73,15 +73,13 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
 
 def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
     """The job's batch logic (core/batch.py: route per partition, then each cluster's batch through
-    ``run_batch``, with the stored values and the pickled hand-off between them) run in this
+    ``run_batch``, with the stored values and the packed hand-off between them) run in this
     process, without Spark.
 
     A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
     own cost (Arrow between JVM and Python, the shuffle, RocksDB, the source and sink).
     """
-    import pickle
-
-    from safepoint.core.batch import BucketNodes, route, run_batch
+    from safepoint.core.batch import BucketNodes, pack_routed, route, run_batch, unpack_routed
     from safepoint.core.policy import Policy
 
     policy = Policy()
@@ -108,7 +106,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
             groups: dict[str, list[Any]] = defaultdict(list)
             for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
                 for cluster, items in route([m for m in batch if m[0] == part], "bench", policy).items():
-                    groups[cluster].extend(pickle.loads(pickle.dumps(items, 5)))
+                    groups[cluster].extend(unpack_routed(pack_routed(items)))
             t1 = time.perf_counter()
             for cluster, items in groups.items():
                 result = run_batch(cluster, clusters.get(cluster), BucketNodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b))),
@@ -152,7 +150,7 @@ _PYSPY_GROUPS = [
     ("safepoint core: cluster round (core/cluster.py)", lambda f: "safepoint/core/cluster.py" in f or "sortedcontainers" in f),
     ("safepoint core: engine glue, outputs, codec", lambda f: "safepoint/core/" in f),
     ("batch logic: routing, staging, state JSON, log-order merge (core/batch.py)", lambda f: "safepoint/core/batch.py" in f),
-    ("processors: (un)pickling packed rows, Row fields (streaming/processors.py)", lambda f: "streaming/processors.py" in f),
+    ("processors: packing rows, Row fields (streaming/processors.py)", lambda f: "streaming/processors.py" in f),
     ("source: Kafka read (kafka_source.py read)", lambda f: "kafka_source.py" in f and f.startswith(("read ", "KafkaStreamReader.read "))),
     ("Kafka produce (kafka_sink.py deliver)", lambda f: "kafka_sink.py" in f),
     ("source: driver-side offsets, planning, commit (kafka_source.py)", lambda f: "kafka_source.py" in f),

@@ -7,13 +7,12 @@ batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it c
 value and its nodes' in a map of buckets (read and written only when the batch touches them), and
 produces the outputs itself when its task ends (``produce``; behind Spark's Kafka sink it
 returns them as (topic, key, value) rows instead), plus one row of the batch's accounting
-counters. Neither holds a rule: they unpickle, read and write state values, and translate rows.
-Packed rows (pickled ``Routed`` records) live only inside one micro-batch.
+counters. Neither holds a rule: they unpack, read and write state values, and translate rows.
+Packed rows (``Routed`` records, ``pack_routed``) live only inside one micro-batch.
 """
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from safepoint.connectors.kafka_sink import deliver
-from safepoint.core.batch import METRICS, BucketNodes, Routed, route, run_batch
+from safepoint.core.batch import METRICS, BucketNodes, Routed, pack_routed, route, run_batch, unpack_routed
 from safepoint.core.codec import encode
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policy
@@ -32,13 +31,11 @@ from safepoint.gcfreeze import freeze_once, paused
 
 __all__ = ["Router", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
 
-PICKLE_PROTOCOL = 5
-
 ROUTED_SCHEMA = StructType([
     StructField("cluster", StringType(), True),
     StructField("blob", BinaryType(), True),
 ])
-"""The router's rows: one per cluster and Arrow batch; ``blob`` pickles ``Routed`` records."""
+"""The router's rows: one per cluster and Arrow batch; ``blob`` packs ``Routed`` records (``pack_routed``)."""
 SINK_COLUMNS = ("topic", "key", "value")
 OUTPUT_SCHEMA = StructType(
     [
@@ -59,7 +56,7 @@ def unpack(rows: Iterator[Row]) -> list[Routed]:
     """The records of one group's packed rows."""
     items: list[Routed] = []
     for row in rows:
-        items.extend(pickle.loads(row["blob"]))  # noqa: S301 - packed by this query's router
+        items.extend(unpack_routed(row["blob"]))
     return items
 
 
@@ -87,7 +84,7 @@ class Router:
                 packed = pa.RecordBatch.from_arrays(
                     [
                         pa.array(list(groups), pa.string()),
-                        pa.array([pickle.dumps(g, PICKLE_PROTOCOL) for g in groups.values()], pa.binary()),
+                        pa.array([pack_routed(g) for g in groups.values()], pa.binary()),
                     ],
                     schema=schema,
                 )

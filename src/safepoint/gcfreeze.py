@@ -44,7 +44,7 @@ def freeze_once() -> None:
 
 @contextmanager
 def paused() -> Iterator[None]:
-    """No automatic collections inside: a batch's bulk unpickling and processing allocate
+    """No automatic collections inside: a batch's bulk unpacking and processing allocate
     hundreds of thousands of acyclic objects, and each threshold crossing would walk them all
     (measured: unpickling one 50,000-message batch took 4x longer). Reference counting still frees
     them; the worker's ``gc.collect()`` after the task takes any cycles."""

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from safepoint.core import Engine, Position
-from safepoint.core.batch import METRICS, BucketNodes, bucket_of, counts_of, merge_log_order, route
+from safepoint.core.batch import METRICS, BucketNodes, bucket_of, counts_of, merge_log_order, pack_routed, route, unpack_routed
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -184,6 +184,38 @@ def test_router_groups_by_cluster_and_keeps_dead_letters_apart() -> None:
     assert [(r.offset, r.wall_ms, r.payload["type"]) for r in groups["c1"]] == [(0, 1, "topology"), (1, 2, "heartbeat")]
     (partition, offset, wall, dead), = groups[""]
     assert (partition, offset, wall, dead.code) == (0, 2, -1, "not_json")
+
+
+def _types(payload: Any) -> dict[str, type]:
+    fields = payload if isinstance(payload, dict) else payload._asdict()
+    return {k: type(v) for k, v in fields.items()}
+
+
+def test_packed_records_come_back_as_they_were_routed() -> None:
+    """The hand-off from router to operator: MessagePack where it carries every value as it is,
+    else a pickle (a number with a fraction keeps the parser's own type; an integer beyond 64 bits)."""
+    def hb(extra: dict[str, Any]) -> bytes:
+        event = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1,
+                 "wall_ms": 2, "mvcc_now": 5, **extra}
+        return json.dumps(event).encode()
+
+    cases = {
+        "plain, and a dead letter": [hb({}), b"{bad"],
+        "not UTF-8": [b'{"v": 1, "x": "\xff"}'],
+        "fraction": [hb({"x_ratio": 1.5})],
+        "wide integer": [hb({"x_big": 2**70})],
+    }
+    formats = {}
+    for name, values in cases.items():
+        rows = [(0, offset, b"k", value) for offset, value in enumerate(values)]
+        items = [item for group in route(rows, "ev", Policy()).values() for item in group]
+        blob = pack_routed(items)
+        formats[name] = "pickle" if blob[:1] == b"\x80" else "msgpack"
+        back = unpack_routed(blob)
+        assert back == items, name
+        assert [(type(r.payload), _types(r.payload)) for r in back] == [(type(r.payload), _types(r.payload)) for r in items]
+    assert formats == {"plain, and a dead letter": "msgpack", "not UTF-8": "msgpack", "fraction": "pickle",
+                       "wide integer": "pickle"}
 
 
 def _stored_bucket(policy: Policy, buckets: int) -> bytes:

@@ -68,6 +68,7 @@ class NodeState:
         "admission",
         "history",
         "_low",
+        "_restored",
         "_since",
         "reference",
     )
@@ -97,6 +98,8 @@ class NodeState:
         depends on the next one)."""
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
+        self._restored = False
+        """Read from the store and not walked since: ``_low`` is not known yet (``apply_quiet`` walks)."""
         self._since: tuple[float, float] | None = None
         """(no hold opened before, no transaction prepared before): lower bounds ``apply_quiet``
         keeps for the pressure's clocks; None after ``apply`` (the next shortcut walks the holds once;
@@ -158,6 +161,7 @@ class NodeState:
         state.admission = data.get("admission")
         history = data.get("history")
         state.history = History(history) if history is not None else None
+        state._restored = True
         return state
 
     # -- the rules --------------------------------------------------------------------
@@ -251,10 +255,17 @@ class NodeState:
         cluster: a hold it opens is at or above ``safe_ts`` (no violation), and, for a ``member``,
         the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
         state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
-        low = self._low
-        if (low is None or self.history is not None or self.leak.state is not None or self.reference
+        if (self.history is not None or self.leak.state is not None or self.reference
                 or event["incarnation"] != self.incarnation or event["seq"] <= self.seq):
             return None
+        low = self._low
+        if low is None:
+            if not self._restored:
+                return None
+            self._walk(policy)  # what the node's last walk gave before it was stored (its holds are the same)
+            low = self._low
+            if low is None:
+                return None
         lowest = low[1].ts
         if member and safe_ts is not None and low[0].ts < safe_ts:
             return None
@@ -455,6 +466,16 @@ class NodeState:
                 mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
         return floor, best, None if mins is None else [base, dict(sorted(mins.items()))]
 
+    def _walk(self, policy: Policy) -> tuple[Blocker | str, Blocker | None, list[Any] | None]:
+        """``_lowest``, with the lowest hold's cost where the node sent a history curve; keeps
+        (floor, lowest hold) in ``_low`` while nothing is namespaced."""
+        floor, blocker, ns = self._lowest(policy)
+        if self.history is not None and blocker is not None and blocker.kind in HOLD_KINDS:
+            blocker = blocker._replace(cost=self._cost_of(blocker, floor))
+        self._low = (floor, blocker) if ns is None and blocker is not None and not isinstance(floor, str) else None
+        self._restored = False
+        return floor, blocker, ns
+
     def _cost_of(self, blocker: Blocker, floor: Blocker | str) -> int:
         """The layer of the node's lowest hold (``core/cost.py``): from its ts to the next younger
         hold or the node's floor, shared with the holds at its ts."""
@@ -488,10 +509,7 @@ class NodeState:
         if quiet and not self.reference and low is not None and self.history is None:
             floor, blocker, ns = low[0], low[1], None
         else:
-            floor, blocker, ns = self._lowest(policy)
-            if self.history is not None and blocker is not None and blocker.kind in HOLD_KINDS:
-                blocker = blocker._replace(cost=self._cost_of(blocker, floor))
-            self._low = (floor, blocker) if ns is None and blocker is not None and not isinstance(floor, str) else None
+            floor, blocker, ns = self._walk(policy)
         lmin, unknown = (None, floor) if isinstance(floor, str) else (blocker.ts if blocker else None, None)
         summary = (lmin, unknown) if ns is None else (lmin, unknown, ns)
         changed = groups_changed or summary != self._summary

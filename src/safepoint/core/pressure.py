@@ -94,18 +94,41 @@ def _slope(points: list[tuple[int, int]]) -> float | None:
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / var
 
 
+class _Unfit:
+    """A rate not fitted to the samples yet."""
+
+
+_UNFIT = _Unfit()
+
+
 class Forecast:
     """A node's recent heartbeats ([wall, pinned_bytes, debt_bytes or -1], spaced over the window),
-    the growth rates fitted to them, and the raised forecast alert's start (None: not raised)."""
+    the growth rates fitted to them, and the raised forecast alert's start (None: not raised). A rate
+    is fitted when it is first read after the samples changed."""
 
-    __slots__ = ("samples", "pinned_per_ms", "debt_per_ms", "raised_since")
+    __slots__ = ("samples", "_pinned_rate", "_debt_rate", "raised_since")
 
     def __init__(self, samples: list[list[int]] | None = None, raised_since: int | None = None) -> None:
         self.samples: list[list[int]] = samples or []
         self.raised_since = raised_since
-        self.pinned_per_ms: float | None = None
-        self.debt_per_ms: float | None = None
-        self._fit()
+        self._pinned_rate: float | None | _Unfit = _UNFIT
+        self._debt_rate: float | None | _Unfit = _UNFIT
+
+    @property
+    def pinned_per_ms(self) -> float | None:
+        """The pinned bytes' growth per ms over the samples (None: too few, or no time between them)."""
+        rate = self._pinned_rate
+        if isinstance(rate, _Unfit):
+            rate = self._pinned_rate = _slope([(t, p) for t, p, _d in self.samples])
+        return rate
+
+    @property
+    def debt_per_ms(self) -> float | None:
+        """The compaction debt's growth per ms over the samples that carry it."""
+        rate = self._debt_rate
+        if isinstance(rate, _Unfit):
+            rate = self._debt_rate = _slope([(t, d) for t, _p, d in self.samples if d >= 0])
+        return rate
 
     def to_json(self) -> dict[str, Any] | None:
         if not self.samples:
@@ -117,7 +140,7 @@ class Forecast:
         return cls() if not data else cls([list(x) for x in data.get("samples") or []], data.get("raised_since"))
 
     def add(self, now: int, pinned: int, debt: int | None, window_ms: int) -> None:
-        """Take one heartbeat's figures and fit the rates again."""
+        """Take one heartbeat's figures (the rates are fitted again when next read)."""
         sample = [now, pinned, -1 if debt is None else debt]
         if len(self.samples) > 1 and now - self.samples[-2][0] < window_ms // FORECAST_SAMPLES:
             self.samples[-1] = sample  # the last one is too close to the one before: it moves to the newest figures
@@ -128,11 +151,7 @@ class Forecast:
             cut += 1
         if cut:
             del self.samples[:cut]
-        self._fit()
-
-    def _fit(self) -> None:
-        self.pinned_per_ms = _slope([(t, p) for t, p, _d in self.samples])
-        self.debt_per_ms = _slope([(t, d) for t, _p, d in self.samples if d >= 0])
+        self._pinned_rate = self._debt_rate = _UNFIT
 
     def time_to_critical(self, pinned: int | None, critical: int, is_critical: bool) -> int | None:
         """The time (ms) until ``pinned`` reaches ``critical`` at the fitted rate (None: not growing,
@@ -171,7 +190,7 @@ class Pressure:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Pressure:
         # Checkpoints written before the pressure policy existed restore with empty pressure state.
-        p = cls()
+        p = cls.__new__(cls)  # every field is set below: nothing built by __init__ to be thrown away
         p.pinned_band = Band.from_json(data.get("pinned_band"))
         p.age_band = Band.from_json(data.get("age_band"))
         p.in_doubt = data.get("in_doubt") or []
