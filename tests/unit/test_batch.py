@@ -19,6 +19,8 @@ import pytest
 
 from safepoint.core import Engine, Position
 from safepoint.core.batch import METRICS, BucketNodes, bucket_of, counts_of, merge_log_order, pack_routed, route, unpack_routed
+from safepoint.core.cluster import ClusterState
+from safepoint.core.engine import step
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -273,3 +275,53 @@ def test_a_batch_reads_and_writes_only_the_buckets_it_touches() -> None:
     job.run_batch([hb("n1", 2), hb("n1", 3)])
     # the cluster's value read and written, n1's bucket read and written
     assert job.state_calls() - before == 4
+
+
+def test_a_bucket_decodes_only_the_nodes_a_batch_looks_up() -> None:
+    """The nodes of a touched bucket that the batch did not look up stay in their stored form and
+    go back exactly as they were read."""
+    import msgspec
+
+    policy = Policy()
+    first = BucketNodes("c1", 1, lambda _b: None)
+    for i, name in enumerate(("n1", "n2", "n3")):
+        hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": name, "incarnation": 0, "seq": 1,
+              "wall_ms": 10 + i, "mvcc_now": 1_000 + i, "pinned_bytes": 7}
+        assert not isinstance(first.node("c1", name).apply(hb, policy), str)
+    (stored,) = first.dump().values()
+    again = BucketNodes("c1", 1, lambda _b: stored)
+    state = again.node("c1", "n2")
+    state.seq = 9
+    entries = again.loaded[0]
+    assert [type(entries[n]).__name__ for n in ("n1", "n2", "n3")] == ["list", "NodeState", "list"]
+    _version, _buckets, before = msgspec.msgpack.decode(stored)
+    _version, _buckets, after = msgspec.msgpack.decode(again.dump()[0])
+    assert [after[0], after[2]] == [before[0], before[2]]
+    assert after[1][2] == 9 and before[1][2] == 1  # STORED_FIELDS: node, incarnation, seq, ...
+
+
+def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> None:
+    """A node's last walk of its holds is not stored; read back, it walks them once at its first
+    event that might take the shortcut, so a micro-batch's first event of each node is not sent
+    down the full path for that alone."""
+    policy = Policy()
+    cluster = "c1"
+    events: list[dict[str, Any]] = [
+        {"v": 1, "type": "topology", "cluster": cluster, "wall_ms": 1, "version": 1, "nodes": {"n1": []}},
+        {"v": 1, "type": "reader_open", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 1,
+         "reader_id": "low", "read_ts": 10},
+        {"v": 1, "type": "heartbeat", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 2, "wall_ms": 1,
+         "mvcc_now": 1_000_000},
+    ]
+    nodes = BucketNodes(cluster, 8, lambda _b: None)
+    state = ClusterState.starting(cluster, None)
+    for offset, event in enumerate(events):
+        step(state, nodes, event, policy, 0, offset)
+    assert state.safe_ts == 10
+    (bucket, value), = nodes.dump().items()
+    again = BucketNodes(cluster, 8, lambda b: value if b == bucket else None)
+    node = again.node(cluster, "n1")
+    opening = {"v": 1, "type": "reader_open", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 3,
+               "wall_ms": 1, "reader_id": "above", "read_ts": 20}
+    assert node.apply_quiet(opening, policy, state.safe_ts, True) == ("reader", "above", 20)
+    assert "above" in node.readers
