@@ -136,7 +136,7 @@ def pack_routed(items: list[Routed]) -> bytes:
     micro-batch: MessagePack (about 15 times faster to write than a pickle and 2.5 times faster to
     read back as ``Routed`` records), or a pickle where MessagePack cannot carry a value as it is
     (a number with a fraction, kept as its own type by the parser, an integer beyond 64 bits, text
-    that is not UTF-8)."""
+    with a lone surrogate)."""
     try:
         return _PACK_ROUTED.encode(items)
     except (TypeError, OverflowError, UnicodeEncodeError):
