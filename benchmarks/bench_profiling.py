@@ -135,7 +135,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         "state_value_bytes": state_bytes,
         "top_self": _top_stats(prof, total / n * 1e6),
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
-            "events.py:parse", "engine.py:step", "node.py:apply", "batch.py:decode_bucket", "batch.py:encode_bucket",
+            "events.py:parse", "engine.py:step", "node.py:apply", "batch.py:bucket_entries", "node.py:from_stored", "batch.py:encode_bucket",
             "cluster.py:apply_node_update", "batch.py:decode_cluster", "batch.py:encode_cluster",
             "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route",
             "batch.py:run_batch", "json/__init__.py:dumps", "json/__init__.py:loads",

@@ -247,12 +247,10 @@ def test_a_state_of_a_newer_version_is_refused() -> None:
 
 def test_a_bucket_of_state_version_3_is_still_read() -> None:
     """The first layout of one operator wrote a bucket as JSON text, each node by name."""
-    from safepoint.core.batch import decode_bucket
-
     stored = _stored_bucket(Policy(), 8)
-    (state,) = decode_bucket(stored, "c1", 8)
+    state = BucketNodes("c1", 8, lambda _b: stored).node("c1", "n1")
     version_3 = json.dumps({"v": 3, "b": 8, "nodes": [state.to_json()]}).encode()
-    (again,) = decode_bucket(version_3, "c1", 8)
+    again = BucketNodes("c1", 8, lambda _b: version_3).node("c1", "n1")
     assert again.to_json() == state.to_json()
 
 

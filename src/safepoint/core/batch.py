@@ -56,7 +56,6 @@ __all__ = [
     "BY_NAME",
     "counts_of",
     "encode_bucket",
-    "decode_bucket",
     "bucket_entries",
     "encode_cluster",
     "decode_cluster",
@@ -125,7 +124,9 @@ def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None]], topic: st
     return groups
 
 
-_PACK_ROUTED = msgspec.msgpack.Encoder()
+_PACK = msgspec.msgpack.Encoder()
+"""MessagePack for the router's hand-off and the stored forms (below)."""
+_UNPACK = msgspec.msgpack.Decoder()
 _UNPACK_ROUTED = msgspec.msgpack.Decoder(list[Routed])
 _PICKLED = b"\x80"
 """The first byte of a pickle (protocol 2 and later); a MessagePack array never starts with it."""
@@ -138,7 +139,7 @@ def pack_routed(items: list[Routed]) -> bytes:
     (a number with a fraction, kept as its own type by the parser, an integer beyond 64 bits, text
     with a lone surrogate)."""
     try:
-        return _PACK_ROUTED.encode(items)
+        return _PACK.encode(items)
     except (TypeError, OverflowError, UnicodeEncodeError):
         return pickle.dumps(items, 5)
 
@@ -212,7 +213,7 @@ class BucketNodes:
         nodes = self.loaded.get(bucket)
         if nodes is None:
             stored = self.load(bucket)
-            nodes = self.loaded[bucket] = {} if stored is None else bucket_entries(stored, self.cluster, self.buckets)
+            nodes = self.loaded[bucket] = {} if stored is None else bucket_entries(stored, self.buckets)
         entry = nodes.get(name)
         if entry is None:
             state = NodeState(cluster, name)
@@ -235,9 +236,6 @@ class BucketNodes:
 # (NodeState.to_stored: its fields by position)]]; a cluster is ClusterState.to_json's value.
 # Values of state version 3 (JSON text, the first layout of one operator) are still read.
 
-_PACK = msgspec.msgpack.Encoder()
-_UNPACK = msgspec.msgpack.Decoder()
-
 
 def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes:
     """A bucket's stored value: the states of its nodes, each in its compact form (a node given in
@@ -245,7 +243,7 @@ def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes
     return _PACK.encode([BUCKET_STATE_VERSION, buckets, [ns if isinstance(ns, list) else ns.to_stored() for ns in nodes]])
 
 
-def bucket_entries(stored: bytes, cluster: str, buckets: int) -> dict[str, NodeState | list[Any]]:
+def bucket_entries(stored: bytes, buckets: int) -> dict[str, NodeState | list[Any]]:
     """A bucket's nodes by name, each in its compact stored form (``NodeState.from_stored`` makes
     the state), or as a state where the value has the older layout (refused: another
     ``node_buckets``, a newer version)."""
@@ -265,12 +263,6 @@ def bucket_entries(stored: bytes, cluster: str, buckets: int) -> dict[str, NodeS
     if version < 4:
         return {raw["node"]: NodeState.from_json(raw) for raw in nodes}
     return {raw[0]: raw for raw in nodes}  # STORED_FIELDS begins with the node's name
-
-
-def decode_bucket(stored: bytes, cluster: str, buckets: int) -> list[NodeState]:
-    """The node states of a bucket's stored value (see ``bucket_entries``)."""
-    return [entry if isinstance(entry, NodeState) else NodeState.from_stored(cluster, entry)
-            for entry in bucket_entries(stored, cluster, buckets).values()]
 
 
 def encode_cluster(state: ClusterState) -> bytes:
