@@ -13,7 +13,7 @@ from typing import IO, Any
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
 from safepoint.core.codec import encode
-from safepoint.core.engine import Engine, Position
+from safepoint.core.engine import Engine
 from safepoint.core.outputs import DEADLETTER
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble, cluster_status, node_status
@@ -41,7 +41,7 @@ def replay_file(
             value = raw.rstrip(b"\r\n")
             if not value or value.isspace():
                 continue
-            for out in engine.process(value, Position(input_path, 0, offset, None)):
+            for out in engine.process_at(value, input_path, 0, offset):
                 target = deadletter if out.channel == DEADLETTER else output
                 if target is not None:
                     target.write(encode(out.value) + "\n")

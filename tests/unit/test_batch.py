@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import random
 import zlib
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -96,7 +97,7 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
                 labels.append(label)
                 written.append(("acct", f"{p}:{o}", json.dumps({"partition": p, "offset": o, "outcome": label})))
                 written += [(channel_topic[out.channel], out.key, json.dumps(out.value)) for out in outs]
-        accounting.append(counts_of(labels))
+        accounting.append(counts_of(Counter(labels)))
         start = end
     return by_topic(written), accounting, engine
 

@@ -21,7 +21,7 @@ import json
 import pickle
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -176,17 +176,18 @@ def merge_log_order(
     return heapq.merge(*runs, key=wall)
 
 
-def counts_of(labels: Iterable[str]) -> dict[str, int]:
-    """The accounting counters of some final labels (applied, ignored:<why>, deadlettered:<class>)."""
+def counts_of(labels: Mapping[str, int]) -> dict[str, int]:
+    """The accounting counters of final labels (applied, ignored:<why>, deadlettered:<class>),
+    given as label -> how many messages got it."""
     c: Counter[str] = Counter()
-    for label in labels:
-        c["consumed"] += 1
+    for label, n in labels.items():
+        c["consumed"] += n
         if label == APPLIED:
-            c["applied"] += 1
+            c["applied"] += n
             continue
         outcome, _, why = label.partition(":")
-        c[outcome] += 1
-        c[f"{outcome}_{why}"] += 1
+        c[outcome] += n
+        c[f"{outcome}_{why}"] += n
     return {m: c.get(m, 0) for m in METRICS}
 
 
@@ -313,4 +314,4 @@ def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: lis
         outputs += [(STATUS, status_key(cluster, name), node_status(ns, policy)) for name, ns in sorted(nodes.touched.items())]
         outputs.append((STATUS, status_key(cluster), cluster_status(state, policy)))
     new_state = encode_cluster(state) if state is not None and touched else None
-    return BatchResult(outputs, counts_of(labels.elements()), new_state, nodes.dump())
+    return BatchResult(outputs, counts_of(labels), new_state, nodes.dump())

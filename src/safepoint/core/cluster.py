@@ -30,9 +30,9 @@ from safepoint.core.catalog import Catalog
 from safepoint.core.control import CONTROL_TYPES, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
-from safepoint.core.ids import join_id
+from safepoint.core.ids import hold_key, join_id
 from safepoint.core.members import Members
-from safepoint.core.node import NodeState
+from safepoint.core.node import QUIET_SHAPES, NodeState
 from safepoint.core.outputs import Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import NodeRecord, NodeUpdate
@@ -50,7 +50,7 @@ class ClusterState:
     __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "emergency",
                  "versions",
                  "cluster_time", "first_wall", "topology_wall", "safe_ts", "dirty", "last_advance_wall", "aborts",
-                 "settled", "reference")
+                 "settled", "clears", "reference")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -77,6 +77,9 @@ class ClusterState:
         self.settled: int | None = None
         """The cluster time of the last ``evaluate``, which left the round settled there: evaluating
         again at that time with nothing changed emits nothing and changes nothing (not stored)."""
+        self.clears = False
+        """A round run again at ``settled`` would get past its gates (not aborted, not paused, the
+        directive interval over) and so clear ``dirty`` (not stored)."""
         self.reference = False
         """Sync the round's abort alerts by walking every member after every event: the reference
         the incremental sync is tested against (``core/aborts.py``; not stored)."""
@@ -182,6 +185,8 @@ class ClusterState:
         now = self.cluster_time
         assert now is not None
         self.aborts.touched.add(u.node)
+        rec = self.members.nodes.get(u.node)
+        old_min = rec.local_min if rec is not None else None
         member, fresh = self.members.take(u)
         if fresh or u.changed:
             self.dirty = True
@@ -209,10 +214,25 @@ class ClusterState:
                 out.append(self.directives.snapshot_request(u.node, "recovery", now))
             elif step == COMPLETED:
                 self.dirty = True
-        elif (self.settled == now and not (fresh or u.changed or u.signals or self.reference)
+        elif (self.settled == now and not (fresh or u.signals or self.reference)
               and u.node not in self.aborts.stale):
-            return  # the round reads nothing that changed, at the time it was settled at (take_quiet says why)
+            if not u.changed:
+                return  # the round reads nothing that changed, at the time it was settled at (take_quiet says why)
+            if member and self._above_lowest(u, old_min):
+                self.dirty = not self.clears  # what the round would leave; it would find nothing else to do
+                return
         self.evaluate(policy, out)
+
+    def _above_lowest(self, u: NodeUpdate, old_min: int | None) -> bool:
+        """A member's known minimum moved from ``old_min`` to another value, both strictly above the
+        round's lowest, and nothing else the round reads changed (its groups, namespaces): at the
+        settled time the round would find the same lowest member, safe point and abort problems,
+        and emit nothing."""
+        if (old_min is None or u.local_min is None or u.groups is not None or u.ns is not None
+                or self.members.ns_nodes or self.tenants):
+            return False
+        lowest = self.members.lowest()
+        return lowest is not None and old_min > lowest[0] and u.local_min > lowest[0]
 
     def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy, out: list[Output]) -> bool:
         """The shortcut of the commonest events: a reader or transaction that opens above, or closes
@@ -227,7 +247,8 @@ class ClusterState:
         of it to clear or raise but a violation of the hold it closes, and there is no recovery
         and no namespace. ``test_properties`` checks it against the full path (``reference``)."""
         now = self.cluster_time
-        if (now is None or self.settled != now or event["wall_ms"] > now or self.recovery is not None
+        if (event["type"] not in QUIET_SHAPES or now is None or self.settled != now or event["wall_ms"] > now
+                or self.recovery is not None
                 or self.tenants.active or self.reference
                 or (self.members.topology is not None and self.topology_wall is None)):
             return False
@@ -254,9 +275,9 @@ class ClusterState:
         if change:
             kind, hid, ts = change
             if ts is not None:
-                rec.holds[join_id(kind, hid)] = ts
+                rec.holds[hold_key(kind, hid)] = ts
             else:
-                rec.holds.pop(join_id(kind, hid), None)
+                rec.holds.pop(hold_key(kind, hid), None)
                 if book.raised:
                     cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
                     if cleared is not None:
@@ -329,6 +350,7 @@ class ClusterState:
         self.settled = self.cluster_time
 
     def _evaluate(self, policy: Policy, out: list[Output]) -> None:
+        self.clears = False
         now = self.cluster_time
         if now is None or self.first_wall is None:
             return
@@ -349,6 +371,14 @@ class ClusterState:
         stalled = stall_alert(self.alerts, self.members, self.recovery, self.last_advance_wall, now, policy)
         if stalled is not None:
             out.append(stalled)
+        self.clears = self._passes(aborted, now, policy)
+
+    def _passes(self, aborted: bool, now: int, policy: Policy) -> bool:
+        """The round's gates: not aborted, not paused, and the directive interval over."""
+        if aborted or self.control.paused is not None:
+            return False
+        last = self.directives.last_wall
+        return not (policy.directive_interval_ms and last is not None and now - last < policy.directive_interval_ms)
 
     def _lowest_node(self) -> str:
         """The node of the lowest minimum when every member's is known ("": none, or a service hold)."""
@@ -362,11 +392,8 @@ class ClusterState:
     def _round(self, aborted: bool, now: int, policy: Policy, out: list[Output]) -> bool:
         """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances;
         True when it did."""
-        if aborted or not self.dirty or self.control.paused is not None:
+        if not self.dirty or not self._passes(aborted, now, policy):
             return False  # a pause keeps the cluster dirty: what it held back goes out after resume
-        last = self.directives.last_wall
-        if policy.directive_interval_ms and last is not None and now - last < policy.directive_interval_ms:
-            return False
         self.dirty = False
         lowest = self.members.lowest()
         if lowest is None or not self.members.complete:

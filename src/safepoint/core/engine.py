@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any, NamedTuple, Protocol
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.events import Rejected, is_node_event, parse
+from safepoint.core.events import NODE_TYPES, Rejected, parse
 from safepoint.core.node import NodeState
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policy
@@ -37,12 +37,10 @@ class Position(NamedTuple):
     key: bytes | str | None = None
 
 
-class Outcome(NamedTuple):
-    """What one message did: its final accounting label (``applied``, ``ignored:<why>``,
-    ``deadlettered:<class>``) and what it emits, in order (directives, alerts, dead letters)."""
-
-    label: str
-    outputs: list[Output]
+Outcome = tuple[str, list[Output]]
+"""What one message did: (its final accounting label: ``applied``, ``ignored:<why>``,
+``deadlettered:<class>``; what it emits, in order: directives, alerts, dead letters). A plain
+tuple: one is made for every message."""
 
 
 class NodeSource(Protocol):
@@ -57,7 +55,7 @@ class NodeSource(Protocol):
 def dead_lettered(rejected: Rejected, value: bytes | str | None, pos: Position) -> Outcome:
     """The outcome of a message that failed parsing or validation: its dead letter."""
     out = dead_letter(rejected.error, value, pos.key, pos.topic, pos.partition, pos.offset)
-    return Outcome(f"{DEADLETTERED}:{rejected.code}", [out])
+    return f"{DEADLETTERED}:{rejected.code}", [out]
 
 
 def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: Policy, partition: int,
@@ -65,17 +63,17 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     """Apply one validated event, the message at ``partition``/``offset``, to its node and cluster."""
     state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
     out: list[Output] = []
-    if not is_node_event(event):
+    if event["type"] not in NODE_TYPES:
         ignored = state.apply_cluster_event(event, policy, out)
-        return Outcome(APPLIED if ignored is None else f"{IGNORED}:{ignored}", out)
+        return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
     node = nodes.node(state.name, event["node"])
     if state.take_quiet(node, event, policy, out):
-        return Outcome(APPLIED, out)
+        return APPLIED, out
     update = node.apply(event, policy)
     if isinstance(update, str):
-        return Outcome(f"{IGNORED}:{update}", out)
+        return f"{IGNORED}:{update}", out
     state.apply_node_update(update, policy, out)
-    return Outcome(APPLIED, out)
+    return APPLIED, out
 
 
 class Engine:
@@ -91,10 +89,7 @@ class Engine:
         """How clusters met for the first time start (seeded and recovering after a lost checkpoint)."""
         self.nodes: dict[tuple[str, str], NodeState] = {}
         self.clusters: dict[str, ClusterState] = {}
-        self.counts: Counter[str] = Counter()
-        """Messages by outcome: ``applied``, ``ignored:<why>``, ``deadlettered``."""
-        self.labels: Counter[str] = Counter()
-        """Every message's final label: applied, ignored:<reason>, deadlettered:<code>."""
+        self._labels: dict[str, int] = {}
         self.outcomes: list[tuple[int, int, str]] | None = [] if record else None
         """With ``record``: (partition, offset, label) of every message, in order."""
 
@@ -104,19 +99,37 @@ class Engine:
             state = self.nodes[(cluster, name)] = NodeState(cluster, name, self.reference)
         return state
 
+    @property
+    def labels(self) -> Counter[str]:
+        """Messages by final label: applied, ignored:<reason>, deadlettered:<code>."""
+        return Counter(self._labels)
+
+    @property
+    def counts(self) -> Counter[str]:
+        """Messages by outcome: ``applied``, ``ignored:<why>``, ``deadlettered`` (every class of dead letter in one)."""
+        counts: Counter[str] = Counter()
+        for label, n in self._labels.items():
+            counts[DEADLETTERED if label.startswith(DEADLETTERED) else label] += n
+        return counts
+
     def process(self, value: bytes | str | None, pos: Position) -> list[Output]:
         """One message: parsed, validated and applied; what it emits."""
+        return self.process_at(value, pos.topic, pos.partition, pos.offset, pos.key)
+
+    def process_at(self, value: bytes | str | None, topic: str, partition: int, offset: int,
+                   key: bytes | str | None = None) -> list[Output]:
+        """``process`` of the message at ``topic``/``partition``/``offset`` (its ``Position`` is built
+        only for a dead letter: the commonest message needs none)."""
         event = parse(value, self.policy.max_message_bytes)
         if isinstance(event, Rejected):
-            outcome = dead_lettered(event, value, pos)
-            self.counts[DEADLETTERED] += 1
+            label, outputs = dead_lettered(event, value, Position(topic, partition, offset, key))
         else:
-            outcome = self.apply(event, pos.partition, pos.offset)
-            self.counts[outcome.label] += 1
-        self.labels[outcome.label] += 1
+            label, outputs = self.apply(event, partition, offset)
+        labels = self._labels
+        labels[label] = labels.get(label, 0) + 1
         if self.outcomes is not None:
-            self.outcomes.append((pos.partition, pos.offset, outcome.label))
-        return outcome.outputs
+            self.outcomes.append((partition, offset, label))
+        return outputs
 
     def apply(self, event: dict[str, Any], partition: int, offset: int) -> Outcome:
         """One validated event through ``step`` (its cluster started if it is new)."""

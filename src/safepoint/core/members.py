@@ -21,7 +21,7 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from safepoint.core.ids import join_id
+from safepoint.core.ids import hold_key
 from safepoint.core.leases import LastWalls
 from safepoint.core.records import NodeRecord, NodeUpdate
 
@@ -123,12 +123,12 @@ class Members:
                 self._reindex(u.node, rec, old_min, old_last, old_groups)
         holds = rec.holds
         for kind, hid in u.closed:
-            holds.pop(join_id(kind, hid), None)
+            holds.pop(hold_key(kind, hid), None)
         if u.ns is not None or rec.ns is not None:
             rec.ns = u.ns
             (self.ns_nodes.add if u.ns is not None else self.ns_nodes.discard)(u.node)
         for kind, hid, ts, _ns in u.opened:
-            holds[join_id(kind, hid)] = ts
+            holds[hold_key(kind, hid)] = ts
         return member, fresh
 
     # -- indexes --------------------------------------------------------------------------
