@@ -20,9 +20,10 @@ class LastWalls:
 
     __slots__ = ("_last", "_heap")
 
-    def __init__(self) -> None:
-        self._last: dict[str, int] = {}
-        self._heap: list[tuple[int, str]] = []
+    def __init__(self, last: dict[str, int] | None = None) -> None:
+        self._last: dict[str, int] = dict(last) if last else {}
+        self._heap: list[tuple[int, str]] = [(w, n) for n, w in self._last.items()]
+        heapq.heapify(self._heap)
 
     def __len__(self) -> int:
         return len(self._last)

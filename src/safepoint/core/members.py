@@ -45,8 +45,6 @@ class Members:
     def rebuild(self) -> None:
         """Recompute every index from the records and the topology."""
         self.names: set[str] = set(self.topology) if self.topology is not None else set(self.nodes)
-        self.mins: SortedList = SortedList()
-        self.walls = LastWalls()
         self.unknown: dict[str, str] = {}
         self.missing_groups: dict[str, list[str]] = {}
         self.never: set[str] = {n for n in self.names if n not in self.nodes}
@@ -54,10 +52,12 @@ class Members:
         self.group_members: dict[str, set[str]] = {}  # group -> the members that report it
         self.group_leaders: dict[str, set[str]] = {}  # group -> the members that say they lead it
         self.leaderless: set[str] = set()  # groups members report that no member leads
-        for node in self.names:
-            rec = self.nodes.get(node)
-            if rec is not None:
-                self._index(node, rec)
+        known = [(node, rec) for node in self.names if (rec := self.nodes.get(node)) is not None]
+        # in bulk: one sort and one heapify (a job reads its clusters' states every micro-batch)
+        self.mins: SortedList = SortedList((rec.local_min, node) for node, rec in known if rec.local_min is not None)
+        self.walls = LastWalls({node: rec.last_wall for node, rec in known})
+        for node, rec in known:
+            self._index_rest(node, rec)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -135,9 +135,13 @@ class Members:
     def _index(self, node: str, rec: NodeRecord) -> None:
         if rec.local_min is not None:
             self.mins.add((rec.local_min, node))
-        else:
-            self.unknown[node] = rec.unknown or "unknown"
         self.walls.set(node, rec.last_wall)
+        self._index_rest(node, rec)
+
+    def _index_rest(self, node: str, rec: NodeRecord) -> None:
+        """A member's unknown minimum, groups and missing groups (``_index`` without ``mins`` and ``walls``)."""
+        if rec.local_min is None:
+            self.unknown[node] = rec.unknown or "unknown"
         self._index_groups(node, rec.groups, rec.led, +1)
         if self.topology is not None:
             missing = self._missing_of(node, rec)
