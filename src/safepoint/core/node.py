@@ -12,7 +12,7 @@ from typing import Any
 from safepoint.core.cost import History
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
-from safepoint.core.pressure import Holds, Pressure
+from safepoint.core.pressure import NEVER, Holds, Pressure
 from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
@@ -23,8 +23,6 @@ IGNORED_OLDER_SEQ = "older_seq"
 IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
-NEVER = float("inf")
-"""A clock bound when there is nothing to bound (``NodeState._since``)."""
 
 QUIET_SHAPES: dict[str, tuple[str, str, str | None]] = {
     "reader_open": ("reader", "reader_id", "read_ts"),
@@ -100,10 +98,11 @@ class NodeState:
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
         self._restored = False
         """Read from the store and not walked since: ``_low`` is not known yet (``apply_quiet`` walks)."""
-        self._since: tuple[float, float] | None = None
-        """(no hold opened before, no transaction prepared before): lower bounds ``apply_quiet``
-        keeps for the pressure's clocks; None after ``apply`` (the next shortcut walks the holds once;
-        not stored)."""
+        self._since: tuple[float, float, float] | None = None
+        """(no hold opened before, no transaction prepared before, the node's clock below which
+        ``Pressure.still_until`` says the pressure has nothing to decide): lower bounds
+        ``apply_quiet`` keeps for the pressure's clocks, and the bound they give; None after
+        ``apply`` (the next shortcut walks the holds once; not stored)."""
         self.reference = reference
         """Walk the holds on every event: the reference the shortcut (an event that cannot change the
         node's lowest holds reuses the last walk) is tested against (not stored)."""
@@ -251,7 +250,7 @@ class NodeState:
 
         It is the event ``apply`` would mark quiet (the same incarnation, nothing namespaced, a hold
         strictly above the lowest of the last walk, no id reused), with nothing for the pressure
-        or the leak watch to decide: ``Pressure.still``, no history curve, no leak. For the
+        or the leak watch to decide: ``Pressure.still_until``, no history curve, no leak. For the
         cluster: a hold it opens is at or above ``safe_ts`` (no violation), and, for a ``member``,
         the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
         state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
@@ -279,24 +278,26 @@ class NodeState:
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
         since = self._since
         if since is None:
-            since = self._since = self._walk_since()
+            first, prepared = self._walk_since()
+            since = self._since = (first, prepared, self.pressure.still_until(first, prepared, policy))
         if ts_field is not None:  # an opening
             ts = event[ts_field]
             opened_wall = event.get("opened_wall_ms", wall)
             if (hid in holds or ts <= lowest or event.get("namespace") is not None
                     or (safe_ts is not None and ts < safe_ts)):
                 return None
-            first = min(since[0], opened_wall)
-            if not self.pressure.still(now, first, since[1], policy):
+            if opened_wall < since[0]:  # the node's earliest opening now: the pressure's bound moves
+                since = (opened_wall, since[1], self.pressure.still_until(opened_wall, since[1], policy))
+            if now >= since[2]:
                 return None
             holds[hid] = Hold(ts, opened_wall, event.get("label"), self.incarnation)
-            self._since = (first, since[1])
+            self._since = since
             change: Quiet = (kind, hid, ts)
         else:
             gone = holds.get(hid)
             if gone is not None and (gone.ts <= lowest or gone.namespace is not None):
                 return None
-            if not self.pressure.still(now, since[0], since[1], policy):
+            if now >= since[2]:
                 return None
             change = ()
             if gone is not None:

@@ -32,6 +32,8 @@ newest replaces the last when they are closer), so the fit costs the same at any
 FORECAST_MIN_SAMPLES = 3
 FORECAST_CLEAR = 1.25
 """A raised forecast clears once the projected time exceeds the horizon by this factor."""
+NEVER = float("inf")
+"""A clock bound when there is nothing to bound (``NodeState._since``, ``Pressure.still_until``)."""
 
 Oldest = tuple[str, str, int, str | None]
 """(kind, id, opened_wall, label) of the longest-open reader or transaction."""
@@ -200,19 +202,23 @@ class Pressure:
         p.debt_growing = bool(data.get("debt_growing"))
         return p
 
-    def still(self, now: int, first_opened: float, first_prepared: float, policy: Policy) -> bool:
-        """``step`` at ``now`` after an event that is no heartbeat and closes nothing in doubt or
-        expiring would decide nothing and change nothing, when every hold opened at or after
-        ``first_opened`` and every prepared transaction was prepared at or after ``first_prepared``
-        (lower bounds will do: they only make this say False more often). Then nothing is in doubt,
-        expiring or recently expired, the pinned band is not critical, the age band is quiet and
-        the oldest hold's age stays below its thresholds, and no prepared transaction reaches
-        ``in_doubt_timeout_ms``."""
+    def still_until(self, first_opened: float, first_prepared: float, policy: Policy) -> float:
+        """The node's clock below which ``step``, after an event that is no heartbeat and closes
+        nothing in doubt or expiring, would decide nothing and change nothing (-infinity: at no
+        time), when every hold opened at or after ``first_opened`` and every prepared transaction
+        was prepared at or after ``first_prepared`` (lower bounds will do: they only lower the
+        bound). Below it nothing is in doubt, expiring or recently expired, the pinned band is not
+        critical, the age band is quiet and the oldest hold's age stays below its thresholds, and
+        no prepared transaction reaches ``in_doubt_timeout_ms``. It holds until ``step`` runs again."""
         if self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2 or not self.age_band.quiet:
-            return False
-        age, spec = max(now - first_opened, 0), _band_specs(policy)[1]
-        # band_step's own test for a quiet band that stays quiet
-        return age < spec.warning_enter and age < spec.critical_enter and now - first_prepared < policy.in_doubt_timeout_ms
+            return -NEVER
+        spec = _band_specs(policy)[1]
+        # band_step's own test for a quiet band that stays quiet, max(now - first_opened, 0) < both
+        # enter thresholds, as a bound on now
+        limit = min(spec.warning_enter, spec.critical_enter)
+        if limit <= 0:
+            return -NEVER
+        return min(first_opened + limit, first_prepared + policy.in_doubt_timeout_ms)
 
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
              signals: list[list[Any]], debt: int | None = None) -> None:
