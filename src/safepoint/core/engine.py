@@ -90,6 +90,7 @@ class Engine:
         self.nodes: dict[tuple[str, str], NodeState] = {}
         self.clusters: dict[str, ClusterState] = {}
         self._labels: dict[str, int] = {}
+        """Every message's final label -> how many (``labels`` and ``counts`` read it)."""
         self.outcomes: list[tuple[int, int, str]] | None = [] if record else None
         """With ``record``: (partition, offset, label) of every message, in order."""
 
