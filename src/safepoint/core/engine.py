@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any, NamedTuple, Protocol
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.events import NODE_TYPES, Rejected, parse
+from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.node import NodeState
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policy
@@ -63,7 +63,7 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     """Apply one validated event, the message at ``partition``/``offset``, to its node and cluster."""
     state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
     out: list[Output] = []
-    if event["type"] not in NODE_TYPES:
+    if not is_node_event(event):
         ignored = state.apply_cluster_event(event, policy, out)
         return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
     node = nodes.node(state.name, event["node"])

@@ -18,11 +18,10 @@ import msgspec
 from safepoint.core.fastcheck import compile_check
 from safepoint.schemas import EVENT_TYPES, NODE_EVENT_TYPES, load
 
-__all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES", "NODE_TYPES"]
+__all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
 
 DEFAULT_CLUSTER = "default"
-NODE_TYPES = frozenset(NODE_EVENT_TYPES)
-"""The event types of one node (the rest are the cluster's)."""
+_NODE_TYPES = frozenset(NODE_EVENT_TYPES)
 _KNOWN = frozenset(EVENT_TYPES)
 _PREFIX_CODES = (
     ("empty message", "empty"),
@@ -131,7 +130,7 @@ def _quick(event_type: str) -> Callable[[Any], bool] | None:
 
 
 def is_node_event(event: dict[str, Any]) -> bool:
-    return event["type"] in NODE_TYPES
+    return event["type"] in _NODE_TYPES
 
 
 def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False) -> dict[str, Any] | Rejected:
