@@ -82,10 +82,10 @@ class _Gen:
     def typed(self, s: dict[str, Any], t: str, v: str, depth: int) -> None:
         if t in ("integer", "string"):
             low, high, size = ("minimum", "maximum", v) if t == "integer" else ("minLength", "maxLength", f"len({v})")
-            self.emit(depth, f"if type({v}) is not {'int' if t == 'integer' else 'str'}: return False")
-            for key, op in ((low, "<"), (high, ">")):
-                if key in s:
-                    self.emit(depth, f"if {size} {op} {int(s[key])}: return False")
+            bounds = (f"{int(s[low])} <= " if low in s else "") + size + (f" <= {int(s[high])}" if high in s else "")
+            kind = "int" if t == "integer" else "str"
+            # one test per field: its type, then its bounds as one chained comparison
+            self.emit(depth, f"if type({v}) is not {kind}{f' or not {bounds}' if bounds != size else ''}: return False")
             return
         if t == "boolean":
             self.emit(depth, f"if type({v}) is not bool: return False")
@@ -108,8 +108,10 @@ class _Gen:
                 raise _Unsupported
             self.emit(depth, f"if type({v}) is not dict: return False")
             required = set(s.get("required", ()))
-            for key in sorted(required):
+            for key in sorted(required - set(s.get("properties", {}))):
                 self.emit(depth, f"if {key!r} not in {v}: return False")
+            # a required property is read as v[key]: a missing one raises KeyError, which the
+            # function as a whole answers with False (``compile_check``)
             for key, sub in s.get("properties", {}).items():
                 x = self.var()
                 if key in required:
@@ -129,10 +131,11 @@ def compile_check(schema: dict[str, Any]) -> Callable[[Any], bool] | None:
     schema uses a keyword this compiler does not know."""
     gen = _Gen()
     try:
-        gen.value(schema, "x0", 1)
+        gen.value(schema, "x0", 2)
     except _Unsupported:
         return None
-    source = "def check(x0):\n" + "\n".join(gen.lines) + "\n    return True\n"
+    source = ("def check(x0):\n    try:\n" + "\n".join(gen.lines)
+              + "\n    except KeyError:  # a required property is missing\n        return False\n    return True\n")
     scope: dict[str, Any] = {"_MISSING": object()}
     exec(compile(source, f"<fastcheck {schema.get('title', '?')}>", "exec"), scope)  # noqa: S102 - our own schema's code
     check: Callable[[Any], bool] = scope["check"]
