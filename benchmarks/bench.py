@@ -17,6 +17,8 @@ reader closes free the cluster's blocker at a fixed rate, so directives come at 
 4. profile: cProfile of the core alone and of the job's batch logic run locally (no Spark), and
    py-spy over the job's Python workers during one more local[2] run;
 5. core: ``safepoint replay``'s core over a file of the workload against bare ``json.loads`` of it;
+   machine: the core alone against with the other core busy (the scaling's ceiling here), and what
+   one small write costs the broker holding the backlog (bench_machine.py);
 6. scale: one more local[2] throughput run with ``--scale-nodes`` nodes (RSS and cost per event as
    the fleet grows), on a broker of its own like every Spark run;
 7. fleet: database readers per second one job covers at p99 < 2 s, eager and lazy (bench_fleet.py).
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 from bench_common import _empty_node_json, _loadavg, fmt_rate, mb, say  # noqa: E402
 from bench_fleet import core_ratio, directive_sizes, fleet_figure  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
+from bench_machine import broker_rewrite, cores_together  # noqa: E402
 from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
 from bench_report import build_report, evaluate_targets, findings, plot_latency  # noqa: E402
 from bench_runs import Child, run_spark_tp, source_ignores_max_offsets  # noqa: E402
@@ -76,8 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of event time sent before pacing (first batch, excluded)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="most seconds to wait for the job to catch up after pacing")
     p.add_argument("--timeout", type=float, default=600.0, help="most seconds for one Spark run")
-    p.add_argument("--phases", default="raw,plain,spark,scale,latency,profile,core,fleet",
-                   help="which phases to run: raw,plain,spark,scale,latency,profile,core,fleet (profile = cProfile + a py-spy'd "
+    p.add_argument("--phases", default="raw,plain,spark,scale,latency,profile,core,machine,fleet",
+                   help="which phases to run: raw,plain,spark,scale,latency,profile,core,machine,fleet (profile = cProfile + a py-spy'd "
                         "local[2] run; fleet uses the latency runs' p99)")
     p.add_argument("--scale-nodes", type=int, default=10_000, help="nodes of the scale phase's local[2] run (same event count)")
     p.add_argument("--core-events", type=int, default=300_000, help="events of the core phase's file")
@@ -212,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                                              "natural_rate": lw.natural_rate, "probe_closes": lw.probe_closes}
                 say(f"(3b) latency at {rate:,.0f} ev/s offered: {len(lw.events):,} events ({lw.natural_rate:,.0f} ev/s of "
                     f"event time, heartbeat {lw.heartbeat_ms} ms)")
-                with own_broker(f"lat-{rate:.0f}") as (boot, _pids):
-                    r = run_latency(args, work, boot, lw, f"lat-{rate:.0f}")
+                with own_broker(f"lat-{rate:.0f}") as (boot, pids):
+                    r = run_latency(args, work, boot, lw, f"lat-{rate:.0f}", pids["broker"])
                 res["latency"].append(r)
                 q = r["latency_s"]
                 say(f"(3b) {rate:,.0f} ev/s: p50 {q['p50']} p95 {q['p95']} p99 {q['p99']} s over {r['directives_measured']} "
@@ -263,6 +266,16 @@ def main(argv: list[str] | None = None) -> int:
             res["directive_sizes"] = directive_sizes()
             say("(5) directive size: " + ", ".join(f"{d['nodes']:,} nodes {d['compaction_bytes']:,} B (members record "
                                                   f"{d['members_bytes']:,} B)" for d in res["directive_sizes"]))
+        if "machine" in phases:
+            say("(5) machine: the core with the other core busy; one small write to the broker holding the backlog ...")
+            res["cores_together"] = cores_together(values[:min(args.core_events, len(values), 100_000)])
+            ct = res["cores_together"]
+            say(f"(5) cores together: replay {ct['alone_us']:.1f} us/event alone, {ct['together_us']:.1f} with the other core "
+                f"spinning ({ct['slowdown']:.2f}x): scaling ceiling {ct['scaling_ceiling']:.2f}x")
+            assert broker.proc is not None
+            res["broker_rewrite"] = broker_rewrite(bootstrap, broker.proc.pid, str(work / "broker"), tp_topic)
+            say(f"(5) broker: one small write then cost it {res['broker_rewrite']['cpu_s']:.2f} CPU-s "
+                f"({res['broker_rewrite']['data_bytes'] / 1e6:,.0f} MB held on disk)")
         if "fleet" in phases:
             say("(6) fleet: a sample of reporters, eager and lazy ...")
             res["fleet"] = fleet_figure(res.get("latency", []), nodes=args.fleet_nodes, seconds=args.fleet_seconds,

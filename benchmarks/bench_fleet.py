@@ -27,7 +27,7 @@ from typing import Any
 
 from bench_common import mb
 
-__all__ = ["core_ratio", "fleet_figure", "fleet_mix", "report_lines", "targets"]
+__all__ = ["core_ratio", "fleet_figure", "fleet_mix", "replay_seconds", "report_lines", "targets", "write_events"]
 
 MVCC_PER_MS = 1000
 """The sample fleet's MVCC clock counts microseconds, like the benchmark's workload."""
@@ -38,14 +38,28 @@ class _NullOut:
         return 0
 
 
-def core_ratio(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
-    """Seconds per event of ``replay_file`` and of ``json.loads`` over the same file of ``values``."""
+def replay_seconds(path: Path) -> float:
+    """Seconds ``safepoint replay``'s core (``replay_file``) takes over the file at ``path``, its
+    outputs dropped."""
     from safepoint.core.policy import Policy
     from safepoint.replay import replay_file
 
+    t = time.perf_counter()
+    replay_file(str(path), _NullOut(), Policy(), _NullOut())  # type: ignore[arg-type]
+    return time.perf_counter() - t
+
+
+def write_events(values: list[bytes], directory: str) -> Path:
+    """``values`` as a file of one event a line in ``directory``."""
+    path = Path(directory) / "events.jsonl"
+    path.write_bytes(b"".join(v + b"\n" for v in values))
+    return path
+
+
+def core_ratio(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
+    """Seconds per event of ``replay_file`` and of ``json.loads`` over the same file of ``values``."""
     with tempfile.TemporaryDirectory(prefix="safepoint-core-") as d:
-        path = Path(d) / "events.jsonl"
-        path.write_bytes(b"".join(v + b"\n" for v in values))
+        path = write_events(values, d)
 
         def loads() -> float:
             t = time.perf_counter()
@@ -54,13 +68,8 @@ def core_ratio(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
                     json.loads(line)
             return time.perf_counter() - t
 
-        def replay() -> float:
-            t = time.perf_counter()
-            replay_file(str(path), _NullOut(), Policy(), _NullOut())  # type: ignore[arg-type]
-            return time.perf_counter() - t
-
         loads_s = min(loads() for _ in range(repeat))
-        replay_s = min(replay() for _ in range(repeat))
+        replay_s = min(replay_seconds(path) for _ in range(repeat))
     n = len(values)
     return {"events": n, "json_loads_us": loads_s / n * 1e6, "replay_us": replay_s / n * 1e6,
             "ratio": loads_s / replay_s, "target": 0.40}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -50,7 +51,21 @@ class DirectiveWatch(threading.Thread):
         self.join(10)
 
 
-def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Workload, tag: str) -> dict[str, Any]:
+def _cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (None: no such process)."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(t.user + t.system)
+
+
+def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Workload, tag: str,
+                broker_pid: int | None = None) -> dict[str, Any]:
     topics = make_topics(bootstrap, tag, args.partitions)
     watch = DirectiveWatch(bootstrap, topics["directives"])
     watch.start()
@@ -119,6 +134,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     say(f"  {tag}: warm-up {warm_sent} events, first directive after {warm_s:.1f} s; pacing {len(paced)} ticks "
         f"({sum(len(t[1]) for t in paced)} events over {(paced[-1][0] - paced[0][0]) / 1000 if paced else 0:.0f} s)")
     # paced: event i goes out at t0 + (wall_i - wall_0)
+    cpu0 = _cpu_s(broker_pid), _cpu_s(os.getpid())
     t0 = time.monotonic()
     w0 = paced[0][0] if paced else warm_end
     lag_max = 0.0
@@ -134,6 +150,9 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     prod.flush(30)
     t_paced_end = time.monotonic()
     paced_s = t_paced_end - t0
+    # the cores the broker and this process (the load generator) took while pacing: what the job did not have
+    cores_taken = {role: (after - before) / paced_s if paced_s and after is not None and before is not None else None
+                   for role, before, after in (("broker", cpu0[0], _cpu_s(broker_pid)), ("load", cpu0[1], _cpu_s(os.getpid())))}
     backlog_at_end = n_sent - processed
     # drain: every sent event processed, then a little for the last directives to arrive
     deadline = time.monotonic() + args.drain_timeout
@@ -205,6 +224,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
         "offered_rate_target": wl.offered_rate,
         "offered_rate_actual": sum(len(t[1]) for t in paced) / paced_s if paced_s else None,
         "producer_lag_max_s": lag_max,
+        "cores_taken_while_pacing": cores_taken,
         "events_sent": n_sent,
         "warmup_events": warm_sent,
         "warmup_s": warm_s,

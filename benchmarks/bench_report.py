@@ -7,6 +7,7 @@ from typing import Any
 
 from bench_common import TARGETS, fmt_rate, mb
 from bench_fleet import report_lines, targets
+from bench_machine import machine_lines
 
 
 def plot_latency(lat_runs: list[dict[str, Any]], path: Path) -> str | None:
@@ -134,6 +135,7 @@ def build_report(res: dict[str, Any]) -> str:
                  f"~{st['per_node_fixed_bytes']:,.0f} B/node). JVM+workers RSS per hold: {st['rss_per_hold']:,.0f} B.")
         L.append("")
     L.extend(report_lines(res))
+    L.extend(machine_lines(res))
     L.append("## Targets (reported, not asserted)")
     L.append("")
     L.append("| target | measured | status |")
@@ -239,7 +241,9 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
         s = tps["local[2]"]["sustained_events_per_s"] / tps["local[1]"]["sustained_events_per_s"]
         out.append({"target": "scaling 1 -> 2 cores (local[2] / local[1]; 1.5x taken as the bar, 2.0x ideal)",
                     "measured": f"{s:.2f}x ({fmt_rate(tps['local[1]']['sustained_events_per_s'])} -> "
-                                f"{fmt_rate(tps['local[2]']['sustained_events_per_s'])} ev/s)",
+                                f"{fmt_rate(tps['local[2]']['sustained_events_per_s'])} ev/s)"
+                                + (f"; this machine's ceiling {res['cores_together']['scaling_ceiling']:.2f}x (cores together)"
+                                   if res.get("cores_together") else ""),
                     "ok": s >= TARGETS["scaling_2_vs_1"]})
     for off in (t for t in res.get("spark_throughput", []) if not t.get("status", True)):
         on = tps.get(off["master"])
@@ -251,6 +255,14 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                         "ok": cost <= 0.10})
     out.extend(targets(res))
     return out
+
+
+def _cores_taken(taken: dict[str, float | None]) -> str:
+    """``; while pacing, the broker took 0.62 of a core and the load generator 0.20`` (or "")."""
+    if taken.get("broker") is None:
+        return ""
+    load = f" and the load generator {taken['load']:.2f}" if taken.get("load") is not None else ""
+    return f"; while pacing, the broker took {taken['broker']:.2f} of a core{load}"
 
 
 def findings(res: dict[str, Any]) -> list[str]:
@@ -290,7 +302,8 @@ def findings(res: dict[str, Any]) -> list[str]:
                        f"rows (p50) and took {r['job_batch_ms_p50']:,.0f} ms (p50): "
                        f"{r['job_batch_ms_p50'] * 1000 / r['job_batch_rows_p50']:,.0f} us per event in small batches, "
                        f"{'behind' if r['backlog_at_end_of_pacing'] > r['offered_rate_target'] else 'keeping up'} "
-                       f"({r['backlog_at_end_of_pacing']:,} events of backlog when pacing ended).")
+                       f"({r['backlog_at_end_of_pacing']:,} events of backlog when pacing ended)"
+                       + _cores_taken(r.get("cores_taken_while_pacing") or {}) + ".")
     if pp and pl:
         out.append(
             f"Python work per event in the job's batch logic, measured without Spark: "
