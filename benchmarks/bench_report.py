@@ -93,7 +93,7 @@ def build_report(res: dict[str, Any]) -> str:
         L.append(f"| (3a) job {tp['master']}{'' if tp.get('status', True) else ', status off'}, sustained after batch 0 | {fmt_rate(s)} | {ratio(s, plain_r)} | {ratio(s, raw_r)} | "
                  f"{mb(tp['jvm_plus_workers_rss_end'])} (JVM {mb(tp['rss_end'].get('jvm'))} + {tp['rss_end'].get('workers_n')} "
                  f"workers {mb(tp['rss_end'].get('workers'))}; PSS {mb(tp['rss_end'].get('jvm_pss', 0) + tp['rss_end'].get('workers_pss', 0))}) | "
-                 f"{tp['batches']} batches{' (feeder late ' + str(tp['feeder_late_chunks']) + 'x)' if tp.get('feeder_late_chunks') else ''}, "
+                 f"{tp['batches']} batches, "
                  f"{tp['directives']} directives; batch 0: {tp['batch0_rows']} rows in "
                  f"{tp['batch0_ms']} ms; wall after batch 0 {fmt_rate(tp['wall_events_per_s_after_batch0'])}/s; "
                  f"CPU us/event: {cpu} |")

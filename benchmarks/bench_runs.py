@@ -1,4 +1,4 @@
-"""Driving the throughput workers from the benchmark's main process: each run fed its backlog in chunks, one per batch."""
+"""Driving the throughput workers from the benchmark's main process: each run on its backlog, preloaded."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_common import HERE, PROTO, say
-from bench_workload import make_topics, producer, read_topic
+from bench_workload import make_topics, produce_all, read_topic
 
 
 class Child:
@@ -105,56 +105,6 @@ def summarize_tp(res: dict[str, Any], holds: int) -> dict[str, Any]:
     }
 
 
-class Feeder(threading.Thread):
-    """Feeds the backlog to a fresh topic one chunk ahead of the job.
-
-    Batch 0 (JVM start, worker start, codegen: left out of the figures) gets a small chunk, and no
-    batch depends on the source honouring ``maxOffsetsPerTrigger`` (the Python source ignored it
-    until it read Spark's lower-cased option keys). Chunk 0 is produced first, and chunk k+1 as soon as
-    the job has planned batch k (its ``offsets/<k>`` file exists in the checkpoint): each batch
-    then reads one chunk of ``--max-offsets`` events, as a working cap would give it, while the
-    next chunk is produced during that batch.
-    """
-
-    def __init__(self, bootstrap: str, topic: str, events: list[tuple[int, str, bytes]], chunk: int, checkpoint: Path,
-                 first: int) -> None:
-        super().__init__(daemon=True, name="bench-feeder")
-        self.bootstrap, self.topic, self.events, self.chunk, self.checkpoint = bootstrap, topic, events, chunk, checkpoint
-        self.first = min(first, chunk)
-        self.late = 0  # chunks not fully produced when the previous batch ended (the job waited on the feeder)
-        self.error: str | None = None
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        try:
-            prod = producer(self.bootstrap, linger_ms=20)
-            # batch 0 (JVM and workers warming up, left out of the figures) gets a small chunk of its own
-            chunks = [self.events[:self.first]]
-            chunks += [self.events[i:i + self.chunk] for i in range(self.first, len(self.events), self.chunk)]
-            for k, part in enumerate(chunks):
-                if k > 0:
-                    planned = self.checkpoint / "offsets" / str(k - 1)
-                    while not planned.exists():
-                        if self._stop_evt.wait(0.02):
-                            return
-                for _, key, value in part:
-                    while True:
-                        try:
-                            prod.produce(self.topic, key=key, value=value)
-                            break
-                        except BufferError:
-                            prod.poll(0.02)
-                    prod.poll(0)
-                prod.flush(60)
-                if k > 0 and (self.checkpoint / "commits" / str(k - 1)).exists():
-                    self.late += 1
-        except Exception as exc:  # noqa: BLE001 - reported with the run
-            self.error = repr(exc)
-
-    def stop(self) -> None:
-        self._stop_evt.set()
-
-
 def source_ignores_max_offsets() -> str | None:
     """Whether the job's Python source sees maxOffsetsPerTrigger the way Spark hands options over."""
     from pyspark.sql.datasource import CaseInsensitiveDict
@@ -168,8 +118,7 @@ def source_ignores_max_offsets() -> str | None:
     return ("BUG (not fixed here): the Python source ignores maxOffsetsPerTrigger and startingOffsets: Spark hands the "
             "options over lower-cased (CaseInsensitiveDict), KafkaStreamReader copies them into a plain dict and looks up "
             "'maxOffsetsPerTrigger' / 'startingOffsets' / 'readTimeoutSeconds' in camel case, so it gets None (no cap: a "
-            "backlog is read in one batch) and 'earliest'. The throughput runs therefore feed the backlog in chunks of "
-            "--max-offsets events, one batch ahead of the job, instead of preloading it.")
+            "backlog is read in one batch) and 'earliest'. The throughput runs' batches are then not the sizes they say.")
 
 
 def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: list[tuple[int, str, bytes]], master: str,
@@ -182,28 +131,25 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(ckpt), "master": master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
-        "timeout_s": args.timeout, "profile_rate": args.profile_rate, "status": status,
+        "timeout_s": args.timeout, "profile_rate": args.profile_rate, "status": status, "first_batch": args.first_batch,
     }
-    feeder = Feeder(bootstrap, topics["events"], events, args.max_offsets, ckpt, args.first_batch)
-    feeder.start()
+    # the whole backlog before the job starts, as the plain consumer reads it: nothing else runs
+    # on the 2 cores during the job's batches; batch 0 reads --first-batch events (the job's
+    # first_batch_max_offsets), the batches after it --max-offsets each
+    produce_all(bootstrap, topics["events"], events)
     child = Child("_spark_tp", spec, work / f"{tag}.log")
-    try:
-        while True:
-            msg = child.next(timeout=args.timeout)
-            if msg is None or msg["ev"] == "eof":
-                break
-            if msg["ev"] == "progress":
-                say(f"  {tag}: batch {msg['batch']} {msg['rows']} rows in {msg['ms']} ms ({msg['processed']}/{total})")
-        rc = child.wait(120)
-    finally:
-        feeder.stop()
-        feeder.join(10)
+    while True:
+        msg = child.next(timeout=args.timeout)
+        if msg is None or msg["ev"] == "eof":
+            break
+        if msg["ev"] == "progress":
+            say(f"  {tag}: batch {msg['batch']} {msg['rows']} rows in {msg['ms']} ms ({msg['processed']}/{total})")
+    rc = child.wait(120)
     if rc != 0 or not (work / f"{tag}.json").exists():
         tail = (work / f"{tag}.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"spark run {tag} failed (exit {rc}; feeder {feeder.error}):\n{tail}")
+        raise RuntimeError(f"spark run {tag} failed (exit {rc}):\n{tail}")
     res = json.loads((work / f"{tag}.json").read_text())
     out = summarize_tp(res, holds)
     out["status"] = status
-    out["feeder_late_chunks"] = feeder.late
     out["directives"] = sum(1 for v in read_topic(bootstrap, topics["directives"]) if b'"compaction"' in v)
     return out

@@ -115,6 +115,7 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         deadletter_topic=t["deadletter"],
         status_topic=t["status"] if spec.get("status", True) else "",
         max_offsets_per_trigger=spec["max_offsets"],
+        **({"first_batch_max_offsets": spec["first_batch"]} if "first_batch" in spec else {}),
         trigger_ms=spec["trigger_ms"],
         spark_master=spec["master"],
         shuffle_partitions=spec["shuffle_partitions"],

@@ -8,7 +8,10 @@ process that uses them, consumers ``unassign()``ed after each read. Writing is t
 (``streaming/source.py``).
 
 Options: ``bootstrap.servers`` (required), ``subscribe`` (the topic), ``startingOffsets``
-(``earliest`` or ``latest``), ``maxOffsetsPerTrigger``, ``minRowsPerTask`` (a read task takes at
+(``earliest`` or ``latest``), ``maxOffsetsPerTrigger``, ``maxOffsetsFirstTrigger`` (the cap of the
+first micro-batch the query plans after it starts or restarts, when lower: a start on a backlog
+answers after a small batch, whose time is mostly the JVM's and the workers' warming up; 0, the
+default: no cap of its own), ``minRowsPerTask`` (a read task takes at
 least this many messages before the batch is split over more tasks, one Kafka partition at most
 per task; 0, the default: one task per Kafka partition with messages), and any
 ``kafka.<librdkafka key>``.
@@ -154,6 +157,14 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.starting = self.options.get("startingoffsets", "earliest")
         limit = self.options.get("maxoffsetspertrigger")
         self.max_rows = int(limit) if limit else None
+        first = int(self.options.get("maxoffsetsfirsttrigger", "0") or 0)
+        if first < 0:
+            msg = f"safepoint_kafka source option maxOffsetsFirstTrigger must be >= 0, got {first}"
+            raise ValueError(msg)
+        self.first_max_rows = first or None
+        self._planned = False
+        """Whether this reader planned a batch with messages yet (the first one takes ``first_max_rows``).
+        Spark keeps one reader for the query's run, in its source runner process."""
         self.timeout_s = float(self.options.get("readtimeoutseconds", "120"))
         self.min_rows_per_task = int(self.options.get("minrowspertask", "0"))
         if self.min_rows_per_task < 0:
@@ -191,7 +202,12 @@ class KafkaStreamReader(DataSourceStreamReader):
         begin = {p: int(start.get(p, marks[p][0])) for p in marks}
         latest = {p: max(begin[p], m[1]) for p, m in marks.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        return plan_offsets(begin, latest, max_rows)
+        if not self._planned and self.first_max_rows is not None:
+            max_rows = self.first_max_rows if max_rows is None else min(max_rows, self.first_max_rows)
+        end = plan_offsets(begin, latest, max_rows)
+        if end != begin:
+            self._planned = True
+        return end
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return {p: m[1] for p, m in self._watermarks().items()}

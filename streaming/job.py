@@ -119,6 +119,7 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
             reader = reader.option(k, v)
     if not builtin:
         reader = reader.option("minRowsPerTask", str(settings.read_task_min_rows))
+        reader = reader.option("maxOffsetsFirstTrigger", str(settings.first_batch_max_offsets))
     reader = (
         reader.option("subscribe", settings.events_topic)
         .option("startingOffsets", settings.starting_offsets)

@@ -55,6 +55,10 @@ class Settings:
     """Micro-batch trigger interval (processing time)."""
     max_offsets_per_trigger: int = 200_000
     """Most input messages one micro-batch reads, over all partitions."""
+    first_batch_max_offsets: int = 10_000
+    """Most input messages the first micro-batch of a run reads, when lower (the Python source):
+    a start or restart on a backlog answers after a small batch, whose time is mostly Spark's and
+    the workers' warming up, then reads ``max_offsets_per_trigger`` at a time; 0: no cap of its own."""
     read_task_min_rows: int = 10_000
     """A micro-batch is read by one task per this many messages, at most one task per events
     partition (the Python source; 0: always one task per partition with messages). A read task has
@@ -268,9 +272,10 @@ def _check_choices(settings: Settings) -> None:
     if settings.node_buckets < 1:
         msg = f"node_buckets must be at least 1, got {settings.node_buckets}"
         raise ConfigError(msg)
-    if settings.read_task_min_rows < 0:
-        msg = f"read_task_min_rows must be 0 or more, got {settings.read_task_min_rows}"
-        raise ConfigError(msg)
+    for name in ("read_task_min_rows", "first_batch_max_offsets"):
+        if getattr(settings, name) < 0:
+            msg = f"{name} must be 0 or more, got {getattr(settings, name)}"
+            raise ConfigError(msg)
     if settings.mvcc_unit not in ("none", "counter", "ns", "us", "ms", "s"):
         msg = f"mvcc_unit must be one of counter (or none), ns, us, ms, s, got {settings.mvcc_unit!r}"
         raise ConfigError(msg)

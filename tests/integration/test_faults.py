@@ -245,9 +245,9 @@ def test_node_restart_mid_transaction(broker: Any, spark: Any, tmp_path: Path) -
 
 
 def test_flooding_node_does_not_starve_the_others(broker: Any, spark: Any, tmp_path: Path) -> None:
-    limit, blocks, w0 = 800, 80, 10_000
+    limit, first, blocks, w0 = 800, 300, 80, 10_000
     settings = make_settings(broker.bootstrap, "flood", 3, retention=50, node_lease_ms=60_000,
-                             max_offsets_per_trigger=limit, trigger_ms=100)
+                             max_offsets_per_trigger=limit, first_batch_max_offsets=first, trigger_ms=100)
     flooder, n2 = Node("n1", "c1", 0), Node("n2", "c1", 2)
     m1, m2 = Node("m1", "c2", 1), Node("m2", "c2", 2)
     others = (n2, m1, m2)
@@ -315,6 +315,7 @@ def test_flooding_node_does_not_starve_the_others(broker: Any, spark: Any, tmp_p
     batches = v.replay.batches
     sizes = [sum(b.values()) - sum(a.values()) for a, b in zip([{}, *batches[:-1]], batches, strict=True)]
     assert max(sizes) <= limit, f"max_offsets_per_trigger={limit} caps every batch (batch sizes {sizes})"
+    assert sizes[0] == first < max(sizes), f"the run's first batch reads first_batch_max_offsets={first} (sizes {sizes})"
     during = [i for i, b in enumerate(batches) if b.get(0, 0) < flood_offsets]
     assert len(during) >= len(flood) // limit - 1, f"the flood took only {len(during)} batches"
     with_c2 = [i for i in during if v.replay.per_batch[i]["directives"].get("c2")]

@@ -10,9 +10,44 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from safepoint.cli import main
-from safepoint.connectors.kafka_source import KafkaInputPartition, KafkaReadTask, group_ranges, plan_offsets
+from safepoint.connectors.kafka_source import (
+    KafkaInputPartition,
+    KafkaReadTask,
+    KafkaStreamReader,
+    group_ranges,
+    plan_offsets,
+)
 from safepoint.errors import ConfigError
 from safepoint.settings import Secret, Settings, load_settings
+
+
+class _Marks(KafkaStreamReader):
+    """The reader with the broker's watermarks given (``marks``: partition -> (low, high))."""
+
+    def __init__(self, options: dict[str, str], marks: dict[str, tuple[int, int]]) -> None:
+        super().__init__({"bootstrap.servers": "127.0.0.1:1", "subscribe": "t", **options})
+        self.marks = marks
+
+    def _watermarks(self) -> dict[str, tuple[int, int]]:
+        return self.marks
+
+
+def test_the_first_batch_of_a_run_takes_its_own_cap_then_the_usual_one() -> None:
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    reader = _Marks({"maxOffsetsPerTrigger": "100", "maxOffsetsFirstTrigger": "10"}, {"0": (0, 0), "1": (0, 0)})
+    start = {"0": 0, "1": 0}
+    assert reader.latestOffset(start, ReadMaxRows(100)) == start  # nothing to read: the first batch is still to come
+    reader.marks = {"0": (0, 500), "1": (0, 500)}
+    first = reader.latestOffset(start, ReadMaxRows(100))
+    assert first == {"0": 5, "1": 5}
+    assert reader.latestOffset(first, ReadMaxRows(100)) == {"0": 55, "1": 55}
+    # a cap of its own above the usual one changes nothing; 0 is no cap of its own
+    for first_cap in ("1000", "0"):
+        assert _Marks({"maxOffsetsFirstTrigger": first_cap}, reader.marks).latestOffset(start, ReadMaxRows(100)) == {
+            "0": 50, "1": 50}
+    with pytest.raises(ValueError, match="maxOffsetsFirstTrigger must be >= 0"):
+        _Marks({"maxOffsetsFirstTrigger": "-1"}, {})
 
 
 def test_plan_offsets_without_limit_reads_everything() -> None:
@@ -91,6 +126,7 @@ def test_the_retired_fast_path_setting_is_refused_with_what_to_do(tmp_path: Path
                                                ("retention = 'x'", "must be an integer"),
                                                ("node_buckets = 0", "node_buckets must be at least 1"),
                                                ("read_task_min_rows = -1", "read_task_min_rows must be 0 or more"),
+                                               ("first_batch_max_offsets = -1", "first_batch_max_offsets must be 0 or more"),
                                                ("jvm_jit = 'c2'", "jvm_jit must be 'c1' or 'tiered'")])
 def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
