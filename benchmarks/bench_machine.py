@@ -64,13 +64,14 @@ def broker_rewrite(bootstrap: str, pid: int, data_dir: str, topic: str, watch_s:
     c0 = cpu()
     time.sleep(watch_s)
     idle = cpu() - c0
+    # read while no rewrite runs (a rewrite writes a second copy beside the first)
+    size = sum(f.stat().st_size for f in Path(data_dir).rglob("*") if f.is_file())
     prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
     prod.produce(topic, key=b"bench-rewrite", value=b"{}")
     prod.flush(30)
     c1 = cpu()
     time.sleep(watch_s)
     spent = cpu() - c1
-    size = sum(f.stat().st_size for f in Path(data_dir).rglob("*") if f.is_file())
     return {"cpu_s": max(spent - idle, 0.0), "idle_cpu_s": idle, "watch_s": watch_s, "data_bytes": size}
 
 
