@@ -185,9 +185,7 @@ class ClusterState:
         now = self.cluster_time
         assert now is not None
         self.aborts.touched.add(u.node)
-        rec = self.members.nodes.get(u.node)
-        old_min = rec.local_min if rec is not None else None
-        member, fresh = self.members.take(u)
+        member, fresh, old_min = self.members.take(u)
         if fresh or u.changed:
             self.dirty = True
         book = self.alerts

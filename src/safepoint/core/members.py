@@ -88,11 +88,12 @@ class Members:
             self.announced = False
         return self.names - before
 
-    def take(self, u: NodeUpdate) -> tuple[bool, bool]:
+    def take(self, u: NodeUpdate) -> tuple[bool, bool, int | None]:
         """Take one node's summary into its record and the indexes: (whether the node is a member,
-        whether its record is new)."""
+        whether its record is new, its known minimum before: None when new or unknown)."""
         rec = self.nodes.get(u.node)
         fresh = rec is None
+        old_min = None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
             rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {},
@@ -129,7 +130,7 @@ class Members:
             (self.ns_nodes.add if u.ns is not None else self.ns_nodes.discard)(u.node)
         for kind, hid, ts, _ns in u.opened:
             holds[hold_key(kind, hid)] = ts
-        return member, fresh
+        return member, fresh, old_min
 
     # -- indexes --------------------------------------------------------------------------
     def _index(self, node: str, rec: NodeRecord) -> None:
