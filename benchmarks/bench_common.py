@@ -108,12 +108,23 @@ def cpu_snapshot(pid: int, extra: dict[str, int] | None = None) -> dict[str, Any
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
     for role, xpid in (extra or {}).items():
-        try:
-            t = psutil.Process(xpid).cpu_times()
-            snap[str(xpid)] = [role, t.user + t.system]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
+        seconds = cpu_seconds(xpid)
+        if seconds is not None:
+            snap[str(xpid)] = [role, seconds]
     return snap
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (None: no such process, or no pid)."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        t = psutil.Process(pid).cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return float(t.user + t.system)
 
 
 def cpu_delta(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_common import START_MS, percentile, say
+from bench_common import START_MS, cpu_seconds, percentile, say
 from bench_runs import Child
 from bench_workload import Workload, kafka_base, make_topics, open_holds, producer
 
@@ -49,19 +49,6 @@ class DirectiveWatch(threading.Thread):
     def stop(self) -> None:
         self._stop_evt.set()
         self.join(10)
-
-
-def _cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (None: no such process)."""
-    import psutil
-
-    if pid is None:
-        return None
-    try:
-        t = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return float(t.user + t.system)
 
 
 def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Workload, tag: str,
@@ -134,7 +121,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     say(f"  {tag}: warm-up {warm_sent} events, first directive after {warm_s:.1f} s; pacing {len(paced)} ticks "
         f"({sum(len(t[1]) for t in paced)} events over {(paced[-1][0] - paced[0][0]) / 1000 if paced else 0:.0f} s)")
     # paced: event i goes out at t0 + (wall_i - wall_0)
-    cpu0 = _cpu_s(broker_pid), _cpu_s(os.getpid())
+    cpu0 = cpu_seconds(broker_pid), cpu_seconds(os.getpid())
     t0 = time.monotonic()
     w0 = paced[0][0] if paced else warm_end
     lag_max = 0.0
@@ -152,7 +139,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     paced_s = t_paced_end - t0
     # the cores the broker and this process (the load generator) took while pacing: what the job did not have
     cores_taken = {role: (after - before) / paced_s if paced_s and after is not None and before is not None else None
-                   for role, before, after in (("broker", cpu0[0], _cpu_s(broker_pid)), ("load", cpu0[1], _cpu_s(os.getpid())))}
+                   for role, before, after in (("broker", cpu0[0], cpu_seconds(broker_pid)), ("load", cpu0[1], cpu_seconds(os.getpid())))}
     backlog_at_end = n_sent - processed
     # drain: every sent event processed, then a little for the last directives to arrive
     deadline = time.monotonic() + args.drain_timeout

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_common import cpu_seconds
 from bench_fleet import replay_seconds, write_events
 
 __all__ = ["broker_rewrite", "cores_together", "machine_lines"]
@@ -51,14 +52,14 @@ def cores_together(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
 def broker_rewrite(bootstrap: str, pid: int, data_dir: str, topic: str, watch_s: float = 3.0) -> dict[str, Any]:
     """The broker's CPU seconds in the ``watch_s`` after one small write, less what it spends idle
     in as long, and the size of its data file."""
-    import psutil
     from confluent_kafka import Producer
 
-    proc = psutil.Process(pid)
-
     def cpu() -> float:
-        t = proc.cpu_times()
-        return float(t.user + t.system)
+        seconds = cpu_seconds(pid)
+        if seconds is None:
+            msg = f"the broker (pid {pid}) is gone"
+            raise RuntimeError(msg)
+        return seconds
 
     time.sleep(watch_s)  # let a rewrite of earlier writes end
     c0 = cpu()
