@@ -234,6 +234,9 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
         "job_sustained_events_per_s": rows / (ms / 1000) if ms else None,
         "job_batch_ms_p50": percentile([(b["durationMs"] or {}).get("triggerExecution", 0) for b in steady], 50),
         "job_batch_rows_p50": percentile([b["numInputRows"] for b in steady], 50),
+        # where a steady batch's time goes: each of Spark's durationMs parts, its median over the batches
+        "job_batch_phase_ms_p50": {k: percentile([(b["durationMs"] or {}).get(k, 0) for b in steady], 50)
+                                   for k in sorted({k for b in steady for k in (b["durationMs"] or {})})},
         "session_s": result["session_s"],
         "rss_peak": result["rss_peak"],
         "rss_end": result["rss_end"],

@@ -189,6 +189,28 @@ class Pressure:
                 "expire_walls": self.expire_walls, "forecast": self.forecast.to_json(),
                 "debt_growing": self.debt_growing or None}
 
+    def to_stored(self) -> list[Any]:
+        """``to_json``'s values in its order, each empty one as None (the node's positional stored form)."""
+        return [None if self.pinned_band.quiet else self.pinned_band.to_json(),
+                None if self.age_band.quiet else self.age_band.to_json(),
+                self.in_doubt or None, {k: e.to_json() for k, e in self.expiries.items()} or None,
+                self.expire_walls or None, self.forecast.to_json(), self.debt_growing or None]
+
+    @classmethod
+    def from_stored(cls, pinned_band: list[Any] | None, age_band: list[Any] | None, in_doubt: list[str] | None,
+                    expiries: dict[str, list[Any]] | None, expire_walls: list[int] | None,
+                    forecast: dict[str, Any] | None, debt_growing: bool | None) -> Pressure:
+        """``to_stored``'s values back (None: as new), taking over their lists and maps."""
+        p = cls.__new__(cls)  # every field is set below: nothing built by __init__ to be thrown away
+        p.pinned_band = Band.from_json(pinned_band)
+        p.age_band = Band.from_json(age_band)
+        p.in_doubt = in_doubt or []
+        p.expiries = {k: Expiry(*e) for k, e in expiries.items()} if expiries else {}
+        p.expire_walls = expire_walls or []
+        p.forecast = Forecast(forecast.get("samples"), forecast.get("raised_since")) if forecast else Forecast()
+        p.debt_growing = bool(debt_growing)
+        return p
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Pressure:
         # Checkpoints written before the pressure policy existed restore with empty pressure state.

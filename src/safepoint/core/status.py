@@ -27,6 +27,7 @@ from safepoint.core.cost import layer_costs
 from safepoint.core.ids import escape, join_id
 from safepoint.core.node import NodeState
 from safepoint.core.policy import Policy
+from safepoint.core.records import Hold
 
 __all__ = ["LEVELS", "STATUS", "assemble", "by_cost", "cluster_status", "node_status", "status_key"]
 
@@ -57,33 +58,25 @@ def forecast_of(ns: NodeState, policy: Policy) -> dict[str, Any]:
             "forecast_raised": f.raised_since is not None}
 
 
+def _hold_order(held: tuple[str, str, Hold]) -> tuple[int, int, str]:
+    return held[2].ts, HOLD_ORDER[held[0]], held[1]
+
+
 def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
     """One node's part of its cluster's status (``policy.status_holds`` oldest holds)."""
     lmin, unknown, _ = ns.local_min(policy)
     held = [("reader", rid, h) for rid, h in ns.readers.items()]
-    held += [("prepared_tx" if h.prepared else "tx", tid, h) for tid, h in ns.txs.items()]
-    open_counts = {"reader": len(ns.readers), "tx": 0, "prepared_tx": 0}
-    for kind, _hid, _h in held[len(ns.readers):]:
-        open_counts[kind] += 1
-    oldest = heapq.nsmallest(policy.status_holds, held, key=lambda x: (x[2].ts, HOLD_ORDER[x[0]], x[1]))
+    prepared = 0
+    for tid, h in ns.txs.items():
+        if h.prepared:
+            prepared += 1
+            held.append(("prepared_tx", tid, h))
+        else:
+            held.append(("tx", tid, h))
+    open_counts = {"reader": len(ns.readers), "tx": len(ns.txs) - prepared, "prepared_tx": prepared}
+    oldest = heapq.nsmallest(policy.status_holds, held, key=_hold_order)
     costs: dict[tuple[str, str], int] = {}
-    cost_fields: dict[str, Any] = {}
-    if ns.history is not None:  # the costliest holds are listed too (core/cost.py)
-        floor = ns.floor_hold(policy)
-        costs = layer_costs(((h.ts, (kind, hid)) for kind, hid, h in held),
-                            None if isinstance(floor, str) else floor.ts, ns.history, ns.mvcc_now)
-        listed = {(kind, hid) for kind, hid, _h in oldest}
-        costliest = heapq.nsmallest(policy.status_holds, (x for x in held if costs[x[0], x[1]] > 0),
-                                    key=lambda x: (-costs[x[0], x[1]], x[2].ts, HOLD_ORDER[x[0]], x[1]))
-        oldest += [x for x in costliest if (x[0], x[1]) not in listed]
-        oldest.sort(key=lambda x: (x[2].ts, HOLD_ORDER[x[0]], x[1]))
-        cost_fields = {"held_bytes": sum(costs.values())}
-    floors: list[dict[str, Any]] = []
-    if ns.mvcc_now is not None:
-        floors.append({"kind": "retention", "id": None, "ts": ns.mvcc_now - policy.retention})
-    for gid, (leader, published) in sorted(ns.groups.items()):
-        floors.append({"kind": "group", "id": gid, "ts": published, "leader": bool(leader)})
-    return {
+    status: dict[str, Any] = {
         "v": 1,
         "type": "node_status",
         "cluster": ns.cluster,
@@ -99,15 +92,36 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         "in_doubt": sorted(ns.pressure.in_doubt),
         "expiring": len(ns.pressure.expiries),
         "forecast": forecast_of(ns, policy),
-        **({"admission": {"throttled": ns.admission[0], "refused": ns.admission[1]}} if ns.admission else {}),
-        "open": open_counts,
-        "floors": floors,
-        **cost_fields,
-        "holds": [{"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label,
-                   **({"namespace": h.namespace} if h.namespace is not None else {}),
-                   **({"cost_bytes": costs[kind, hid]} if costs else {})}
-                  for kind, hid, h in oldest],
     }
+    if ns.admission:
+        status["admission"] = {"throttled": ns.admission[0], "refused": ns.admission[1]}
+    status["open"] = open_counts
+    floors: list[dict[str, Any]] = []
+    if ns.mvcc_now is not None:
+        floors.append({"kind": "retention", "id": None, "ts": ns.mvcc_now - policy.retention})
+    for gid, (leader, published) in sorted(ns.groups.items()):
+        floors.append({"kind": "group", "id": gid, "ts": published, "leader": bool(leader)})
+    status["floors"] = floors
+    if ns.history is not None:  # the costliest holds are listed too (core/cost.py)
+        floor = ns.floor_hold(policy)
+        costs = layer_costs(((h.ts, (kind, hid)) for kind, hid, h in held),
+                            None if isinstance(floor, str) else floor.ts, ns.history, ns.mvcc_now)
+        listed = {(kind, hid) for kind, hid, _h in oldest}
+        costliest = heapq.nsmallest(policy.status_holds, (x for x in held if costs[x[0], x[1]] > 0),
+                                    key=lambda x: (-costs[x[0], x[1]], x[2].ts, HOLD_ORDER[x[0]], x[1]))
+        oldest += [x for x in costliest if (x[0], x[1]) not in listed]
+        oldest.sort(key=_hold_order)
+        status["held_bytes"] = sum(costs.values())
+    holds = []
+    for kind, hid, h in oldest:
+        entry = {"kind": kind, "id": hid, "ts": h.ts, "opened_wall_ms": h.opened_wall, "label": h.label}
+        if h.namespace is not None:
+            entry["namespace"] = h.namespace
+        if costs:
+            entry["cost_bytes"] = costs[kind, hid]
+        holds.append(entry)
+    status["holds"] = holds
+    return status
 
 
 def _round(cs: ClusterState, policy: Policy) -> dict[str, Any]:
