@@ -48,7 +48,8 @@ def check_java() -> str:
     return f"{major}"
 
 
-def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui: bool = False) -> dict[str, str]:
+def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui: bool = False,
+               driver_memory: str = "1g") -> dict[str, str]:
     conf = {
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -69,7 +70,7 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
         # operator work 3.1-3.7 -> 1.9-2.6 s with the daemon's arrow preload). The cost: a Python
         # error in a read task shows PySpark's own frames too.
         "spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled": "false",
-        "spark.driver.memory": "2g",
+        "spark.driver.memory": driver_memory,
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # State compressed with zstd, not lz4: the changelog files (every batch's updates, kept
@@ -98,12 +99,13 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
 
 def build_session(
     master: str = "local[2]", shuffle_partitions: int = 4, app: str = "safepoint", extra: dict[str, str] | None = None,
-    ui: bool = False, log_file: str | None = None, jit: str = "c1",
+    ui: bool = False, log_file: str | None = None, jit: str = "c1", driver_memory: str = "1g",
 ) -> Any:
     """A SparkSession whose Python workers use this interpreter (they need pyarrow). With
     ``log_file``, what the JVM and its Python workers print (log4j lines, worker notices) goes to
     that file instead of this process's terminal. ``jit``: a key of ``JIT_OPTIONS`` (the
-    ``jvm_jit`` setting), for the driver's JVM and the executors'."""
+    ``jvm_jit`` setting), for the driver's JVM and the executors'; ``driver_memory`` its heap (the
+    ``driver_memory`` setting)."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -111,7 +113,7 @@ def build_session(
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    conf = spark_conf(shuffle_partitions, extra, ui)
+    conf = spark_conf(shuffle_partitions, extra, ui, driver_memory)
     for key in (DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS):  # extra's own compiler choice stands
         _add_java_options(conf, key, JIT_OPTIONS[jit], unless="TieredStopAtLevel")
     # the class-data archive, where one was made (streaming/classes.py), unless this JVM makes one

@@ -126,6 +126,7 @@ def test_the_retired_fast_path_setting_is_refused_with_what_to_do(tmp_path: Path
                                                ("retention = 'x'", "must be an integer"),
                                                ("node_buckets = 0", "node_buckets must be at least 1"),
                                                ("read_task_min_rows = -1", "read_task_min_rows must be 0 or more"),
+                                               ('driver_memory = "2 GB"', "driver_memory must be a JVM memory size"),
                                                ("first_batch_max_offsets = -1", "first_batch_max_offsets must be 0 or more"),
                                                ("jvm_jit = 'c2'", "jvm_jit must be 'c1' or 'tiered'")])
 def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
@@ -226,6 +227,8 @@ def test_the_spark_ui_is_a_setting_and_off_by_default() -> None:
     assert load_settings(environ={"SAFEPOINT_SPARK_UI": "true"}).spark_ui is True
     assert spark_conf(2)["spark.ui.enabled"] == "false"
     assert spark_conf(2, ui=True)["spark.ui.enabled"] == "true"
+    assert spark_conf(2)["spark.driver.memory"] == Settings().driver_memory == "1g"
+    assert spark_conf(2, driver_memory="1536m")["spark.driver.memory"] == "1536m"
 
 
 def test_the_class_data_archive_is_used_only_where_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -221,6 +221,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
                 "spark.sql.streaming.stateStore.maintenanceInterval": "10s",
             },
             jit=settings.jvm_jit,
+            driver_memory=settings.driver_memory,
         )
         try:
             accounting.attach(spark)
