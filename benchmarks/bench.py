@@ -251,6 +251,11 @@ def main(argv: list[str] | None = None) -> int:
             s_holds = open_holds([v for _, _, v in sw.events])
             res["workloads"]["scale"] = {"events": len(sw.events), "types": sw.types, "heartbeat_ms": sw.heartbeat_ms,
                                          "holds_at_end": s_holds, "nodes": args.scale_nodes}
+            # the same job on the usual nodes right before, so that the two runs compared share the host's
+            # speed of the moment (on a shared host it moves by a fifth within minutes)
+            say(f"(3c) job local[2] with {args.nodes:,} nodes, right before the {args.scale_nodes:,}-node run ...")
+            with own_broker("tp-scale-base") as (boot, pids):
+                res["scale_base"] = run_spark_tp(args, work, boot, wl.events, "local[2]", "tp-scale-base", holds, pids)
             say(f"(3c) job local[2] with {args.scale_nodes:,} nodes ({len(sw.events):,} events, {s_holds:,} holds at the end) ...")
             with own_broker("tp-scale") as (boot, pids):
                 res["scale"] = run_spark_tp(args, work, boot, sw.events, "local[2]", "tp-scale", s_holds, pids)

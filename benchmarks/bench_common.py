@@ -161,3 +161,10 @@ def _loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "?"
+
+
+def scale_base(res: dict[str, Any]) -> dict[str, Any] | None:
+    """The usual-nodes run the scale run is compared with: the one right before it (``scale_base``),
+    else the local[2] throughput run with the status on (a result from before that run existed)."""
+    return res.get("scale_base") or next(
+        (t for t in res.get("spark_throughput", []) if t["master"] == "local[2]" and t.get("status", True)), None)

@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench_common import mb
+from bench_common import mb, scale_base
 
 __all__ = ["core_ratio", "fleet_figure", "fleet_mix", "replay_seconds", "report_lines", "targets", "write_events"]
 
@@ -197,11 +197,12 @@ def report_lines(res: dict[str, Any]) -> list[str]:
                  f"ratio **{core['ratio']:.2f}** (target {core['target']:.2f}; best of two each, one after the other).")
         L.append("")
     sc = res.get("scale")
-    base = next((t for t in res.get("spark_throughput", []) if t["master"] == "local[2]" and t.get("status", True)), None)
+    base = scale_base(res)
     if sc and base:
         n1, n2 = res["args"]["nodes"] + 1, res["workloads"]["scale"]["nodes"] + 1
         h1, h2 = base["holds"], sc["holds"]
-        L.append("Memory and cost as the fleet grows (local[2], same event count, RSS of the JVM + Python workers at the end):")
+        L.append("Memory and cost as the fleet grows (local[2], same event count, the two runs one right after the other; "
+                 "RSS of the JVM + Python workers at the end):")
         L.append("")
         L.append("| nodes | holds at the end | ev/s | CPU us/event (all processes) | RSS | RSS per 1,000 nodes | RSS per 10,000 holds |")
         L.append("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
