@@ -19,8 +19,9 @@ reader closes free the cluster's blocker at a fixed rate, so directives come at 
 5. core: ``safepoint replay``'s core over a file of the workload against bare ``json.loads`` of it;
    machine: the core alone against with the other core busy (the scaling's ceiling here), and what
    one small write costs the broker holding the backlog (bench_machine.py);
-6. scale: one more local[2] throughput run with ``--scale-nodes`` nodes (RSS and cost per event as
-   the fleet grows), on a broker of its own like every Spark run;
+6. scale: two more local[2] throughput runs, one right after the other, with the usual nodes and
+   with ``--scale-nodes`` nodes (RSS and cost per event as the fleet grows), each on a broker of its
+   own like every Spark run;
 7. fleet: database readers per second one job covers at p99 < 2 s, eager and lazy (bench_fleet.py).
 
 Writes ``<out>/bench-<timestamp>.json``, ``.md`` (the table, ratios, targets met / not met, profile
