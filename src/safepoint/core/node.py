@@ -159,8 +159,8 @@ class NodeState:
         state.node = node
         state.incarnation = incarnation
         state.seq = seq
-        state.readers = {rid: Hold(*h) for rid, h in readers.items()} if readers else {}
-        state.txs = {tid: Hold(*h) for tid, h in txs.items()} if txs else {}
+        state.readers = {rid: Hold.from_json(h) for rid, h in readers.items()} if readers else {}
+        state.txs = {tid: Hold.from_json(h) for tid, h in txs.items()} if txs else {}
         state.mvcc_now = mvcc_now
         state.groups = groups or {}
         state.pinned_bytes = pinned_bytes
@@ -180,25 +180,10 @@ class NodeState:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeState:
-        state = cls(data["cluster"], data["node"])
-        state.incarnation = data["incarnation"]
-        state.seq = data["seq"]
-        state.readers = {rid: Hold.from_json(h) for rid, h in (data.get("readers") or {}).items()}
-        state.txs = {tid: Hold.from_json(h) for tid, h in (data.get("txs") or {}).items()}
-        state.mvcc_now = data.get("mvcc_now")
-        state.groups = data.get("groups") or {}
-        state.pinned_bytes = data.get("pinned_bytes")
-        state.debt_bytes = data.get("debt_bytes")
-        state.last_wall_ms = data["last_wall_ms"]
-        summary = data.get("summary")
-        state._summary = tuple(summary) if summary is not None else None
-        state.pressure = Pressure.from_json(data)
-        state.leak = LeakWatch(state.node, data.get("leak"))
-        state.admission = data.get("admission")
-        history = data.get("history")
-        state.history = History(history) if history is not None else None
-        state._restored = True
-        return state
+        """The state ``to_json`` wrote (a freshly decoded value: its lists and maps are taken over, as
+        ``from_stored`` does): its fields by position, read as the stored form."""
+        head = [data["node"], data["incarnation"], data["seq"], data["last_wall_ms"]]
+        return cls.from_stored(data["cluster"], head + [data.get(f) for f in STORED_FIELDS[len(head):]])
 
     # -- the rules --------------------------------------------------------------------
     def check_order(self, event: dict[str, Any]) -> str | None:

@@ -137,10 +137,6 @@ class Forecast:
             return None
         return {"samples": self.samples, **({"raised_since": self.raised_since} if self.raised_since is not None else {})}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> Forecast:
-        return cls() if not data else cls([list(x) for x in data.get("samples") or []], data.get("raised_since"))
-
     def add(self, now: int, pinned: int, debt: int | None, window_ms: int) -> None:
         """Take one heartbeat's figures (the rates are fitted again when next read)."""
         sample = [now, pinned, -1 if debt is None else debt]
@@ -200,28 +196,16 @@ class Pressure:
     def from_stored(cls, pinned_band: list[Any] | None, age_band: list[Any] | None, in_doubt: list[str] | None,
                     expiries: dict[str, list[Any]] | None, expire_walls: list[int] | None,
                     forecast: dict[str, Any] | None, debt_growing: bool | None) -> Pressure:
-        """``to_stored``'s values back (None: as new), taking over their lists and maps."""
+        """``to_stored``'s values back (None: as new, as in checkpoints written before the pressure
+        policy existed), taking over their lists and maps."""
         p = cls.__new__(cls)  # every field is set below: nothing built by __init__ to be thrown away
         p.pinned_band = Band.from_json(pinned_band)
         p.age_band = Band.from_json(age_band)
         p.in_doubt = in_doubt or []
-        p.expiries = {k: Expiry(*e) for k, e in expiries.items()} if expiries else {}
+        p.expiries = {k: Expiry.from_json(e) for k, e in expiries.items()} if expiries else {}
         p.expire_walls = expire_walls or []
         p.forecast = Forecast(forecast.get("samples"), forecast.get("raised_since")) if forecast else Forecast()
         p.debt_growing = bool(debt_growing)
-        return p
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Pressure:
-        # Checkpoints written before the pressure policy existed restore with empty pressure state.
-        p = cls.__new__(cls)  # every field is set below: nothing built by __init__ to be thrown away
-        p.pinned_band = Band.from_json(data.get("pinned_band"))
-        p.age_band = Band.from_json(data.get("age_band"))
-        p.in_doubt = data.get("in_doubt") or []
-        p.expiries = {k: Expiry.from_json(e) for k, e in (data.get("expiries") or {}).items()}
-        p.expire_walls = data.get("expire_walls") or []
-        p.forecast = Forecast.from_json(data.get("forecast"))
-        p.debt_growing = bool(data.get("debt_growing"))
         return p
 
     def still_until(self, first_opened: float, first_prepared: float, policy: Policy) -> float:
