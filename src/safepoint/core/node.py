@@ -41,8 +41,8 @@ STORED_FIELDS = (
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
     "admission", "history",
 )
-"""The positional stored form's layout (``to_stored``): ``to_json``'s fields in this order, absent ones
-as null, trailing ones left out; the cluster is the state value's own (its key)."""
+"""The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
+ones as null, trailing ones left out; the cluster is the state value's own (its key)."""
 _STORED_LEN = len(STORED_FIELDS)
 _ABSENT: list[Any] = [None] * _STORED_LEN
 
@@ -111,28 +111,18 @@ class NodeState:
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """The node's state for the state store: empty and default fields are left out, and so is a
-        quiet pressure band (``from_json`` restores both as new)."""
-        data: dict[str, Any] = {"cluster": self.cluster, "node": self.node, "incarnation": self.incarnation,
-                                "seq": self.seq, "last_wall_ms": self.last_wall_ms}
-        optional = (
-            ("readers", {rid: h.to_json() for rid, h in self.readers.items()}),
-            ("txs", {tid: h.to_json() for tid, h in self.txs.items()}),
-            ("mvcc_now", self.mvcc_now), ("groups", self.groups), ("pinned_bytes", self.pinned_bytes),
-            ("debt_bytes", self.debt_bytes), ("summary", list(self._summary) if self._summary is not None else None),
-            *self.pressure.to_json().items(),
-            ("leak", self.leak.state), ("admission", self.admission),
-            ("history", self.history.to_json() if self.history is not None else None),
-        )
-        for key, value in optional:
-            if value is not None and value != [] and value != {}:
-                data[key] = value
+        """The node's state as a map: the stored form's fields by name (``to_stored``: empty and
+        default fields are left out, and so is a quiet pressure band; ``from_json`` restores both as
+        new), with the cluster."""
+        stored = self.to_stored()
+        data: dict[str, Any] = {"cluster": self.cluster, **dict(zip(STORED_FIELDS[:4], stored[:4], strict=True))}
+        data.update((f, v) for f, v in zip(STORED_FIELDS[4:], stored[4:], strict=False) if v is not None)
         return data
 
     def to_stored(self) -> list[Any]:
-        """The compact stored form: ``to_json``'s fields by position (``STORED_FIELDS``), without the
-        cluster, absent ones as null and trailing ones left out. Built directly rather than from
-        ``to_json``: every node a micro-batch touches is written back at its end."""
+        """The compact stored form: the fields of ``STORED_FIELDS`` by position, without the cluster,
+        empty ones as null and trailing ones left out (``to_json`` names them). Every node a
+        micro-batch touches is written back in this form at its end."""
         summary = self._summary
         history = self.history
         stored = [self.node, self.incarnation, self.seq, self.last_wall_ms,

@@ -177,16 +177,9 @@ class Pressure:
         self.debt_growing = False
         """In the critical band with debt still growing (the cluster's emergency, ``core/emergency.py``)."""
 
-    def to_json(self) -> dict[str, Any]:
-        """The stored fields (a quiet band is left out: ``from_json`` restores it as new)."""
-        return {"pinned_band": None if self.pinned_band.quiet else self.pinned_band.to_json(),
-                "age_band": None if self.age_band.quiet else self.age_band.to_json(),
-                "in_doubt": self.in_doubt, "expiries": {k: e.to_json() for k, e in self.expiries.items()},
-                "expire_walls": self.expire_walls, "forecast": self.forecast.to_json(),
-                "debt_growing": self.debt_growing or None}
-
     def to_stored(self) -> list[Any]:
-        """``to_json``'s values in its order, each empty one as None (the node's positional stored form)."""
+        """The node's stored fields of pressure, in ``STORED_FIELDS``' order, each empty one (and a
+        quiet band) as None (``NodeState.to_stored``)."""
         return [None if self.pinned_band.quiet else self.pinned_band.to_json(),
                 None if self.age_band.quiet else self.age_band.to_json(),
                 self.in_doubt or None, {k: e.to_json() for k, e in self.expiries.items()} or None,
