@@ -20,7 +20,7 @@ from safepoint.connectors.clients import CONFLUENT
 from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
 from safepoint.gcfreeze import freeze_once
 
-__all__ = ["KafkaStreamWriter", "client_conf", "deliver"]
+__all__ = ["KafkaStreamWriter", "Outbox", "client_conf", "deliver"]
 
 log = logging.getLogger(__name__)
 
@@ -51,58 +51,103 @@ def _slot(options: Mapping[str, str]) -> ProducerSlot:
 
 
 def deliver(options: Mapping[str, str], rows: list[tuple[str, Any, Any]], flush_timeout_s: float = 60.0) -> int:
-    """Produce ``rows`` (topic, key, value) in order and wait for every delivery (``poll()`` until
-    the flush timeout, not ``flush()``); return how many. A fatal producer error drops the
-    producer and sends again, on a new one, every row whose delivery was not confirmed (at most
-    ``_MAX_PRODUCER_REBUILDS`` times); any other failure raises, so that Spark retries the task.
-    The sink's tasks and the job's operator (``streaming/processors.py``) both send this way."""
-    if not rows:
-        return 0
-    freeze_once()
-    from confluent_kafka import KafkaException
-
-    slot = _slot(options)
-    pending = list(range(len(rows)))
-    rebuilds = 0
-    while True:
-        deliveries = Deliveries()
-        error: BaseException | None = None
-        try:
-            _send(slot.producer, rows, pending, deliveries, flush_timeout_s)
-        except (KafkaException, BufferError, SystemError) as exc:
-            error = exc
-        delivered = deliveries.reports
-        fatal = (error is not None and is_fatal_exception(error)) or deliveries.fatal
-        if fatal and rebuilds < _MAX_PRODUCER_REBUILDS:
-            slot.rebuild()
-            rebuilds += 1
-            pending = [i for i in pending if i not in delivered or delivered[i] is not None]
-            log.warning("the Kafka producer failed fatally (%s); sending %d message(s) again on a new one",
-                        error or "delivery error", len(pending))
-            continue
-        if error is not None:
-            slot.drop()
-            msg = f"producing to Kafka failed: {error}"
-            raise RuntimeError(msg) from error
-        failures = [f"{rows[i][0]}: {err}" for i, err in delivered.items() if err is not None]
-        remaining = len(pending) - len(delivered)
-        if remaining or failures:
-            slot.drop()
-            msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
-            raise RuntimeError(msg)
-        return len(rows)
+    """Produce ``rows`` (topic, key, value) in order and wait for every delivery; return how many
+    (an ``Outbox`` given them all at once)."""
+    outbox = Outbox(options, flush_timeout_s)
+    for topic, key, value in rows:
+        outbox.send(topic, key, value)
+    return outbox.wait()
 
 
-def _send(producer: Any, rows: list[tuple[str, Any, Any]], pending: list[int], deliveries: Deliveries,
-          flush_timeout_s: float) -> None:
-    """Produce ``rows[i]`` for each pending ``i`` in order, then poll until each has its delivery
-    report or the flush timeout has passed."""
-    for i in pending:
+class Outbox:
+    """Rows produced as they come (``send``: no wait) and confirmed together (``wait``). The job's
+    operator sends each output the moment the batch logic emits it, so a directive leaves while the
+    rest of the batch is still being worked through, and waits for every delivery when its task
+    ends, before Spark commits the task's state: at-least-once, as the sink.
+
+    ``wait`` polls for the delivery reports until the flush timeout (``poll()``, not ``flush()``). A
+    fatal producer error drops the producer and sends again, on a new one, every row whose delivery
+    was not confirmed (at most ``_MAX_PRODUCER_REBUILDS`` times); any other failure raises, so that
+    Spark retries the task. The sink's tasks send this way too (``deliver``)."""
+
+    def __init__(self, options: Mapping[str, str], flush_timeout_s: float = 60.0) -> None:
+        from confluent_kafka import KafkaException
+
+        freeze_once()
+        self.errors = (KafkaException, BufferError, SystemError)
+        """What ``produce``/``poll`` raise when the producer cannot take a row (dead, queue full)."""
+        self.slot = _slot(options)
+        self.flush_timeout_s = flush_timeout_s
+        self.rows: list[tuple[str, Any, Any]] = []
+        self.deliveries = Deliveries()
+        self.error: BaseException | None = None
+        """What the producer raised while sending (later rows wait for ``wait``)."""
+
+    def send(self, topic: str, key: Any, value: Any) -> None:
+        i = len(self.rows)
+        self.rows.append((topic, key, value))
+        if self.error is None:
+            try:
+                producer = self.slot.producer
+                producer.produce(topic, value=value, key=key, on_delivery=self.deliveries.callback(i))
+                producer.poll(0)
+            except self.errors as exc:
+                self.error = exc
+
+    def wait(self) -> int:
+        """Wait for the delivery of every row sent since the last ``wait``; return how many."""
+        rows, deliveries, error = self.rows, self.deliveries, self.error
+        self.rows, self.deliveries, self.error = [], Deliveries(), None
+        if not rows:
+            return 0
+        slot = self.slot
+        pending = list(range(len(rows)))
+        rebuilds = 0
+        while True:
+            if error is None:
+                try:
+                    _await(slot.producer, deliveries, len(pending), self.flush_timeout_s)
+                except self.errors as exc:
+                    error = exc
+            delivered = deliveries.reports
+            fatal = (error is not None and is_fatal_exception(error)) or deliveries.fatal
+            if fatal and rebuilds < _MAX_PRODUCER_REBUILDS:
+                slot.rebuild()
+                rebuilds += 1
+                pending = [i for i in pending if i not in delivered or delivered[i] is not None]
+                log.warning("the Kafka producer failed fatally (%s); sending %d message(s) again on a new one",
+                            error or "delivery error", len(pending))
+                deliveries, error = Deliveries(), None
+                try:
+                    _produce(slot.producer, rows, pending, deliveries)
+                except self.errors as exc:
+                    error = exc
+                continue
+            if error is not None:
+                slot.drop()
+                msg = f"producing to Kafka failed: {error}"
+                raise RuntimeError(msg) from error
+            failures = [f"{rows[i][0]}: {err}" for i, err in delivered.items() if err is not None]
+            remaining = len(pending) - len(delivered)
+            if remaining or failures:
+                slot.drop()
+                msg = f"{len(failures)} deliveries failed, {remaining} unflushed: {failures[:3]}"
+                raise RuntimeError(msg)
+            return len(rows)
+
+
+def _produce(producer: Any, rows: list[tuple[str, Any, Any]], indexes: list[int], deliveries: Deliveries) -> None:
+    """Produce ``rows[i]`` for each ``i`` of ``indexes``, in order, each with its delivery report."""
+    for i in indexes:
         topic, key, value = rows[i]
         producer.produce(topic, value=value, key=key, on_delivery=deliveries.callback(i))
         producer.poll(0)
+
+
+def _await(producer: Any, deliveries: Deliveries, count: int, flush_timeout_s: float) -> None:
+    """Poll until ``count`` delivery reports came in or the flush timeout has passed."""
     deadline = time.monotonic() + flush_timeout_s
-    while len(deliveries.reports) < len(pending) and time.monotonic() < deadline:
+    while len(deliveries.reports) < count and time.monotonic() < deadline:
         producer.poll(_DELIVERY_POLL_S)
 
 

@@ -5,23 +5,24 @@ after Spark's kafka source) and calls ``core.batch.route``: one packed row per c
 batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it calls
 ``core.batch.run_batch`` over the cluster's messages of the batch, with the cluster's state in a
 value and its nodes' in a map of buckets (read and written only when the batch touches them), and
-produces the outputs itself when its task ends (``produce``; behind Spark's Kafka sink it
-returns them as (topic, key, value) rows instead), plus one row of the batch's accounting
-counters. Neither holds a rule: they unpack, read and write state values, and translate rows.
+produces the outputs itself (``produce``): each is sent the moment the batch logic emits it, and
+every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
+Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
+batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and translate rows.
 Packed rows (``Routed`` records, ``pack_routed``) live only inside one micro-batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from safepoint.connectors.kafka_sink import deliver
-from safepoint.core.batch import METRICS, BucketNodes, Routed, pack_routed, route, run_batch, unpack_routed
+from safepoint.connectors.kafka_sink import Outbox
+from safepoint.core.batch import METRICS, BucketNodes, Emitted, Routed, pack_routed, route, run_batch, unpack_routed
 from safepoint.core.codec import encode
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policy
@@ -117,7 +118,8 @@ class ClusterJob(StatefulProcessor):
         self.channel_topic = {DIRECTIVES: topics["directives"], ALERTS: topics["alerts"],
                               DEADLETTER: topics["deadletter"], STATUS: topics.get("status", ""),
                               None: self.accounting_topic}
-        self.outbox: list[tuple[str, str | None, str]] = []
+        self.outbox = Outbox(self.produce) if self.produce is not None else None
+        self.emit = self._emitter()
 
     def _bucket(self, bucket: int) -> bytes | None:
         value = self.nodes.getValue((bucket,))
@@ -128,24 +130,33 @@ class ClusterJob(StatefulProcessor):
             items = unpack(rows)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
             result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
-                               items, self.policy, bool(self.accounting_topic), self.start)
+                               items, self.policy, bool(self.accounting_topic), self.start, self.emit)
             del items
         for bucket, value in result.buckets.items():
             self.nodes.updateValue((bucket,), (value,))
         if result.cluster is not None:
             self.cluster.update((result.cluster,))
         topics = self.channel_topic
-        if self.produce is not None:
-            self.outbox.extend((topics[channel], okey, encode(ovalue)) for channel, okey, ovalue in result.outputs)
-        else:
-            for channel, okey, ovalue in result.outputs:
-                yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
+        for channel, okey, ovalue in result.outputs:  # none when the operator produced them itself
+            yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
         yield Row(topic="", key=None, value="", **result.counts)
 
+    def _emitter(self) -> Callable[[Emitted], None] | None:
+        """With ``produce``: what sends one output on at once (else None: ``run_batch`` returns them)."""
+        if self.outbox is None:
+            return None
+        send, topics = self.outbox.send, self.channel_topic
+
+        def emit(output: Emitted) -> None:
+            channel, okey, ovalue = output
+            send(topics[channel], okey, encode(ovalue))
+
+        return emit
+
     def close(self) -> None:
-        """At the end of the task, before Spark commits its state: with ``produce``, send what the
-        task's clusters emitted and wait for every delivery. A failure raises, the task fails and
-        its state is not committed, so Spark runs the batch again (at-least-once, as the sink)."""
-        if self.produce is not None and self.outbox:
-            outbox, self.outbox = self.outbox, []
-            deliver(self.produce, outbox)
+        """At the end of the task, before Spark commits its state: with ``produce``, wait for the
+        delivery of everything the task's clusters sent. A failure raises, the task fails and its
+        state is not committed, so Spark runs the batch again (at-least-once, as the sink: what was
+        sent before the failure is sent again)."""
+        if self.outbox is not None:
+            self.outbox.wait()

@@ -382,7 +382,7 @@ def test_sink_rebuilds_its_producer_after_a_fatal_error(tmp_path: Path, caplog: 
     """Not a fault the job promises to survive (the embedded broker is not crash-safe), but the one
     that kills an idempotent producer: a broker that lost acknowledged messages answers the next
     produce with OUT_OF_ORDER_SEQUENCE_NUMBER. The sink's task (and the job's operator, which sends
-    with the same ``deliver``) drops the dead producer and sends its rows again on a new one,
+    through the same ``Outbox``) drops the dead producer and sends its rows again on a new one,
     instead of failing the batch (and with it the local query)."""
     from safepoint.connectors.kafka_sink import KafkaStreamWriter
 

@@ -324,3 +324,41 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
                "wall_ms": 1, "reader_id": "above", "read_ts": 20}
     assert node.apply_quiet(opening, policy, state.safe_ts, True) == ("reader", "above", 20)
     assert "above" in node.readers
+
+
+def test_each_output_is_handed_to_emit_the_moment_it_is_made() -> None:
+    """With ``emit`` (the operator producing its outputs itself), ``run_batch`` hands over each
+    output as the batch logic makes it, in the order it would have returned them: a directive
+    leaves before the messages after it are worked through."""
+    from safepoint.core.batch import run_batch
+
+    policy = Policy(retention=100_000, node_lease_ms=2_000)
+    msgs = messages(5, partitions=1, clusters=1)
+    items = route(msgs, "ev", policy)["c0"]
+
+    def fresh() -> BucketNodes:
+        return BucketNodes("c0", 8, lambda _b: None)
+
+    returned = run_batch("c0", None, fresh(), items, policy, True)
+    emitted: list[Any] = []
+    handed = run_batch("c0", None, fresh(), items, policy, True, emit=emitted.append)
+    assert handed.outputs == [] and emitted == returned.outputs
+    assert {"directives", "status", None} <= {channel for channel, _k, _v in emitted}
+    assert (handed.counts, handed.cluster, handed.buckets) == (returned.counts, returned.cluster, returned.buckets)
+
+    class Counting(BucketNodes):
+        lookups = 0
+
+        def node(self, cluster: str, name: str) -> Any:
+            self.lookups += 1
+            return super().node(cluster, name)
+
+    nodes = Counting("c0", 8, lambda _b: None)
+    at_first: list[int] = []
+
+    def note_first_directive(output: Any) -> None:
+        if output[0] == "directives" and not at_first:
+            at_first.append(nodes.lookups)
+
+    run_batch("c0", None, nodes, items, policy, False, emit=note_first_directive)
+    assert 0 < at_first[0] < nodes.lookups / 2, "the batch was worked through before the first directive left"

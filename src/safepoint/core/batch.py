@@ -280,8 +280,9 @@ Emitted = tuple[str | None, str, dict[str, Any]]
 
 
 class BatchResult(NamedTuple):
-    """One cluster's micro-batch: what it emits, the labels' counters, and what to store (None:
-    leave the cluster's value as it is; buckets: only those the batch touched)."""
+    """One cluster's micro-batch: what it emits (none here when ``run_batch`` handed each to its
+    ``emit``), the labels' counters, and what to store (None: leave the cluster's value as it is;
+    buckets: only those the batch touched)."""
 
     outputs: list[Emitted]
     counts: dict[str, int]
@@ -290,11 +291,14 @@ class BatchResult(NamedTuple):
 
 
 def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
-              accounting: bool, start: StartPlan | None = None) -> BatchResult:
+              accounting: bool, start: StartPlan | None = None, emit: Callable[[Emitted], Any] | None = None
+              ) -> BatchResult:
     """One cluster's messages of one micro-batch through ``step``, in log order (cluster ``""``
-    holds the batch's dead letters)."""
+    holds the batch's dead letters). With ``emit``, each output is handed to it the moment it is
+    made (the operator sends it on at once) instead of coming back in ``outputs``."""
     state = decode_cluster(stored) if stored is not None else None
     outputs: list[Emitted] = []
+    out = outputs.append if emit is None else emit
     labels: Counter[str] = Counter()
     touched = False
     for partition, offset, _wall, payload in merge_log_order(items):
@@ -308,10 +312,12 @@ def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: lis
             touched = True
         labels[label] += 1
         if accounting:
-            outputs.append((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
-        outputs += [(o.channel, o.key, o.value) for o in emitted]
+            out((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
+        for o in emitted:
+            out((o.channel, o.key, o.value))
     if policy.status_holds and state is not None and touched:
-        outputs += [(STATUS, status_key(cluster, name), node_status(ns, policy)) for name, ns in sorted(nodes.touched.items())]
-        outputs.append((STATUS, status_key(cluster), cluster_status(state, policy)))
+        for name, ns in sorted(nodes.touched.items()):
+            out((STATUS, status_key(cluster, name), node_status(ns, policy)))
+        out((STATUS, status_key(cluster), cluster_status(state, policy)))
     new_state = encode_cluster(state) if state is not None and touched else None
     return BatchResult(outputs, counts_of(labels), new_state, nodes.dump())
