@@ -238,7 +238,7 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
     t0 = time.monotonic()
     spark = build_session(
         settings.spark_master, settings.shuffle_partitions, app="safepoint-bench", jit=settings.jvm_jit,
-        driver_memory=settings.driver_memory,
+        driver_memory=settings.driver_memory, gc=settings.jvm_gc,
         extra={"spark.sql.streaming.numRecentProgressUpdates": "10000"},
     )
     session_s = time.monotonic() - t0
@@ -319,7 +319,7 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
     sampler = _Sampler(os.getpid())
     t0 = time.monotonic()
     spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-bench-latency", jit=settings.jvm_jit,
-                          driver_memory=settings.driver_memory,
+                          driver_memory=settings.driver_memory, gc=settings.jvm_gc,
                           extra={"spark.sql.streaming.numRecentProgressUpdates": "10000"})
     session_s = time.monotonic() - t0
     sampler.start()

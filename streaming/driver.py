@@ -42,7 +42,7 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     query: Any = None
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui, jit=settings.jvm_jit,
-                          driver_memory=settings.driver_memory)
+                          driver_memory=settings.driver_memory, gc=settings.jvm_gc)
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)

@@ -12,7 +12,7 @@ from safepoint.errors import JavaMissingError
 from safepoint.streaming.classes import java_options
 from safepoint.streaming.java import java_binary, java_version_text
 
-__all__ = ["JIT_OPTIONS", "check_java", "build_session", "quiet_accumulator_hangup", "spark_conf"]
+__all__ = ["GC_OPTIONS", "JIT_OPTIONS", "check_java", "build_session", "quiet_accumulator_hangup", "spark_conf"]
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
@@ -24,6 +24,16 @@ workers and the broker the rest): with C1 only, batch 0 6.6-7.7 s against 7.8-9.
 4.0-4.4 s against 5.5-5.7 (a probe's three alternating runs each), the JVM's CPU per event in the
 benchmark's throughput runs 6-7 us against 15-16. ``tiered``: the JVM's default, for executors
 with cores to spare over a long run."""
+GC_OPTIONS = {"serial": "-XX:+UseSerialGC", "default": ""}
+"""The ``jvm_gc`` setting's Java options, for the JVM the job starts for itself (the driver, and
+with a local master the executors in it). ``serial``: one collector thread and no G1 region
+bookkeeping. The benchmark on 2 cores, alternating G1 and serial: latency runs at 10,000 ev/s
+(three each), the JVM's resident memory 764-770 MB against 585-589 MB, the steady batches as fast
+(medians 807, 639, 455 ms against 722, 528, 449 ms); ``--phases spark,scale`` (two each), the JVM
+712 and 669 MB against 574 and 573 MB, the 10,000-node run's JVM and workers 1,989 and 1,973 MB
+against 1,835 and 1,817 MB, the JVM's CPU per event 5 us either way. ``default``: the JVM's own
+choice (G1 on a server-class machine). Not set on executors: a cluster's have cores and heap to
+spare."""
 LOCAL_CHECKPOINT_FS = "spark.hadoop.fs.AbstractFileSystem.file.impl"
 
 
@@ -99,13 +109,14 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
 
 def build_session(
     master: str = "local[2]", shuffle_partitions: int = 4, app: str = "safepoint", extra: dict[str, str] | None = None,
-    ui: bool = False, log_file: str | None = None, jit: str = "c1", driver_memory: str = "1g",
+    ui: bool = False, log_file: str | None = None, jit: str = "c1", driver_memory: str = "1g", gc: str = "serial",
 ) -> Any:
     """A SparkSession whose Python workers use this interpreter (they need pyarrow). With
     ``log_file``, what the JVM and its Python workers print (log4j lines, worker notices) goes to
     that file instead of this process's terminal. ``jit``: a key of ``JIT_OPTIONS`` (the
     ``jvm_jit`` setting), for the driver's JVM and the executors'; ``driver_memory`` its heap (the
-    ``driver_memory`` setting)."""
+    ``driver_memory`` setting); ``gc``: a key of ``GC_OPTIONS`` (the ``jvm_gc`` setting), for the
+    driver's JVM."""
     check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -116,6 +127,7 @@ def build_session(
     conf = spark_conf(shuffle_partitions, extra, ui, driver_memory)
     for key in (DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS):  # extra's own compiler choice stands
         _add_java_options(conf, key, JIT_OPTIONS[jit], unless="TieredStopAtLevel")
+    _add_java_options(conf, DRIVER_JAVA_OPTIONS, GC_OPTIONS[gc], unless="GC")  # extra's own collector stands
     # the class-data archive, where one was made (streaming/classes.py), unless this JVM makes one
     _add_java_options(conf, DRIVER_JAVA_OPTIONS, java_options(), unless="ArchiveClassesAtExit")
     if master not in ("", "submit"):

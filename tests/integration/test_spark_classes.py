@@ -1,5 +1,6 @@
 """The class-data archive (streaming/classes.py) that setup.sh builds: every Spark JVM the project
-starts maps it, so the session starts seconds sooner; and the JVM's compiler (``jvm_jit``)."""
+starts maps it, so the session starts seconds sooner; the JVM's compiler (``jvm_jit``) and its
+garbage collector (``jvm_gc``)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ def test_the_sessions_jvm_compiles_with_the_quick_compiler_only(spark: Any) -> N
     bean = mf.getPlatformMXBean(jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
     assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
     assert spark.conf.get("spark.executor.extraJavaOptions") == "-XX:TieredStopAtLevel=1"
+
+
+def test_the_sessions_jvm_collects_with_the_serial_collector(spark: Any) -> None:
+    """``jvm_gc = "serial"`` (the default): the session's JVM runs the serial collector; executors
+    on a cluster are left to the JVM's choice."""
+    jvm = spark.sparkContext._jvm
+    mf = jvm.java.lang.management.ManagementFactory
+    assert "-XX:+UseSerialGC" in list(mf.getRuntimeMXBean().getInputArguments())
+    bean = mf.getPlatformMXBean(jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    assert bean.getVMOption("UseSerialGC").getValue() == "true"
+    assert "GC" not in spark.conf.get("spark.executor.extraJavaOptions")

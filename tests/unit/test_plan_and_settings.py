@@ -128,7 +128,8 @@ def test_the_retired_fast_path_setting_is_refused_with_what_to_do(tmp_path: Path
                                                ("read_task_min_rows = -1", "read_task_min_rows must be 0 or more"),
                                                ('driver_memory = "2 GB"', "driver_memory must be a JVM memory size"),
                                                ("first_batch_max_offsets = -1", "first_batch_max_offsets must be 0 or more"),
-                                               ("jvm_jit = 'c2'", "jvm_jit must be 'c1' or 'tiered'")])
+                                               ("jvm_jit = 'c2'", "jvm_jit must be 'c1' or 'tiered'"),
+                                               ("jvm_gc = 'zgc'", "jvm_gc must be 'serial' or 'default'")])
 def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(text)

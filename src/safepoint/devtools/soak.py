@@ -222,6 +222,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
             },
             jit=settings.jvm_jit,
             driver_memory=settings.driver_memory,
+            gc=settings.jvm_gc,
         )
         try:
             accounting.attach(spark)
