@@ -8,8 +8,8 @@ value and its nodes' in a map of buckets (read and written only when the batch t
 produces the outputs itself (``produce``): each is sent the moment the batch logic emits it, and
 every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
 Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
-batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and translate rows.
-Packed rows (``Routed`` records, ``pack_routed``) live only inside one micro-batch.
+batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and
+translate rows. Packed rows (``Routed`` records, ``pack_routed``) live only inside one micro-batch.
 """
 
 from __future__ import annotations
