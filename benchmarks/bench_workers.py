@@ -237,8 +237,7 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
     sampler = _Sampler(os.getpid())
     t0 = time.monotonic()
     spark = build_session(
-        settings.spark_master, settings.shuffle_partitions, app="safepoint-bench", jit=settings.jvm_jit,
-        driver_memory=settings.driver_memory, gc=settings.jvm_gc,
+        settings.spark_master, settings.shuffle_partitions, app="safepoint-bench", **settings.jvm(),
         extra={"spark.sql.streaming.numRecentProgressUpdates": "10000"},
     )
     session_s = time.monotonic() - t0
@@ -318,8 +317,8 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
     settings = _job_settings(spec)
     sampler = _Sampler(os.getpid())
     t0 = time.monotonic()
-    spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-bench-latency", jit=settings.jvm_jit,
-                          driver_memory=settings.driver_memory, gc=settings.jvm_gc,
+    spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-bench-latency",
+                          **settings.jvm(),
                           extra={"spark.sql.streaming.numRecentProgressUpdates": "10000"})
     session_s = time.monotonic() - t0
     sampler.start()

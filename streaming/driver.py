@@ -41,8 +41,8 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
         print(f"created topics: {', '.join(created)}", flush=True)
     query: Any = None
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
-    spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui, jit=settings.jvm_jit,
-                          driver_memory=settings.driver_memory, gc=settings.jvm_gc)
+    spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
+                          **settings.jvm())
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)

@@ -7,12 +7,12 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from safepoint.core.policy import Policy
 from safepoint.errors import ConfigError
 
-__all__ = ["Settings", "Secret", "ENV_PREFIX", "load_settings", "env_name"]
+__all__ = ["Settings", "Secret", "JvmChoices", "ENV_PREFIX", "load_settings", "env_name"]
 
 ENV_PREFIX = "SAFEPOINT_"
 _P = Policy()
@@ -34,6 +34,14 @@ class Secret(str):
 
 def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper().replace("-", "_").replace(".", "_")
+
+
+class JvmChoices(TypedDict):
+    """``build_session``'s keywords for the JVM a command starts (``Settings.jvm``)."""
+
+    jit: str
+    driver_memory: str
+    gc: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +156,11 @@ class Settings:
         if not self.status_topic:
             values["status_holds"] = 0  # no status topic: the stages build no status
         return Policy(**values)
+
+    def jvm(self) -> JvmChoices:
+        """The JVM choices of ``build_session`` (``streaming/session.py``) for the JVM a command
+        starts: its compiler, heap and garbage collector."""
+        return {"jit": self.jvm_jit, "driver_memory": self.driver_memory, "gc": self.jvm_gc}
 
     def librdkafka(self, **extra: Any) -> dict[str, Any]:
         """The dotted librdkafka configuration for a client of this deployment."""

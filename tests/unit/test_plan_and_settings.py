@@ -386,3 +386,15 @@ def test_the_jvm_hanging_up_on_the_accumulator_server_prints_nothing_and_other_e
     finally:
         bare.shutdown()
         quieted.shutdown()
+
+
+def test_the_jvm_choices_are_build_sessions_keywords() -> None:
+    """Every command that starts a JVM passes ``Settings.jvm()`` to ``build_session``: its keys are
+    that function's parameters, with the settings' values."""
+    import inspect
+
+    from safepoint.streaming.session import build_session
+
+    choices = Settings(jvm_jit="tiered", driver_memory="2g", jvm_gc="default").jvm()
+    assert choices == {"jit": "tiered", "driver_memory": "2g", "gc": "default"}
+    assert set(choices) <= set(inspect.signature(build_session).parameters)

@@ -68,8 +68,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         surface = JobSurface(settings, lambda: bool(query is not None and query.isActive), "demo",
                              port=settings.http_port or 0)  # before Spark: nothing else takes the port
         spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file,
-                              jit=settings.jvm_jit, driver_memory=settings.driver_memory,
-                              gc=settings.jvm_gc)
+                              **settings.jvm())
         query = build_query(spark, settings)
 
         view = LiveView(settings, expiries)

@@ -220,9 +220,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
                 "spark.sql.streaming.minBatchesToRetain": str(cfg.min_batches_to_retain),
                 "spark.sql.streaming.stateStore.maintenanceInterval": "10s",
             },
-            jit=settings.jvm_jit,
-            driver_memory=settings.driver_memory,
-            gc=settings.jvm_gc,
+            **settings.jvm(),
         )
         try:
             accounting.attach(spark)
