@@ -53,6 +53,8 @@ def _slot(options: Mapping[str, str]) -> ProducerSlot:
 def deliver(options: Mapping[str, str], rows: list[tuple[str, Any, Any]], flush_timeout_s: float = 60.0) -> int:
     """Produce ``rows`` (topic, key, value) in order and wait for every delivery; return how many
     (an ``Outbox`` given them all at once)."""
+    if not rows:
+        return 0
     outbox = Outbox(options, flush_timeout_s)
     for topic, key, value in rows:
         outbox.send(topic, key, value)
@@ -88,9 +90,7 @@ class Outbox:
         self.rows.append((topic, key, value))
         if self.error is None:
             try:
-                producer = self.slot.producer
-                producer.produce(topic, value=value, key=key, on_delivery=self.deliveries.callback(i))
-                producer.poll(0)
+                _produce(self.slot.producer, self.deliveries, i, topic, key, value)
             except self.errors as exc:
                 self.error = exc
 
@@ -119,7 +119,9 @@ class Outbox:
                             error or "delivery error", len(pending))
                 deliveries, error = Deliveries(), None
                 try:
-                    _produce(slot.producer, rows, pending, deliveries)
+                    producer = slot.producer
+                    for i in pending:
+                        _produce(producer, deliveries, i, *rows[i])
                 except self.errors as exc:
                     error = exc
                 continue
@@ -136,12 +138,10 @@ class Outbox:
             return len(rows)
 
 
-def _produce(producer: Any, rows: list[tuple[str, Any, Any]], indexes: list[int], deliveries: Deliveries) -> None:
-    """Produce ``rows[i]`` for each ``i`` of ``indexes``, in order, each with its delivery report."""
-    for i in indexes:
-        topic, key, value = rows[i]
-        producer.produce(topic, value=value, key=key, on_delivery=deliveries.callback(i))
-        producer.poll(0)
+def _produce(producer: Any, deliveries: Deliveries, i: int, topic: str, key: Any, value: Any) -> None:
+    """Produce row ``i`` with its delivery report, and serve the reports already in."""
+    producer.produce(topic, value=value, key=key, on_delivery=deliveries.callback(i))
+    producer.poll(0)
 
 
 def _await(producer: Any, deliveries: Deliveries, count: int, flush_timeout_s: float) -> None:

@@ -108,7 +108,7 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
                             None if isinstance(floor, str) else floor.ts, ns.history, ns.mvcc_now)
         listed = {(kind, hid) for kind, hid, _h in oldest}
         costliest = heapq.nsmallest(policy.status_holds, (x for x in held if costs[x[0], x[1]] > 0),
-                                    key=lambda x: (-costs[x[0], x[1]], x[2].ts, HOLD_ORDER[x[0]], x[1]))
+                                    key=lambda x: (-costs[x[0], x[1]], _hold_order(x)))
         oldest += [x for x in costliest if (x[0], x[1]) not in listed]
         oldest.sort(key=_hold_order)
         status["held_bytes"] = sum(costs.values())
