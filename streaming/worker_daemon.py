@@ -11,7 +11,8 @@ the path when the package they copy is installed and importable, then runs ``pys
 its forked workers inherit the path. A zip of any other Spark (a cluster's own ``SPARK_HOME``)
 stays first, as Spark meant. It must not import PySpark before the path is fixed, so it imports
 nothing of this project either until then; after, it imports what every worker imports
-(``preload``), once, before the first fork.
+(``preload``), once, before the first fork. Its workers end quietly when a stopping JVM drops
+them before their first byte (``quiet_when_dropped``).
 
 Spark starts a few Python processes without that setting (data source lookup, creation and read
 planning through its own daemon; the source's offset runner; the operator's driver-side init):
@@ -23,10 +24,13 @@ site-packages, calls ``drop_installed_copies`` when a Python of that environment
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
+from collections.abc import Callable
 
 __all__ = ["PRELOAD", "PRELOAD_ARROW", "THREAD_FREE_ENV", "arrow_is_thread_free", "drop_installed_copies", "installed_copies",
-           "preload"]
+           "preload", "quiet_when_dropped"]
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -100,12 +104,41 @@ def preload() -> None:
     freeze_once()
 
 
+def quiet_when_dropped(worker: Callable[[socket.socket, bool], int]) -> Callable[[socket.socket, bool], int]:
+    """``pyspark.daemon.worker`` (what a forked worker runs), but a worker whose connection the JVM
+    closes before it sends the first byte ends quietly instead of printing a traceback.
+
+    A stopping JVM drops the connection of a worker it has just asked the daemon for (a query's
+    stop, a cancelled task), and PySpark's worker then dies reading the secret with a
+    ``ConnectionResetError`` (or ``EOFError``) the daemon prints: noise in the job's log on a clean
+    stop. The wrapper waits for that first byte without taking it (``MSG_PEEK``), under the signal
+    handlers the worker itself sets first (the daemon's ignore SIGHUP, which is how it tells its
+    workers to end); with none coming it returns 1, which the daemon takes as "do not reuse" and
+    ends the process. Anything after the first byte, the secret's check and every task, is
+    PySpark's as before, errors and all.
+    """
+
+    def wrapped(sock: socket.socket, authenticated: bool) -> int:
+        if not authenticated:
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            try:
+                if not sock.recv(1, socket.MSG_PEEK):
+                    return 1
+            except ConnectionError:
+                return 1
+        return worker(sock, authenticated)
+
+    return wrapped
+
+
 def main() -> None:
     drop_installed_copies()
     preload()
-    from pyspark.daemon import manager
+    import pyspark.daemon
 
-    manager()
+    pyspark.daemon.worker = quiet_when_dropped(pyspark.daemon.worker)  # type: ignore[assignment]
+    pyspark.daemon.manager()
 
 
 if __name__ == "__main__":

@@ -398,3 +398,40 @@ def test_the_jvm_choices_are_build_sessions_keywords() -> None:
     choices = Settings(jvm_jit="tiered", driver_memory="2g", jvm_gc="default").jvm()
     assert choices == {"jit": "tiered", "driver_memory": "2g", "gc": "default"}
     assert set(choices) <= set(inspect.signature(build_session).parameters)
+
+
+def test_a_worker_the_jvm_drops_before_its_first_byte_ends_quietly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stopping JVM may close a just-forked worker's connection: PySpark's own worker dies
+    reading the secret (the traceback a clean stop printed); the daemon's wrapper ends it with 1
+    (no reuse) instead. A worker that is sent its secret still runs PySpark's handshake: a wrong
+    one is refused with "err", the peeked bytes all still there to read."""
+    import signal
+    import socket
+    import struct
+
+    import pyspark.daemon
+
+    from safepoint.streaming.worker_daemon import quiet_when_dropped
+
+    monkeypatch.setenv("PYTHON_WORKER_FACTORY_SECRET", "right")
+    saved = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGCHLD, signal.SIGINT)}
+    wrapped = quiet_when_dropped(pyspark.daemon.worker)
+    try:
+        closed, peer = socket.socketpair()
+        peer.close()
+        with pytest.raises(EOFError):
+            pyspark.daemon.worker(closed, False)
+        assert wrapped(closed, False) == 1
+        reset, peer = socket.create_server(("127.0.0.1", 0)), None
+        client = socket.create_connection(reset.getsockname())
+        peer, _ = reset.accept()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # an RST, as the JVM's abort sends
+        assert wrapped(peer, False) == 1
+        asked, jvm = socket.socketpair()
+        jvm.sendall(struct.pack(">i", 5) + b"wrong")
+        assert wrapped(asked, False) == 1
+        assert jvm.recv(16) == struct.pack(">i", 3) + b"err"
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
