@@ -7,6 +7,7 @@ Point ``--bootstrap`` at real Kafka for anything that matters.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,11 +43,44 @@ def find_binary() -> str:
     raise BrokerError(msg)
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_LOWEST = 10_000
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for sockets bound to port 0 (Linux's default where it cannot be read)."""
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, below the kernel's ephemeral range when there is room.
+
+    A Kafka client keeps reconnecting to a broker that has stopped, and a port of the ephemeral
+    range goes to the next socket bound to port 0 anywhere on the machine. In one process running
+    many brokers one after the other (the tests, sharing one Spark session) a stopped broker's
+    port went to the state server of a Spark task: a Python worker's cached client of that broker
+    connected to it first, the state server died on the Kafka bytes, and the task waited forever.
+    Below the range, only another ``free_port`` can take the port. Chosen at random, so brokers
+    started one after the other do not reuse each other's ports."""
+    low, _high = ephemeral_range()
+    rng = random.Random()  # noqa: S311 - a port, not a secret
+    if low - _LOWEST >= 1000:
+        for _ in range(200):
+            port = rng.randrange(_LOWEST, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 def wait_for_kafka(bootstrap: str, timeout_s: float = 30.0) -> None:
