@@ -276,6 +276,33 @@ def test_a_batch_reads_and_writes_only_the_buckets_it_touches() -> None:
     assert job.state_calls() - before == 4
 
 
+def test_a_node_joining_in_a_later_batch_has_its_stored_holds_alerted_without_being_touched() -> None:
+    """The holds a joining node had below safe_ts come from its own stored state (the cluster keeps
+    no copy): in a batch of nothing but the topology that makes it a member, every one is alerted,
+    lowest first, and the node is read, not touched (no status part, its bucket not written back)."""
+    policy = Policy(retention=10)
+    job = LocalJob(policy.to_dict(), TOPICS, buckets=8)
+
+    def msg(offset: int, **ev: Any) -> Message:
+        return (0, offset, None, json.dumps({"v": 1, "cluster": "c1", "incarnation": 0, **ev}).encode())
+
+    topo = {"type": "topology", "wall_ms": 1, "version": 1, "nodes": {"n1": []}}
+    first = [msg(0, **topo), msg(1, type="heartbeat", node="n1", seq=1, wall_ms=1, mvcc_now=1_010),
+             msg(2, type="reader_open", node="n2", seq=1, wall_ms=1, reader_id="r-mid", read_ts=1_500),
+             msg(3, type="reader_open", node="n2", seq=2, wall_ms=1, reader_id="r-low", read_ts=1_200),
+             msg(4, type="heartbeat", node="n2", seq=3, wall_ms=1, mvcc_now=3_000),
+             msg(5, type="heartbeat", node="n1", seq=2, wall_ms=2, mvcc_now=2_010)]
+    job.run_batch(first)
+    calls = job.state_calls()
+    written = job.run_batch([msg(6, **{**topo, "version": 2, "nodes": {"n1": [], "n2": []}})])
+    alerts = [json.loads(v) for t, _k, v in written if t == TOPICS["alerts"]]
+    assert [(a["kind"], a["node"], a["value"], a["threshold"]) for a in alerts] == [
+        ("horizon_violation", "n2", 1_200, 2_000), ("horizon_violation", "n2", 1_500, 2_000)]
+    statuses = [json.loads(v) for t, _k, v in written if t == TOPICS["status"]]
+    assert [s["type"] for s in statuses] == ["cluster_status"], "the joining node is read, not touched"
+    assert job.state_calls() - calls == 3, "the cluster's value read and written, n2's bucket read only"
+
+
 def test_a_bucket_decodes_only_the_nodes_a_batch_looks_up() -> None:
     """The nodes of a touched bucket that the batch did not look up stay in their stored form and
     go back exactly as they were read."""

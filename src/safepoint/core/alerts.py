@@ -16,9 +16,10 @@ records and indexes (``core/members.py``) and write only to the book.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from safepoint.core.ids import escape, join_id, split_id
+from safepoint.core.ids import escape, hold_key, join_id, split_id
 from safepoint.core.members import Members
 from safepoint.core.outputs import Output, alert
 from safepoint.core.policy import Policy
@@ -174,18 +175,17 @@ def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | N
         out.append(violation(book, node, kind, blocker.id, blocker.ts, (safe_ts, "safe_ts"), now))
 
 
-def check_join(book: AlertBook, members: Members, node: str, safe_ts: int | None, now: int,
-               out: list[Output]) -> None:
-    """A node that joins the round: every open reader or transaction of it below safe_ts, and
-    its own floor (retention bound or group time) if that is its lowest hold, is alerted now."""
+def check_join(book: AlertBook, members: Members, node: str, holds: Iterable[tuple[str, str, int]], safe_ts: int | None,
+               now: int, out: list[Output]) -> None:
+    """A node that joins the round: every open reader or transaction of it below safe_ts
+    (``holds``: its (kind, id, ts), ``NodeState.open_holds``), lowest first, and its own floor
+    (retention bound or group time) if that is its lowest hold, is alerted now."""
     rec = members.nodes.get(node)
     if safe_ts is None or rec is None:
         return
-    for key, ts in sorted(rec.holds.items(), key=lambda kv: (kv[1], kv[0])):
-        if ts < safe_ts:
-            kind, hid = split_id(key)
-            if join_id("horizon_violation", node, kind, hid) not in book:
-                out.append(violation(book, node, kind, hid, ts, (safe_ts, "safe_ts"), now))
+    for kind, hid, ts in sorted((h for h in holds if h[2] < safe_ts), key=lambda h: (h[2], hold_key(h[0], h[1]))):
+        if join_id("horizon_violation", node, kind, hid) not in book:
+            out.append(violation(book, node, kind, hid, ts, (safe_ts, "safe_ts"), now))
     blocker = rec.blocker
     if blocker is not None and blocker.kind in FLOOR_KINDS:
         check_floor(book, node, blocker.floor, (safe_ts, "safe_ts"), now, out)

@@ -210,11 +210,7 @@ class BucketNodes:
         state = self.touched.get(name)
         if state is not None:
             return state
-        bucket = bucket_of(name, self.buckets)
-        nodes = self.loaded.get(bucket)
-        if nodes is None:
-            stored = self.load(bucket)
-            nodes = self.loaded[bucket] = {} if stored is None else bucket_entries(stored, self.buckets)
+        nodes = self._bucket(name)
         entry = nodes.get(name)
         if entry is None:
             state = NodeState(cluster, name)
@@ -224,6 +220,23 @@ class BucketNodes:
             state = entry
         nodes[name] = self.touched[name] = state
         return state
+
+    def peek(self, cluster: str, name: str) -> NodeState | None:
+        """The node's state if it has one; a node the batch has not looked up stays untouched."""
+        state = self.touched.get(name)
+        if state is not None:
+            return state
+        entry = self._bucket(name).get(name)
+        return NodeState.from_stored(cluster, entry) if isinstance(entry, list) else entry
+
+    def _bucket(self, name: str) -> dict[str, NodeState | list[Any]]:
+        """The nodes of ``name``'s bucket, read from the store the first time."""
+        bucket = bucket_of(name, self.buckets)
+        nodes = self.loaded.get(bucket)
+        if nodes is None:
+            stored = self.load(bucket)
+            nodes = self.loaded[bucket] = {} if stored is None else bucket_entries(stored, self.buckets)
+        return nodes
 
     def dump(self) -> dict[int, bytes]:
         """The stored value of every bucket the batch touched."""

@@ -22,6 +22,7 @@ keeps the round's own figures and composes them:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from safepoint.core.aborts import AbortSync, sync_aborts
@@ -30,7 +31,7 @@ from safepoint.core.catalog import Catalog
 from safepoint.core.control import CONTROL_TYPES, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
-from safepoint.core.ids import hold_key, join_id
+from safepoint.core.ids import join_id
 from safepoint.core.members import Members
 from safepoint.core.node import QUIET_SHAPES, NodeState
 from safepoint.core.outputs import Output
@@ -272,14 +273,10 @@ class ClusterState:
                 members.walls.set(name, wall)
         if change:
             kind, hid, ts = change
-            if ts is not None:
-                rec.holds[hold_key(kind, hid)] = ts
-            else:
-                rec.holds.pop(hold_key(kind, hid), None)
-                if book.raised:
-                    cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
-                    if cleared is not None:
-                        out.append(cleared)
+            if ts is None and book.raised:
+                cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
+                if cleared is not None:
+                    out.append(cleared)
         return True
 
     def _signals(self, node: str, signals: list[list[Any]], now: int, out: list[Output]) -> None:
@@ -314,8 +311,11 @@ class ClusterState:
         self.aborts = AbortSync()
         self._rebuild_recovery()
 
-    def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output]) -> str | None:
-        """Apply a validated cluster event. Returns why it was ignored, or None."""
+    def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output],
+                            holds_of: Callable[[str], list[tuple[str, str, int]]] = lambda _node: []) -> str | None:
+        """Apply a validated cluster event. Returns why it was ignored, or None. ``holds_of(node)``:
+        the node's open readers and transactions (``NodeState.open_holds``), alerted when a
+        topology makes it a member below the safe point."""
         kind = event["type"]
         if kind in CONTROL_TYPES:
             if self.control.apply(event, lambda: self.tenants.pins_all(self.safe_ts), self.cluster_time, self.alerts,
@@ -334,7 +334,7 @@ class ClusterState:
             self._rebuild_recovery()
             if self.cluster_time is not None:
                 for node in sorted(joined):
-                    check_join(self.alerts, self.members, node, self.safe_ts, self.cluster_time, out)
+                    check_join(self.alerts, self.members, node, holds_of(node), self.safe_ts, self.cluster_time, out)
         else:
             self.catalog.apply(event)
         self.dirty = True

@@ -51,11 +51,20 @@ class NodeSource(Protocol):
         """The node's state, a new one if it has none."""
         ...
 
+    def peek(self, cluster: str, name: str) -> NodeState | None:
+        """The node's state if it has one, without making one (nor, in the job, counting the node
+        as touched by the batch)."""
+        ...
+
 
 def dead_lettered(rejected: Rejected, value: bytes | str | None, pos: Position) -> Outcome:
     """The outcome of a message that failed parsing or validation: its dead letter."""
     out = dead_letter(rejected.error, value, pos.key, pos.topic, pos.partition, pos.offset)
     return f"{DEADLETTERED}:{rejected.code}", [out]
+
+
+def _open_holds(ns: NodeState | None) -> list[tuple[str, str, int]]:
+    return [] if ns is None else ns.open_holds()
 
 
 def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: Policy, partition: int,
@@ -64,7 +73,7 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
     out: list[Output] = []
     if not is_node_event(event):
-        ignored = state.apply_cluster_event(event, policy, out)
+        ignored = state.apply_cluster_event(event, policy, out, lambda name: _open_holds(nodes.peek(state.name, name)))
         return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
     node = nodes.node(state.name, event["node"])
     if state.take_quiet(node, event, policy, out):
@@ -99,6 +108,9 @@ class Engine:
         if state is None:
             state = self.nodes[(cluster, name)] = NodeState(cluster, name, self.reference)
         return state
+
+    def peek(self, cluster: str, name: str) -> NodeState | None:
+        return self.nodes.get((cluster, name))
 
     @property
     def labels(self) -> Counter[str]:

@@ -21,7 +21,6 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from safepoint.core.ids import hold_key
 from safepoint.core.leases import LastWalls
 from safepoint.core.records import NodeRecord, NodeUpdate
 
@@ -96,7 +95,7 @@ class Members:
         old_min = None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
-            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms, {},
+            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms,
                              led=u.led or [])
             self.nodes[u.node] = rec
             if self.topology is None:
@@ -122,14 +121,9 @@ class Members:
             member = u.node in self.names
             if member:
                 self._reindex(u.node, rec, old_min, old_last, old_groups)
-        holds = rec.holds
-        for kind, hid in u.closed:
-            holds.pop(hold_key(kind, hid), None)
         if u.ns is not None or rec.ns is not None:
             rec.ns = u.ns
             (self.ns_nodes.add if u.ns is not None else self.ns_nodes.discard)(u.node)
-        for kind, hid, ts, _ns in u.opened:
-            holds[hold_key(kind, hid)] = ts
         return member, fresh, old_min
 
     # -- indexes --------------------------------------------------------------------------

@@ -119,6 +119,10 @@ class NodeState:
         data.update((f, v) for f, v in zip(STORED_FIELDS[4:], stored[4:], strict=False) if v is not None)
         return data
 
+    def open_holds(self) -> list[tuple[str, str, int]]:
+        """(kind, id, ts) of every open reader and transaction (prepared or not)."""
+        return [*(("reader", rid, h.ts) for rid, h in self.readers.items()), *(("tx", tid, h.ts) for tid, h in self.txs.items())]
+
     def to_stored(self) -> list[Any]:
         """The compact stored form: the fields of ``STORED_FIELDS`` by position, without the cluster,
         empty ones as null and trailing ones left out (``to_json`` names them). Every node a

@@ -141,9 +141,6 @@ class NodeRecord:
     last_wall: int
     """The node's newest ``wall_ms`` (the lease clock)."""
     first_wall: int
-    holds: dict[str, int]
-    """The node's open readers and transactions, join_id(kind, id) -> ts (to alert them all when
-    it joins the topology)."""
     ns: list[Any] | None = None
     """With namespaced holds: [the minimum of what pins every namespace, {namespace: its lowest
     hold}] (``core/tenants.py``); None: ``local_min`` pins every namespace."""
@@ -152,8 +149,8 @@ class NodeRecord:
 
     def to_json(self) -> list[Any]:
         blocker = None if self.blocker is None else self.blocker.to_json()
-        out = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
-               self.first_wall, self.holds]
+        out: list[Any] = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
+               self.first_wall, {}]  # {}: where the node's open holds were once copied
         if self.led:
             return [*out, self.ns, self.led]
         return out if self.ns is None else [*out, self.ns]
@@ -161,9 +158,10 @@ class NodeRecord:
     @classmethod
     def from_json(cls, data: list[Any]) -> NodeRecord:
         inc, seq, lmin, unknown, blocker, groups, last, first, *rest = data
-        # written before holds were kept: those open then are not known here; before ``led`` was
-        # kept: none (its groups look leaderless until the node's next heartbeat: the safe side)
-        return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first, rest[0] if rest else {},
+        # rest[0]: a copy of the node's open holds in values written before the node's own state
+        # answered for them (ignored); written before ``led`` was kept: none (its groups look
+        # leaderless until the node's next heartbeat: the safe side)
+        return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first,
                    rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else [])
 
 
