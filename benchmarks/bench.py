@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
 
-from bench_common import _empty_node_json, _loadavg, fmt_rate, mb, say  # noqa: E402
+from bench_common import _loadavg, empty_node_bytes, fmt_rate, mb, say  # noqa: E402
 from bench_fleet import core_ratio, directive_sizes, fleet_figure  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
 from bench_machine import broker_rewrite, cores_together  # noqa: E402
@@ -304,7 +304,6 @@ def main(argv: list[str] | None = None) -> int:
                 rocks += int(c.get("rocksdbSstFileSize") or 0) + int(op.get("memoryUsedBytes") or 0)
             n_nodes = ls.get("nodes") or args.nodes + 1
             node_b = ls.get("node_bytes", 0)
-            empty = len(json.dumps({"nodes": [_empty_node_json()]}))
             res["state"] = {
                 "holds": holds,
                 "nodes": n_nodes,
@@ -314,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                 "node_bytes": node_b,
                 "cluster_bytes": ls.get("cluster_bytes", 0),
                 "logical_per_hold": (node_b + ls.get("cluster_bytes", 0)) / holds if holds else 0,
-                "per_node_fixed_bytes": empty,
+                "per_node_fixed_bytes": empty_node_bytes(),
                 "rss_per_hold": t2["rss_per_hold"] or 0,
             }
     finally:

@@ -148,12 +148,17 @@ def fmt_rate(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def _empty_node_json() -> dict[str, Any]:
+def empty_node_bytes() -> int:
+    """What a node without holds adds to its bucket's stored value (``core/batch.py``), with the
+    job's default ``node_buckets``: the state's fixed part per node."""
+    from safepoint.core.batch import encode_bucket
     from safepoint.core.node import NodeState
+    from safepoint.settings import Settings
 
     ns = NodeState("default", "default-n1000")
     ns.incarnation, ns.seq, ns.mvcc_now, ns.pinned_bytes, ns.last_wall_ms = 0, 123456, 1_700_000_000_000_000, 0, START_MS
-    return ns.to_json()
+    buckets = Settings().node_buckets
+    return len(encode_bucket([ns], buckets)) - len(encode_bucket([], buckets))
 
 
 def _loadavg() -> str:
