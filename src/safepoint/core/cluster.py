@@ -312,7 +312,7 @@ class ClusterState:
         self._rebuild_recovery()
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output],
-                            holds_of: Callable[[str], list[tuple[str, str, int]]] = lambda _node: []) -> str | None:
+                            holds_of: Callable[[str], list[tuple[str, str, int]]]) -> str | None:
         """Apply a validated cluster event. Returns why it was ignored, or None. ``holds_of(node)``:
         the node's open readers and transactions (``NodeState.open_holds``), alerted when a
         topology makes it a member below the safe point."""

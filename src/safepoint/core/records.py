@@ -149,8 +149,8 @@ class NodeRecord:
 
     def to_json(self) -> list[Any]:
         blocker = None if self.blocker is None else self.blocker.to_json()
-        out: list[Any] = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups, self.last_wall,
-               self.first_wall, {}]  # {}: where the node's open holds were once copied
+        out: list[Any] = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups,
+                          self.last_wall, self.first_wall, {}]  # {}: where the node's open holds were once copied
         if self.led:
             return [*out, self.ns, self.led]
         return out if self.ns is None else [*out, self.ns]
