@@ -70,9 +70,11 @@ def core_ratio(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
 
         loads_s = min(loads() for _ in range(repeat))
         replay_s = min(replay_seconds(path) for _ in range(repeat))
+    from safepoint.core import CORE, CORE_WHY
+
     n = len(values)
     return {"events": n, "json_loads_us": loads_s / n * 1e6, "replay_us": replay_s / n * 1e6,
-            "ratio": loads_s / replay_s, "target": 0.40}
+            "ratio": loads_s / replay_s, "target": 0.40, "core": CORE, "core_why": CORE_WHY}
 
 
 def fleet_mix(nodes: int, seconds: float, node_rate: float, long_share: float, seed: int) -> list[tuple[int, int, str, str, int]]:
@@ -187,6 +189,16 @@ def fleet_figure(latency: list[dict[str, Any]], *, nodes: int, seconds: float, n
     return res
 
 
+def _core_kind(core: dict[str, Any]) -> str:
+    """How the core ran, in words (runs recorded before the compiled core say nothing of it)."""
+    kind = core.get("core")
+    if kind == "compiled":
+        return "compiled by mypyc (`scripts/build_core.py`; the job's workers load the same build)"
+    if kind == "python":
+        return f"as Python ({core.get('core_why')})"
+    return "as Python (recorded before the core was compiled)"
+
+
 def report_lines(res: dict[str, Any]) -> list[str]:
     """The report's paragraphs for the core ratio, the scale run and the fleet figure."""
     L: list[str] = directive_lines(res.get("directive_sizes") or [])  # noqa: N806
@@ -194,7 +206,8 @@ def report_lines(res: dict[str, Any]) -> list[str]:
     if core:
         L.append(f"Core: `safepoint replay`'s core over a {core['events']:,}-event file of the workload takes "
                  f"{core['replay_us']:.1f} us/event; bare `json.loads` of the same lines {core['json_loads_us']:.2f} us/event: "
-                 f"ratio **{core['ratio']:.2f}** (target {core['target']:.2f}; best of two each, one after the other).")
+                 f"ratio **{core['ratio']:.2f}** (target {core['target']:.2f}; best of two each, one after the other). "
+                 f"The core ran {_core_kind(core)}.")
         L.append("")
     sc = res.get("scale")
     base = scale_base(res)

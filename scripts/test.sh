@@ -9,16 +9,25 @@
 # of the time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SAFEPOINT_SETUP_CLASSES=later ./scripts/setup.sh
-# Spark's class-data archive (about 40 s, mostly one core) builds while ruff and mypy run
+SAFEPOINT_SETUP_CLASSES=later SAFEPOINT_SETUP_CORE=later ./scripts/setup.sh
+# Spark's class-data archive (about 40 s, mostly one core) and the compiled core (about 30 s on two)
+# build while ruff and mypy run; the tests run the compiled core (tests/unit/test_compiled_core.py
+# compares it with the core as Python)
 .venv/bin/safepoint spark-classes --if-missing >/dev/null 2>.venv/spark-classes.log &
 classes=$!
+.venv/bin/python scripts/build_core.py >.venv/build-core.log 2>&1 &
+core=$!
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy (strict, project packages)"
 ./scripts/typecheck.sh
 if ! wait "$classes"; then
   echo "test: the Spark class-data archive could not be built (.venv/spark-classes.log); Spark starts without it" >&2
+fi
+if ! wait "$core"; then
+  echo "test: the compiled core could not be built (.venv/build-core.log)" >&2
+  tail -20 .venv/build-core.log >&2
+  exit 1
 fi
 echo "== pytest"
 set +e

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.core import CORE, CORE_WHY
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
@@ -47,6 +48,7 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)
     print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
+    print(f"safepoint run: the core runs {'compiled' if CORE == 'compiled' else 'as Python'} ({CORE_WHY})", flush=True)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())

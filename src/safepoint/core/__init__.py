@@ -1,5 +1,15 @@
-"""The pure core: no Spark, no Kafka, no clock. Time comes from the events."""
+"""The pure core: no Spark, no Kafka, no clock. Time comes from the events.
 
+Its modules run compiled when the checkout's build of them is current (``core/compiled.py``);
+``CORE`` says which runs and ``CORE_WHY`` why.
+"""
+
+from safepoint.core.compiled import select
+
+CORE, CORE_WHY = select(__path__)
+
+# the imports below come after the choice above
+# ruff: noqa: E402
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import Engine, Outcome, Position, step
 from safepoint.core.events import Rejected, parse
@@ -9,6 +19,8 @@ from safepoint.core.policy import Policy
 
 __all__ = [
     "ALERTS",
+    "CORE",
+    "CORE_WHY",
     "DEADLETTER",
     "DIRECTIVES",
     "ClusterState",

@@ -97,6 +97,11 @@ class Routed(NamedTuple):
     payload: dict[str, Any] | DeadLetterPayload
 
 
+# msgspec decodes a Routed record by its fields' annotations; the compiled core (core/compiled.py)
+# keeps a union's annotation only as ``type``, so the payload's is set here again as written above
+Routed.__annotations__["payload"] = dict[str, Any] | DeadLetterPayload
+
+
 def bucket_of(node: str, buckets: int) -> int:
     """A node's bucket: stable across processes and restarts (unlike ``hash``)."""
     return zlib.crc32(node.encode("utf-8")) % buckets

@@ -107,7 +107,10 @@ class Control:
     def action(self, action_id: str | None) -> dict[str, Any] | None:
         if action_id is None:
             return None
-        return next((a for a in reversed(self.actions) if a["id"] == action_id), None)
+        for i in range(len(self.actions) - 1, -1, -1):
+            if self.actions[i]["id"] == action_id:
+                return self.actions[i]
+        return None
 
     def record(self, event: dict[str, Any], outcome: str, reason: str | None, detail: str, now: int | None) -> None:
         """Keep an action's outcome (events without an ``action_id`` keep none)."""

@@ -16,6 +16,7 @@ import fastjsonschema
 import msgspec
 
 from safepoint.core.fastcheck import compile_check
+from safepoint.core.jsonfloat import JsonFloat as _JsonFloat
 from safepoint.schemas import EVENT_TYPES, NODE_EVENT_TYPES, load
 
 __all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
@@ -69,12 +70,6 @@ class Rejected:
                     return code
             return "invalid_field"
         return "invalid_field"
-
-
-class _JsonFloat(str):
-    """A JSON number with a fraction or exponent; never valid where the contract wants an int."""
-
-    __slots__ = ()
 
 
 def _bad_constant(name: str) -> Any:

@@ -148,9 +148,7 @@ class NodeState:
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
          leak, admission, history) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
-        state = cls.__new__(cls)  # every slot is set below, as __init__ sets it for a new node
-        state.cluster = cluster
-        state.node = node
+        state = cls(cluster, node)  # (a compiled class has no bare __new__: __init__'s parts are replaced below)
         state.incarnation = incarnation
         state.seq = seq
         state.readers = {rid: Hold.from_json(h) for rid, h in readers.items()} if readers else {}
@@ -326,15 +324,16 @@ class NodeState:
     def _walk_since(self) -> tuple[float, float]:
         """(the earliest ``opened_wall`` of a hold, the earliest ``prepared_wall`` of a prepared
         transaction): infinity for none."""
-        first = prepared = NEVER
+        first: float = NEVER
+        prepared: float = NEVER
         for h in self.readers.values():
             if h.opened_wall < first:
-                first = h.opened_wall
+                first = float(h.opened_wall)
         for h in self.txs.values():
             if h.opened_wall < first:
-                first = h.opened_wall
+                first = float(h.opened_wall)
             if h.prepared and h.prepared_wall is not None and h.prepared_wall < prepared:
-                prepared = h.prepared_wall
+                prepared = float(h.prepared_wall)
         return first, prepared
 
     def _prepare(self, event: dict[str, Any], wall: int) -> None:

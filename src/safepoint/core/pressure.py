@@ -191,7 +191,7 @@ class Pressure:
                     forecast: dict[str, Any] | None, debt_growing: bool | None) -> Pressure:
         """``to_stored``'s values back (None: as new, as in checkpoints written before the pressure
         policy existed), taking over their lists and maps."""
-        p = cls.__new__(cls)  # every field is set below: nothing built by __init__ to be thrown away
+        p = cls()  # (a compiled class has no bare __new__: __init__'s parts are replaced below)
         p.pinned_band = Band.from_json(pinned_band)
         p.age_band = Band.from_json(age_band)
         p.in_doubt = in_doubt or []
