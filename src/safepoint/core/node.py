@@ -73,7 +73,10 @@ class NodeState:
         "reference",
     )
 
-    def __init__(self, cluster: str, node: str, reference: bool = False) -> None:
+    def __init__(self, cluster: str, node: str, reference: bool = False, pressure: Pressure | None = None,
+                 leak: LeakWatch | None = None) -> None:
+        """A new node (``from_stored`` passes the stored ``pressure`` and ``leak`` parts in, so that
+        none is built only to be replaced)."""
         self.cluster = cluster
         self.node = node
         self.incarnation = -1
@@ -86,9 +89,9 @@ class NodeState:
         self.debt_bytes: int | None = None
         self.last_wall_ms = -1
         self._summary: tuple[Any, ...] | None = None
-        self.pressure = Pressure()
+        self.pressure = Pressure() if pressure is None else pressure
         """Bands, in-doubt transactions and forced expiries (``core/pressure.py``)."""
-        self.leak = LeakWatch(node)
+        self.leak = LeakWatch(node) if leak is None else leak
         """Since when the job holds more than the node reports (``core/leaks.py``)."""
         self.admission: list[int] | None = None
         """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
@@ -148,7 +151,9 @@ class NodeState:
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
          leak, admission, history) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
-        state = cls(cluster, node)  # (a compiled class has no bare __new__: __init__'s parts are replaced below)
+        pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
+        # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
+        state = cls(cluster, node, False, pressure, LeakWatch(node, leak))
         state.incarnation = incarnation
         state.seq = seq
         state.readers = {rid: Hold.from_json(h) for rid, h in readers.items()} if readers else {}
@@ -159,15 +164,9 @@ class NodeState:
         state.debt_bytes = debt_bytes
         state.last_wall_ms = last_wall_ms
         state._summary = None if summary is None else tuple(summary)
-        state.pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast,
-                                              debt_growing)
-        state.leak = LeakWatch(node, leak)
         state.admission = admission
         state.history = None if history is None else History(history)
-        state._low = None
         state._restored = True
-        state._since = None
-        state.reference = False
         return state
 
     @classmethod

@@ -167,14 +167,17 @@ class Pressure:
 
     __slots__ = ("pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing")
 
-    def __init__(self) -> None:
-        self.pinned_band = Band()
-        self.age_band = Band()
-        self.in_doubt: list[str] = []  # prepared tx ids alerted as in doubt
-        self.expiries: dict[str, Expiry] = {}  # join_id(kind, id) -> its expiry
-        self.expire_walls: list[int] = []  # times of recent expire directives (rate limit)
-        self.forecast = Forecast()
-        self.debt_growing = False
+    def __init__(self, pinned_band: Band | None = None, age_band: Band | None = None, in_doubt: list[str] | None = None,
+                 expiries: dict[str, Expiry] | None = None, expire_walls: list[int] | None = None,
+                 forecast: Forecast | None = None, debt_growing: bool = False) -> None:
+        """A new node's pressure, quiet (no arguments), or ``from_stored``'s parts."""
+        self.pinned_band = Band() if pinned_band is None else pinned_band
+        self.age_band = Band() if age_band is None else age_band
+        self.in_doubt: list[str] = [] if in_doubt is None else in_doubt  # prepared tx ids alerted as in doubt
+        self.expiries: dict[str, Expiry] = {} if expiries is None else expiries  # join_id(kind, id) -> its expiry
+        self.expire_walls: list[int] = [] if expire_walls is None else expire_walls  # recent expire directives (rate limit)
+        self.forecast = Forecast() if forecast is None else forecast
+        self.debt_growing = debt_growing
         """In the critical band with debt still growing (the cluster's emergency, ``core/emergency.py``)."""
 
     def to_stored(self) -> list[Any]:
@@ -191,15 +194,10 @@ class Pressure:
                     forecast: dict[str, Any] | None, debt_growing: bool | None) -> Pressure:
         """``to_stored``'s values back (None: as new, as in checkpoints written before the pressure
         policy existed), taking over their lists and maps."""
-        p = cls()  # (a compiled class has no bare __new__: __init__'s parts are replaced below)
-        p.pinned_band = Band.from_json(pinned_band)
-        p.age_band = Band.from_json(age_band)
-        p.in_doubt = in_doubt or []
-        p.expiries = {k: Expiry.from_json(e) for k, e in expiries.items()} if expiries else {}
-        p.expire_walls = expire_walls or []
-        p.forecast = Forecast(forecast.get("samples"), forecast.get("raised_since")) if forecast else Forecast()
-        p.debt_growing = bool(debt_growing)
-        return p
+        return cls(Band.from_json(pinned_band), Band.from_json(age_band), in_doubt or [],
+                   {k: Expiry.from_json(e) for k, e in expiries.items()} if expiries else {}, expire_walls or [],
+                   Forecast(forecast.get("samples"), forecast.get("raised_since")) if forecast else Forecast(),
+                   bool(debt_growing))
 
     def still_until(self, first_opened: float, first_prepared: float, policy: Policy) -> float:
         """The node's clock below which ``step``, after an event that is no heartbeat and closes
