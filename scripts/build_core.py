@@ -19,8 +19,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
-GROUP = "safepoint.core._compiled"
-"""The shared library's module name: inside the package, so the package's path finds it."""
 
 
 def _compiled_core() -> Any:
@@ -82,7 +80,7 @@ def build(force: bool, jobs: int, opt: str) -> int:
     cwd = os.getcwd()
     os.chdir(SRC)  # mypyc names modules by their paths
     try:
-        extensions = mypycify(paths, opt_level=opt, multi_file=True, group_name=GROUP, target_dir=str(out / "c"))
+        extensions = mypycify(paths, opt_level=opt, multi_file=True, group_name=core.GROUP, target_dir=str(out / "c"))
         for ext in extensions:  # multi-file mode writes the group's headers under its package, not on the include path
             ext.include_dirs.append(str(out / "c" / "safepoint" / "core"))
         _parallel_compile(jobs)

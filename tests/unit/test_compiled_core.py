@@ -80,3 +80,23 @@ def test_the_digest_covers_every_compiled_module_and_nothing_else(tmp_path: Path
     (tmp_path / "node.py").write_text("x = 2\n")
     assert digest(tmp_path) != before
     assert compiled_modules(tmp_path) == ["node"]
+
+
+def test_a_build_that_does_not_load_is_left_for_python(tmp_path: Path) -> None:
+    """A current stamp whose libraries do not load (here: none there) falls back to Python, or
+    refuses under ``SAFEPOINT_CORE=compiled``. In a fresh interpreter whose core runs as Python,
+    so that no compiled library is loaded already."""
+    (tmp_path / compiled.STAMP).write_text(digest() + "\n")
+    script = f"""
+import pytest
+from safepoint.core.compiled import select
+path = []
+kind, why = select(path, build=__import__("pathlib").Path({str(tmp_path)!r}), mode="auto")
+assert (kind, path) == ("python", []) and "does not load" in why, (kind, path, why)
+with pytest.raises(ImportError, match="does not load"):
+    select(path, build=__import__("pathlib").Path({str(tmp_path)!r}), mode="compiled")
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "SAFEPOINT_CORE": "python"},
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.strip() == "ok", done.stderr[-2000:]

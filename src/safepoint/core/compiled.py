@@ -19,7 +19,7 @@ import importlib
 import os
 from pathlib import Path
 
-__all__ = ["BUILD", "PLAIN", "compiled_modules", "digest", "select"]
+__all__ = ["BUILD", "GROUP", "PLAIN", "compiled_modules", "digest", "select"]
 
 HERE = Path(__file__).resolve().parent
 BUILD = HERE.parents[2] / "build" / "core"
@@ -29,6 +29,9 @@ PLAIN = frozenset({"__init__", "compiled", "fastcheck", "jsonfloat", "policy"})
 Python at run time), ``jsonfloat`` (a subclass of ``str``, which mypyc cannot compile) and
 ``policy`` (a compiled class checks its fields' types before ``__post_init__`` can say which
 setting is wrong)."""
+GROUP = "safepoint.core._compiled"
+"""The build's group: its shared library is the module ``GROUP + "__mypyc"``, inside the package so
+that the package's path finds it."""
 STAMP = "SOURCES"
 """The file of the build holding the digest of the sources it was compiled from."""
 
@@ -64,7 +67,7 @@ def select(path: list[str], build: Path = BUILD, src: Path = HERE, mode: str | N
     else:
         path.insert(0, str(lib))
         try:
-            importlib.import_module("safepoint.core._compiled__mypyc")
+            importlib.import_module(f"{GROUP}__mypyc")
         except ImportError as e:
             path.remove(str(lib))
             why = f"the compiled build at {build} does not load: {e}"
