@@ -15,22 +15,26 @@ nothing of this project either until then; after, it imports what every worker i
 them before their first byte (``quiet_when_dropped``).
 
 Spark starts a few Python processes without that setting (data source lookup, creation and read
-planning through its own daemon; the source's offset runner; the operator's driver-side init):
-``scripts/safepoint-spark-path.pth``, which ``scripts/setup.sh`` puts in the environment's
-site-packages, calls ``drop_installed_copies`` when a Python of that environment starts with a
-``pyspark.zip`` on its path (any other start imports nothing of this project).
+planning through its own daemon, ``python -m pyspark.daemon``; the source's offset runner; the
+operator's driver-side init): ``scripts/safepoint-spark-path.pth``, which ``scripts/setup.sh``
+puts in the environment's site-packages, calls ``at_python_start`` when a Python of that
+environment starts with a ``pyspark.zip`` on its path (any other start imports nothing of this
+project). It drops the zips too, and in Spark's own daemon it has ``-m pyspark.daemon`` run this
+module instead (``SparkDaemonRedirect``), without the preload: its workers end quietly as well.
 """
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import os
 import signal
 import socket
 import sys
 from collections.abc import Callable
 
-__all__ = ["PRELOAD", "PRELOAD_ARROW", "THREAD_FREE_ENV", "arrow_is_thread_free", "drop_installed_copies", "installed_copies",
-           "preload", "quiet_when_dropped"]
+__all__ = ["PRELOAD", "PRELOAD_ARROW", "THREAD_FREE_ENV", "SparkDaemonRedirect", "arrow_is_thread_free", "at_python_start",
+           "drop_installed_copies", "installed_copies", "preload", "quiet_when_dropped"]
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -132,9 +136,31 @@ def quiet_when_dropped(worker: Callable[[socket.socket, bool], int]) -> Callable
     return wrapped
 
 
-def main() -> None:
+class SparkDaemonRedirect:
+    """A one-shot import finder: the lookup of ``pyspark.daemon`` that ``python -m pyspark.daemon``
+    makes at its start finds this module under that name instead (run as ``__main__``, it wraps the
+    real ``pyspark.daemon``'s worker and runs its manager); it then leaves ``sys.meta_path``, so
+    every later import of ``pyspark.daemon`` is PySpark's own."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "pyspark.daemon":
+            return None
+        sys.meta_path.remove(self)
+        return importlib.util.spec_from_file_location("pyspark.daemon", __file__)
+
+
+def at_python_start() -> None:
+    """What ``scripts/safepoint-spark-path.pth`` runs in a Python started with Spark's zips on its
+    path: drop the installed copies, and in Spark's own daemon redirect it here."""
     drop_installed_copies()
-    preload()
+    if getattr(sys, "orig_argv", [])[1:3] == ["-m", "pyspark.daemon"]:
+        sys.meta_path.insert(0, SparkDaemonRedirect())
+
+
+def main(preloaded: bool = True) -> None:
+    drop_installed_copies()
+    if preloaded:
+        preload()
     import pyspark.daemon
 
     pyspark.daemon.worker = quiet_when_dropped(pyspark.daemon.worker)  # type: ignore[assignment]
@@ -142,4 +168,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # run as Spark's daemon module, or as ``pyspark.daemon`` itself (``SparkDaemonRedirect``):
+    # only the job's workers use what the preload imports
+    main(preloaded=__spec__ is None or __spec__.name != "pyspark.daemon")

@@ -435,3 +435,46 @@ def test_a_worker_the_jvm_drops_before_its_first_byte_ends_quietly(monkeypatch: 
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _dropped_worker_stderr(spark_zips: bool) -> str:
+    """Start ``python -m pyspark.daemon`` as Spark starts its own daemon (with Spark's zips first on
+    ``PYTHONPATH``, or without them), ask it for a worker and drop the connection before the
+    secret, as a stopping JVM does; then end the daemon (its stdin closed) and return its stderr."""
+    import os
+    import socket
+    import struct
+    import subprocess
+    import sys
+    import time
+
+    import pyspark
+
+    lib = os.path.join(os.path.dirname(pyspark.__file__), "python", "lib")
+    zips = [os.path.join(lib, name) for name in sorted(os.listdir(lib)) if name.endswith(".zip")]
+    env = {**os.environ, "PYTHON_WORKER_FACTORY_SECRET": "s", "SPARK_REUSE_WORKER": "1",
+           "PYTHONPATH": os.pathsep.join(zips if spark_zips else [])}
+    daemon = subprocess.Popen([sys.executable, "-m", "pyspark.daemon"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=env)
+    try:
+        assert daemon.stdout is not None and daemon.stdin is not None
+        (port,) = struct.unpack(">i", daemon.stdout.read(4))
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.recv(4)  # the forked worker's pid: the daemon's acknowledgement
+        time.sleep(0.5)  # the worker reads its secret from the closed connection
+        daemon.stdin.close()  # the daemon ends when its stdin does
+        daemon.wait(timeout=30)
+        assert daemon.stderr is not None
+        return daemon.stderr.read().decode(errors="replace")
+    finally:
+        daemon.kill()
+
+
+def test_sparks_own_daemon_also_ends_a_dropped_worker_quietly() -> None:
+    """Spark starts its data source planning workers through ``python -m pyspark.daemon``, not the
+    job's daemon module; the environment's start hook (``scripts/safepoint-spark-path.pth``, on
+    seeing Spark's zips) runs the quiet daemon under that name. Without the hook (no zips on the
+    path) the same dropped connection prints PySpark's traceback: the failure the hook prevents."""
+    assert "Traceback" not in _dropped_worker_stderr(spark_zips=True)
+    unhooked = _dropped_worker_stderr(spark_zips=False)
+    assert "Traceback" in unhooked and "EOFError" in unhooked, unhooked[-2000:]
