@@ -17,7 +17,7 @@ __all__ = ["Band", "BandSpec", "band_step", "new_band", "LEVEL_NAMES"]
 LEVEL_NAMES = ("normal", "warning", "critical")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Band:
     """One pressure band's state. In the state store it is the list ``to_json`` gives (its fields in
     this order); a quiet band (normal, nothing breaching) is ``Band()`` and is left out."""
@@ -34,6 +34,17 @@ class Band:
     """Since when the value has been below the critical exit threshold."""
     since: int | None = None
     """When the current level was entered (None at normal)."""
+
+    def __init__(self, level: int = 0, breach1: int | None = None, breach2: int | None = None,
+                 recover1: int | None = None, recover2: int | None = None, since: int | None = None) -> None:
+        # written out (init=False): every node read from the store makes two, and the compiled core
+        # compiles this one, where the dataclass's own __init__ would run as Python
+        self.level = level
+        self.breach1 = breach1
+        self.breach2 = breach2
+        self.recover1 = recover1
+        self.recover2 = recover2
+        self.since = since
 
     def to_json(self) -> list[Any]:
         return list(astuple(self))

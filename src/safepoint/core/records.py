@@ -19,7 +19,7 @@ FLOOR_KINDS = ("retention", "group")
 HOLD_KINDS = ("reader", "tx", "prepared_tx")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Hold:
     """One open reader or transaction of a node (the node stage's state)."""
 
@@ -38,6 +38,21 @@ class Hold:
     """When it was first seen prepared (the in-doubt clock)."""
     namespace: str | None = None
     """The tenant it belongs to: it pins that namespace only (None: every namespace)."""
+
+    def __init__(self, ts: int, opened_wall: int, label: str | None, incarnation: int, prepared: bool = False,
+                 coordinator: str | None = None, participants: list[str] | None = None,
+                 prepared_wall: int | None = None, namespace: str | None = None) -> None:
+        # written out (init=False), here and in the records below that are made per event: the
+        # compiled core compiles it, where the dataclass's own __init__ would run as Python
+        self.ts = ts
+        self.opened_wall = opened_wall
+        self.label = label
+        self.incarnation = incarnation
+        self.prepared = prepared
+        self.coordinator = coordinator
+        self.participants = participants
+        self.prepared_wall = prepared_wall
+        self.namespace = namespace
 
     def to_json(self) -> list[Any]:
         head = [self.ts, self.opened_wall, self.label, self.incarnation]
@@ -127,7 +142,7 @@ class HoldRef(NamedTuple):
     id: str
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class NodeRecord:
     """What the cluster stage keeps of one node (from its ``NodeUpdate`` summaries)."""
 
@@ -147,6 +162,20 @@ class NodeRecord:
     led: list[str] = field(default_factory=list)
     """The groups it says it leads (a group some member reports but none leads aborts the round)."""
 
+    def __init__(self, incarnation: int, seq: int, local_min: int | None, unknown: str | None, blocker: Blocker | None,
+                 groups: list[str], last_wall: int, first_wall: int, ns: list[Any] | None = None,
+                 led: list[str] | None = None) -> None:
+        self.incarnation = incarnation
+        self.seq = seq
+        self.local_min = local_min
+        self.unknown = unknown
+        self.blocker = blocker
+        self.groups = groups
+        self.last_wall = last_wall
+        self.first_wall = first_wall
+        self.ns = ns
+        self.led = [] if led is None else led
+
     def to_json(self) -> list[Any]:
         blocker = None if self.blocker is None else self.blocker.to_json()
         out: list[Any] = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups,
@@ -165,7 +194,7 @@ class NodeRecord:
                    rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else [])
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class NodeUpdate:
     """What the cluster learns from one applied node event."""
 
@@ -190,3 +219,24 @@ class NodeUpdate:
     """With namespaced holds: [the lowest of what pins every namespace, {namespace: its lowest hold}]."""
     led: list[str] | None = None
     """With ``groups``: the groups it says it leads."""
+
+    def __init__(self, node: str, wall_ms: int, incarnation: int, seq: int, local_min: int | None, unknown: str | None,
+                 blocker: Blocker | None, groups: list[str] | None, opened: list[OpenedHold], closed: list[HoldRef],
+                 changed: bool, signals: list[list[Any]] | None = None, snapshot: bool = False,
+                 floor: Floor | None = None, ns: list[Any] | None = None, led: list[str] | None = None) -> None:
+        self.node = node
+        self.wall_ms = wall_ms
+        self.incarnation = incarnation
+        self.seq = seq
+        self.local_min = local_min
+        self.unknown = unknown
+        self.blocker = blocker
+        self.groups = groups
+        self.opened = opened
+        self.closed = closed
+        self.changed = changed
+        self.signals = [] if signals is None else signals
+        self.snapshot = snapshot
+        self.floor = floor
+        self.ns = ns
+        self.led = led
