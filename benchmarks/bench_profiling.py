@@ -147,7 +147,7 @@ _PYSPY_GROUPS = [
     # (label, predicate over one frame "func (file:line)"); the deepest matching frame of a sample wins
     ("safepoint core: parse + validate (core/events.py)", lambda f: "safepoint/core/events.py" in f or "fastjsonschema" in f),
     ("safepoint core: node rules (core/node.py, bands)", lambda f: "safepoint/core/node.py" in f or "safepoint/core/bands.py" in f),
-    ("safepoint core: cluster round (core/cluster.py)", lambda f: "safepoint/core/cluster.py" in f or "sortedcontainers" in f),
+    ("safepoint core: cluster round (core/cluster.py)", lambda f: "safepoint/core/cluster.py" in f or "safepoint/core/sortedpairs.py" in f),
     ("safepoint core: engine glue, outputs, codec", lambda f: "safepoint/core/" in f),
     ("batch logic: routing, staging, state JSON, log-order merge (core/batch.py)", lambda f: "safepoint/core/batch.py" in f),
     ("processors: packing rows, Row fields (streaming/processors.py)", lambda f: "streaming/processors.py" in f),

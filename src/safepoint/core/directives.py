@@ -96,7 +96,7 @@ class Directives:
         pause = control.paused
         nodes = members.nodes
         basis = {n: {"incarnation": nodes[n].incarnation, "seq": nodes[n].seq, "local_min": m}
-                 for m, n in members.mins[:BASIS_LISTED]}
+                 for m, n in members.mins.head(BASIS_LISTED)}
         out.append(Output(DIRECTIVES, self.cluster, {
             "v": 1,
             "type": "compaction",

@@ -5,7 +5,8 @@ and the topology. The *members* are the nodes the round waits for: the topology'
 was published, else every node that reported. Beside the records it keeps the indexes the round
 needs after every event, updated in place so that an event costs the same at 10 or 10,000 nodes:
 
-* ``mins``: (local minimum, node) of every member whose minimum is known, lowest first;
+* ``mins``: (local minimum, node) of every member whose minimum is known, lowest first
+  (``core/sortedpairs.py``);
 * ``walls``: each member's newest ``wall_ms`` (the lease clock, ``core/leases.py``);
 * ``unknown``, ``missing_groups``, ``never``, ``leaderless``: the members (and groups) that abort
   the round (``core/aborts.py`` alerts them);
@@ -19,10 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sortedcontainers import SortedList
-
 from safepoint.core.leases import LastWalls
 from safepoint.core.records import NodeRecord, NodeUpdate
+from safepoint.core.sortedpairs import SortedPairs
 
 __all__ = ["Members"]
 
@@ -53,7 +53,7 @@ class Members:
         self.leaderless: set[str] = set()  # groups members report that no member leads
         known = [(node, rec) for node in self.names if (rec := self.nodes.get(node)) is not None]
         # in bulk: one sort and one heapify (a job reads its clusters' states every micro-batch)
-        self.mins: SortedList = SortedList((rec.local_min, node) for node, rec in known if rec.local_min is not None)
+        self.mins = SortedPairs((rec.local_min, node) for node, rec in known if rec.local_min is not None)
         self.walls = LastWalls({node: rec.last_wall for node, rec in known})
         for node, rec in known:
             self._index_rest(node, rec)
@@ -71,7 +71,7 @@ class Members:
 
     def lowest(self) -> tuple[int, str] | None:
         """(local minimum, node) of the member with the lowest known minimum, or None."""
-        return self.mins[0] if self.mins else None
+        return self.mins.lowest()
 
     def aborting(self) -> bool:
         """A member never reported, has an unknown minimum or misses a group, or a group has no leader."""
