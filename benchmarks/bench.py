@@ -18,7 +18,8 @@ reader closes free the cluster's blocker at a fixed rate, so directives come at 
    py-spy over the job's Python workers during one more local[2] run;
 5. core: ``safepoint replay``'s core over a file of the workload against bare ``json.loads`` of it;
    machine: the core alone against with the other core busy (the scaling's ceiling here), and what
-   one small write costs the broker holding the backlog (bench_machine.py);
+   one small write costs the broker holding the backlog, and the cores the throughput runs kept
+   busy with the bounds the broker's share sets (bench_machine.py);
 6. scale: two more local[2] throughput runs, one right after the other, with the usual nodes and
    with ``--scale-nodes`` nodes (RSS and cost per event as the fleet grows), each on a broker of its
    own like every Spark run;
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"(1) raw consume: {res['raw_consume']['events_per_s']:,.0f} ev/s")
         if "plain" in phases:
             topics = make_topics(bootstrap, "plain", args.partitions)
-            spec = {"bootstrap": bootstrap, "topic": tp_topic, "total": total, "topics": topics, "result": str(work / "plain.json")}
+            spec = {"bootstrap": bootstrap, "topic": tp_topic, "total": total, "topics": topics, "result": str(work / "plain.json"),
+                    "broker_pid": broker.proc.pid if broker.proc is not None else None}
             child = Child("_plain", spec, work / "plain.log")
             rc = child.wait(args.timeout)
             if rc != 0:

@@ -1,4 +1,4 @@
-"""Two figures of the machine the benchmark runs on, which bound the job's figures.
+"""Three figures of the machine the benchmark runs on, which bound the job's figures.
 
 - **cores together**: ``safepoint replay``'s core over the workload's first events alone, then
   with a second process spinning on the other core (a Python busy loop), alternating, best of
@@ -10,6 +10,12 @@
   about a second after a write (its data file is that snapshot). The job writes its outputs every
   micro-batch, so every batch pays one such rewrite on the 2 cores it shares with the broker; a
   Kafka cluster on other machines would not.
+- **cores left to the job** (``saturation``, from the runs' own CPU figures): how many cores each
+  run kept busy, and how many of them the broker took. What the broker leaves is all a job run can
+  use, so at ``local[1]``'s CPU per event the ``local[1] -> local[2]`` scaling is at most
+  ``(cores - broker) / (local[1]'s cores besides the broker)``, and the job reaches at most
+  ``(cores - broker) / (its CPU per event besides the broker)`` events per second, which the
+  plain consumer's figure can be held against.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 from bench_common import cpu_seconds
 from bench_fleet import replay_seconds, write_events
 
-__all__ = ["broker_rewrite", "cores_together", "machine_lines"]
+__all__ = ["broker_rewrite", "cores_together", "machine_lines", "saturation"]
 
 _SPIN = "while True:\n    pass\n"
 
@@ -76,8 +82,53 @@ def broker_rewrite(bootstrap: str, pid: int, data_dir: str, topic: str, watch_s:
     return {"cpu_s": max(spent - idle, 0.0), "idle_cpu_s": idle, "watch_s": watch_s, "data_bytes": size}
 
 
+def _cores(run: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(cores busy in all, cores of the broker, us of CPU per event besides the broker) of a run
+    with CPU figures (the job's or the plain consumer's); None without them."""
+    cpu, rate = run.get("cpu_us_per_event") or {}, run.get("sustained_events_per_s") or run.get("events_per_s")
+    if not cpu or not rate or "broker" not in cpu:
+        return None
+    total = sum(cpu.values())
+    return total * rate / 1e6, cpu["broker"] * rate / 1e6, total - cpu["broker"]
+
+
+def saturation(res: dict[str, Any]) -> dict[str, Any]:
+    """The cores each throughput run kept busy and the bounds they set (module docstring): keys
+    ``runs`` (master -> cores, broker cores, us/event besides the broker), ``plain`` (the same for the
+    plain consumer), ``scaling_bound`` and ``job_bound_events_per_s`` where their runs were made."""
+    cores = float((res.get("machine") or {}).get("cpus") or 2)
+    runs = {t["master"]: c for t in res.get("spark_throughput", []) if t.get("status", True) and (c := _cores(t))}
+    out: dict[str, Any] = {"cores": cores, "runs": runs, "plain": _cores(res.get("plain") or {})}
+    one, two = runs.get("local[1]"), runs.get("local[2]")
+    if one and two and one[0] > one[1]:
+        out["scaling_bound"] = (cores - two[1]) / (one[0] - one[1])
+    if two and two[2] > 0:
+        out["job_bound_events_per_s"] = (cores - two[1]) / two[2] * 1e6
+    return out
+
+
+def saturation_lines(res: dict[str, Any]) -> list[str]:
+    """The report's paragraph on the cores the runs kept busy."""
+    sat = saturation(res)
+    if not sat["runs"]:
+        return []
+    busy = "; ".join(f"{m} {c:.2f} (the broker {b:.2f}; {u:.0f} us of CPU per event besides it)"
+                     for m, (c, b, u) in sat["runs"].items())
+    L = [f"Cores left to the job: of the {sat['cores']:g} cores, the job's runs kept busy {busy}."]  # noqa: N806
+    if sat["plain"]:
+        c, b, u = sat["plain"]
+        L.append(f"The plain consumer kept {c:.2f} busy (the broker {b:.2f}; {u:.0f} us of CPU per event in its one process).")
+    if "scaling_bound" in sat:
+        L.append(f"What the broker leaves bounds the local[1] -> local[2] scaling at **{sat['scaling_bound']:.2f}x** at "
+                 "local[1]'s CPU per event ((cores - the broker's in local[2]) / local[1]'s cores besides the broker).")
+    if "job_bound_events_per_s" in sat:
+        L.append(f"At local[2]'s CPU per event, the job reaches at most **{sat['job_bound_events_per_s']:,.0f} ev/s** with "
+                 "every core the broker leaves busy.")
+    return [" ".join(L), ""]
+
+
 def machine_lines(res: dict[str, Any]) -> list[str]:
-    """The report's paragraph on the machine's two figures."""
+    """The report's paragraph on the machine's three figures."""
     L: list[str] = []  # noqa: N806
     ct = res.get("cores_together")
     if ct:
@@ -93,4 +144,4 @@ def machine_lines(res: dict[str, Any]) -> list[str]:
                  "(the backlog and the plain consumer's outputs): it rewrites a snapshot of everything it holds after "
                  "writes. The job writes its outputs every micro-batch, so each batch pays about that on the 2 cores.")
         L.append("")
-    return L
+    return L + saturation_lines(res)

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench_common import _T0, PROTO, cpu_delta, cpu_snapshot, proc_tree, rss_sample
+from bench_common import _T0, PROTO, cpu_delta, cpu_seconds, cpu_snapshot, proc_tree, rss_sample
 from bench_workload import consumer, logical_state, producer
 
 from safepoint.devtools.soak import dir_size
@@ -55,6 +55,8 @@ def worker_plain(spec: dict[str, Any]) -> int:
     prod = producer(bootstrap, linger_ms=5)
     outs: Counter[str] = Counter()
     out_bytes = 0
+    broker_pid = spec.get("broker_pid")
+    broker0, own0 = cpu_seconds(broker_pid), _own_cpu()
     t0 = time.perf_counter()
     n = 0
     deadline = time.monotonic() + spec.get("timeout_s", 600)
@@ -83,6 +85,8 @@ def worker_plain(spec: dict[str, Any]) -> int:
         prod.poll(0)
     prod.flush(60)
     el = time.perf_counter() - t0
+    broker1, own1 = cpu_seconds(broker_pid), _own_cpu()
+    cpu = {"plain": own1 - own0, **({"broker": broker1 - broker0} if broker0 is not None and broker1 is not None else {})}
     for c in cs:
         c.close()
     rss_end = rss_sample(os.getpid())["driver"]
@@ -92,6 +96,7 @@ def worker_plain(spec: dict[str, Any]) -> int:
         "events_per_s": n / el,
         "outputs": dict(outs),
         "output_bytes": out_bytes,
+        "cpu_us_per_event": {k: v / n * 1e6 for k, v in cpu.items()} if n else {},
         "rss_end": rss_end,
         "rss_peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "labels": dict(engine.labels),
@@ -100,6 +105,12 @@ def worker_plain(spec: dict[str, Any]) -> int:
     }
     Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
     return 0
+
+
+def _own_cpu() -> float:
+    """CPU seconds (user + system) of this process so far."""
+    t = os.times()
+    return t.user + t.system
 
 
 def _job_settings(spec: dict[str, Any]) -> Any:
