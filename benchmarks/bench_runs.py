@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench_brokers import mark_ends
 from bench_common import HERE, PROTO, say
 from bench_workload import make_topics, produce_all, read_topic
 
@@ -137,6 +138,8 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
     # on the 2 cores during the job's batches; batch 0 reads --first-batch events (the job's
     # first_batch_max_offsets), the batches after it --max-offsets each
     produce_all(bootstrap, topics["events"], events)
+    if getattr(args, "broker", "embedded") == "memory":
+        mark_ends(bootstrap, topics["events"], args.partitions)
     child = Child("_spark_tp", spec, work / f"{tag}.log")
     while True:
         msg = child.next(timeout=args.timeout)
