@@ -56,7 +56,7 @@ def worker_plain(spec: dict[str, Any]) -> int:
     outs: Counter[str] = Counter()
     out_bytes = 0
     broker_pid = spec.get("broker_pid")
-    broker0, own0 = cpu_seconds(broker_pid), _own_cpu()
+    broker0, own0 = cpu_seconds(broker_pid), cpu_seconds(os.getpid())
     t0 = time.perf_counter()
     n = 0
     deadline = time.monotonic() + spec.get("timeout_s", 600)
@@ -85,7 +85,8 @@ def worker_plain(spec: dict[str, Any]) -> int:
         prod.poll(0)
     prod.flush(60)
     el = time.perf_counter() - t0
-    broker1, own1 = cpu_seconds(broker_pid), _own_cpu()
+    broker1, own1 = cpu_seconds(broker_pid), cpu_seconds(os.getpid())
+    assert own0 is not None and own1 is not None  # this process
     cpu = {"plain": own1 - own0, **({"broker": broker1 - broker0} if broker0 is not None and broker1 is not None else {})}
     for c in cs:
         c.close()
@@ -105,12 +106,6 @@ def worker_plain(spec: dict[str, Any]) -> int:
     }
     Path(spec["result"]).write_text(json.dumps(result), encoding="utf-8")
     return 0
-
-
-def _own_cpu() -> float:
-    """CPU seconds (user + system) of this process so far."""
-    t = os.times()
-    return t.user + t.system
 
 
 def _job_settings(spec: dict[str, Any]) -> Any:
