@@ -105,7 +105,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
             t0 = time.perf_counter()
             groups: dict[str, list[Any]] = defaultdict(list)
             for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
-                for cluster, items in route([m for m in batch if m[0] == part], "bench", policy).items():
+                for cluster, items in route([(*m[:4], None) for m in batch if m[0] == part], "bench", policy).items():
                     groups[cluster].extend(unpack_routed(pack_routed(items)))
             t1 = time.perf_counter()
             for cluster, items in groups.items():

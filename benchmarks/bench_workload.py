@@ -173,7 +173,7 @@ def make_topics(bootstrap: str, tag: str, partitions: int) -> dict[str, str]:
         deadletter_topic=f"bench.{tag}.deadletter",
         status_topic=f"bench.{tag}.status",
     )
-    ensure_topics(s.librdkafka(), topic_specs(s.topics(), partitions))
+    ensure_topics(s.librdkafka(), topic_specs(s.topics(), partitions, log_append_time=False))
     return s.topics()
 
 

@@ -15,6 +15,9 @@ default: no cap of its own), ``minRowsPerTask`` (a read task takes at
 least this many messages before the batch is split over more tasks, one Kafka partition at most
 per task; 0, the default: one task per Kafka partition with messages), and any
 ``kafka.<librdkafka key>``.
+
+Columns: ``topic``, ``partition``, ``offset``, ``timestamp`` (the record's time when the broker set
+it, ``LogAppendTime``, in ms; null when the topic keeps the producers' times), ``key``, ``value``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ _ARROW_SCHEMA = pa.schema(
     ]
 )
 _READ_CHUNK = 8192
+TIMESTAMP_LOG_APPEND_TIME = 2
+"""librdkafka's timestamp type of a record stamped by the broker (``message.timestamp.type =
+LogAppendTime``): the ``timestamp`` column carries only such times (null otherwise), the log's own
+clock that no producer can move (``core/clock.py``)."""
 
 # Clients live per Python worker process, keyed by their configuration; never pickled.
 _CONSUMERS: dict[str, Any] = {}
@@ -275,7 +282,7 @@ class KafkaStreamReader(DataSourceStreamReader):
                     cols[0].append(partition.topic)
                     cols[1].append(partition.partition)
                     cols[2].append(off)
-                    cols[3].append(ts if ts_type else None)
+                    cols[3].append(ts if ts_type == TIMESTAMP_LOG_APPEND_TIME else None)
                     cols[4].append(m.key())
                     cols[5].append(m.value())
                     position = off + 1

@@ -1,4 +1,5 @@
-"""Creating the job's topics, idempotently, with the cleanup policy of the contract."""
+"""Creating the job's topics, idempotently, with the cleanup policy of the contract; the events
+topic's record times stamped by the broker (``LogAppendTime``: the log's clock, ``core/clock.py``)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,21 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from safepoint.errors import BrokerError
 
-__all__ = ["LIBRDKAFKA_LOGGER", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet", "topic_ends", "topic_specs"]
+__all__ = ["LIBRDKAFKA_LOGGER", "LOG_APPEND_TIME", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet",
+           "timestamp_type", "topic_ends", "topic_specs"]
+
+LOG_APPEND_TIME = "LogAppendTime"
+TIMESTAMP_TYPE = "message.timestamp.type"
 
 
-def topic_specs(topics: dict[str, str], events_partitions: int) -> list[NewTopic]:
-    """The contract's topics: events (delete), directives (compact), alerts and dead letters (delete),
-    and where set the accounting (delete) and status (compact) topics."""
+def topic_specs(topics: dict[str, str], events_partitions: int, log_append_time: bool = True) -> list[NewTopic]:
+    """The contract's topics: events (delete; its records stamped by the broker, unless
+    ``log_append_time`` is False: then they keep the times their producers give, as a log written
+    by a test with its events' own times does), directives (compact), alerts and dead letters
+    (delete), and where set the accounting (delete) and status (compact) topics."""
+    events = {"cleanup.policy": "delete", **({TIMESTAMP_TYPE: LOG_APPEND_TIME} if log_append_time else {})}
     return [
-        NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=1, config={"cleanup.policy": "delete"}),
+        NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=1, config=events),
         NewTopic(topics["directives"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}),
         NewTopic(topics["alerts"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["deadletter"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
@@ -68,6 +76,21 @@ def topic_ends(conf: dict[str, Any], topic: str, timeout_s: float = REACH_TIMEOU
         raise _unreachable(conf, timeout_s, exc) from exc
     finally:
         consumer.close()
+
+
+def timestamp_type(conf: dict[str, Any], topic: str, timeout_s: float = REACH_TIMEOUT_S) -> str | None:
+    """The topic's ``message.timestamp.type`` (``CreateTime`` or ``LogAppendTime``); None when the
+    broker does not say."""
+    from confluent_kafka.admin import ConfigResource  # type: ignore[attr-defined]
+
+    admin = AdminClient(quiet(conf))
+    try:
+        for fut in admin.describe_configs([ConfigResource("topic", topic)]).values():
+            entry = fut.result(timeout_s).get(TIMESTAMP_TYPE)
+            return None if entry is None else str(entry.value)
+    except KafkaException:
+        return None
+    return None
 
 
 def ensure_topics(conf: dict[str, Any], specs: list[NewTopic], timeout_s: float = REACH_TIMEOUT_S) -> list[str]:

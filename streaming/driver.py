@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
 from safepoint.core import CORE, CORE_WHY
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
@@ -40,6 +40,12 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
     if created:
         print(f"created topics: {', '.join(created)}", flush=True)
+    stamped = timestamp_type(settings.librdkafka(), settings.events_topic)
+    if stamped is not None and stamped != LOG_APPEND_TIME:
+        print(f"safepoint run: warning: {settings.events_topic} keeps its producers' record times ({stamped}), so "
+              "each node's own clock dates its events and one wrong clock can move the cluster's leases and TTLs; "
+              f"set message.timestamp.type={LOG_APPEND_TIME} on the topic (operator guide, Time)", file=sys.stderr,
+              flush=True)
     query: Any = None
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,

@@ -102,7 +102,8 @@ def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
 
 
 def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = None) -> Any:
-    """The raw input: partition, offset, key, value (binary). With ``pack`` (the Python source; the
+    """The raw input: partition, offset, key, value (binary) and the record's broker time (``timestamp``,
+    ms; null when the topic keeps the producers' times). With ``pack`` (the Python source; the
     policy as a dict) the source routes and packs in its read tasks and returns routed rows
     (cluster, blob) instead."""
     from safepoint.streaming.source import pack_options
@@ -129,7 +130,13 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
         reader = reader.option("failOnDataLoss", "true")
     if pack is not None:
         return reader.load()
-    return reader.load().select("partition", "offset", "key", "value")
+    raw = reader.load()
+    if builtin:  # Spark's kafka source: a timestamp column and its type (1: LogAppendTime)
+        from pyspark.sql import functions as F
+
+        broker = F.when(F.col("timestampType") == 1, F.unix_millis(F.col("timestamp")))
+        return raw.select("partition", "offset", "key", "value", broker.alias("timestamp"))
+    return raw.select("partition", "offset", "key", "value", "timestamp")
 
 
 def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
@@ -142,6 +149,7 @@ def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start:
         F.col("offset").cast("long").alias("offset"),
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
+        F.col("timestamp").cast("long").alias("timestamp"),
     ).mapInArrow(Router(policy, settings.events_topic), ROUTED_SCHEMA)
     return _stateful_stage(routed_df, settings, policy, start)
 

@@ -80,7 +80,7 @@ class Router:
                 continue
             with paused():
                 cols = batch.to_pydict()
-                rows = zip(cols["partition"], cols["offset"], cols["key"], cols["value"], strict=True)
+                rows = zip(cols["partition"], cols["offset"], cols["key"], cols["value"], cols["timestamp"], strict=True)
                 groups = route(rows, self.topic, policy)
                 packed = pa.RecordBatch.from_arrays(
                     [

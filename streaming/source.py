@@ -48,7 +48,7 @@ class PackingStreamReader(KafkaStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         router = Router(self.policy, self.topic)
-        yield from router(b.select(["partition", "offset", "key", "value"]) for b in super().read(partition))
+        yield from router(b.select(["partition", "offset", "key", "value", "timestamp"]) for b in super().read(partition))
 
 
 class PackingKafkaDataSource(KafkaDataSource):

@@ -111,6 +111,8 @@ class Settings:
     node_lease_ms: int = 30_000
     directive_interval_ms: int = 0
     max_message_bytes: int = 1_048_576
+    max_clock_skew_ms: int = _P.max_clock_skew_ms
+    clock_skew_window_ms: int = _P.clock_skew_window_ms
     pinned_warning_enter_bytes: int = _P.pinned_warning_enter_bytes
     pinned_warning_exit_bytes: int = _P.pinned_warning_exit_bytes
     pinned_critical_enter_bytes: int = _P.pinned_critical_enter_bytes

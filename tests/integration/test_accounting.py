@@ -49,7 +49,7 @@ def test_every_offset_is_accounted_for_once(broker: Any, spark: Any, tmp_path: A
         "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "accounting_topic": f"{tag}.acct",
         "node_lease_ms": 1_000, "max_message_bytes": 1_000, "max_offsets_per_trigger": 40}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3, log_append_time=False))
     msgs = messages()
     produce(broker.bootstrap, settings.events_topic, msgs)
     q = build_query(spark, settings, str(tmp_path / "ckpt"))

@@ -29,7 +29,7 @@ def setup_topics(broker: Any) -> Any:
                                     "directives_topic": f"{prefix}.directives", "alerts_topic": f"{prefix}.alerts",
                                     "deadletter_topic": f"{prefix}.dl", "status_topic": f"{prefix}.status",
                                     "events_partitions": 1})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
     return settings
 
 

@@ -56,7 +56,7 @@ def test_the_bare_package_is_the_node_client(broker: Any, tmp_path: Path) -> Non
     settings = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events",
                                     "directives_topic": f"{tag}.d", "alerts_topic": f"{tag}.a",
                                     "deadletter_topic": f"{tag}.dl"}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
     engine, directives = Engine(Policy(directive_interval_ms=0, node_lease_ms=10_000)), []
     for i in range(12):  # past the discovery window (no topology): then the first directive
         beat = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n0", "incarnation": 1, "seq": i + 1,

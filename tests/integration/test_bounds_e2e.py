@@ -71,7 +71,7 @@ def test_the_safety_edges_through_the_job_equal_replay(broker: Any, spark: Any, 
         "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "status_topic": f"{tag}.status",
         "retention": 100, "node_lease_ms": 60_000}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
     log = edge_log()
     produce(broker.bootstrap, settings.events_topic, [(e.get("node") or "c1", e) for e in log])
     q = build_query(spark, settings, str(tmp_path / "ckpt"))

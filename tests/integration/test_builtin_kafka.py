@@ -39,8 +39,8 @@ def test_builtin_kafka_format(broker: Any, spark: Any, tmp_path: Any) -> None:
             build_query(spark, builtin, str(tmp_path / "ckpt"))
         pytest.skip(missing)
     python = load_settings(flags={**base, "directives_topic": f"{tag}.d-python", "source_format": "python"}, environ={})
-    ensure_topics(python.librdkafka(), topic_specs(python.topics(), 2))
-    ensure_topics(builtin.librdkafka(), topic_specs(builtin.topics(), 2))
+    ensure_topics(python.librdkafka(), topic_specs(python.topics(), 2, log_append_time=False))
+    ensure_topics(builtin.librdkafka(), topic_specs(builtin.topics(), 2, log_append_time=False))
     log = generate_log(SimConfig(nodes=4, rate=200, long_reader_share=0.02, long_reader_ms=(300, 2_000)), 6_000, seed=3)
     produce(broker.bootstrap, python.events_topic, [(key_of(e), e) for e in log])
     results = []

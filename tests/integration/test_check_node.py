@@ -23,7 +23,7 @@ def events_topic(bootstrap: str) -> str:
     settings = load_settings(flags={"bootstrap": bootstrap, "events_topic": f"{tag}.events",
                                     "directives_topic": f"{tag}.d", "alerts_topic": f"{tag}.a",
                                     "deadletter_topic": f"{tag}.dl"}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1))  # one partition: the read order is the sent order
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))  # one partition: the read order is the sent order
     return settings.events_topic
 
 

@@ -28,7 +28,7 @@ def settings_for(bootstrap: str) -> Settings:
     settings = load_settings(flags={
         "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 1_000}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     return settings
 
 
@@ -96,7 +96,7 @@ def test_a_checkpoint_past_the_end_of_a_recreated_topic_is_refused(broker: Any, 
     while settings.events_topic in admin.list_topics(timeout=10).topics:
         assert time.monotonic() < deadline, "the topic was not deleted"
         time.sleep(0.2)
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     produce(broker.bootstrap, settings.events_topic, heartbeats(3))
     assert sum(topic_ends(settings.librdkafka(), settings.events_topic).values()) == 3
     with pytest.raises(ConfigError) as err:

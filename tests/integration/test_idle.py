@@ -95,7 +95,7 @@ def settings(broker: Any) -> Any:
     s = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events",
                              "directives_topic": f"{tag}.d", "alerts_topic": f"{tag}.a", "deadletter_topic": f"{tag}.dl",
                              "status_topic": f"{tag}.status"}, environ={})
-    ensure_topics(s.librdkafka(), topic_specs(s.topics(), 2))
+    ensure_topics(s.librdkafka(), topic_specs(s.topics(), 2, log_append_time=False))
     produce(broker.bootstrap, s.directives_topic, directives(50))
     produce(broker.bootstrap, s.alerts_topic, [("c1", encode({"v": 1, "type": "alert", "cluster": "c1", "id": "paused/-",
                                                               "kind": "paused", "state": "raised", "node": None}))])

@@ -70,7 +70,7 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
         },
         environ={},
     )
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3, log_append_time=False))
     wall, mvcc = Clock(1_000), Clock(1_000)
     reporters = {
         n: Reporter(broker.bootstrap, n, cluster="c1", incarnation=1, topic=settings.events_topic,

@@ -43,7 +43,7 @@ def settings_for(bootstrap: str, name: str) -> Settings:
         "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": 1_000_000,
         "node_lease_ms": 3_000}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), PARTITIONS))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), PARTITIONS, log_append_time=False))
     return settings
 
 

@@ -37,7 +37,7 @@ def settings_for(bootstrap: str) -> Settings:
         "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": R,
         "node_lease_ms": 600_000, "directive_interval_ms": 0, "stall_ms": 0}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     return settings
 
 

@@ -43,7 +43,7 @@ def settings_for(bootstrap: str, **values: Any) -> Settings:
         "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 4_000,
         "stall_ms": 0, "trigger_ms": 200, **values}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     return settings
 
 

@@ -27,7 +27,7 @@ def test_twenty_clusters_each_get_their_own_safe_point(broker: Any, spark: Any, 
         "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": 500_000,
         "node_lease_ms": 3_000}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 4))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 4, log_append_time=False))
     logs = {f"c{i:02d}": generate_log(SimConfig(nodes=3, rate=60, cluster=f"c{i:02d}", long_reader_share=0.02,
                                                 long_reader_ms=(500, 3_000)), 8_000, seed=i,
                                        start_ms=1_700_000_000_000 + i * 7)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from safepoint.connectors.kafka_source import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Output, Position
 from safepoint.core.batch import BY_NAME, merge_log_order
@@ -86,7 +87,7 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
     tag = unique("parity")
     settings = load_settings(flags={"bootstrap": broker.bootstrap, **topic_flags(tag), "retention": 1_000_000,
                                     "node_lease_ms": 3_000, "directive_interval_ms": 200}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3, log_append_time=False))
     cfg = SimConfig(nodes=6, rate=300, long_reader_share=0.01, long_reader_ms=(1_000, 6_000),
                     restart_per_node_per_min=3.0, groups_per_node=1)
     log = drained(generate_log(cfg, 20_000, seed=7), random.Random(7))
@@ -142,7 +143,7 @@ def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: A
     tag = unique("redo")
     settings = load_settings(flags={"bootstrap": broker.bootstrap, **topic_flags(tag, "status"), "retention": 1_000_000,
                                     "node_lease_ms": 3_000, "directive_interval_ms": 200}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     log = drained(generate_log(SimConfig(nodes=4, rate=200), 8_000, seed=11), random.Random(11))
     half = len(log) // 2
     ckpt = tmp_path / "ckpt"
@@ -179,9 +180,10 @@ def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: A
 
 def replay_batch(engine: Engine, bootstrap: str, topic: str, since: dict[int, int]) -> list[Output]:
     """What ``engine`` emits over the topic's messages after ``since`` taken as one micro-batch,
-    in the job's order: per partition by offset, merged by wall_ms."""
+    in the job's order: per partition by offset, merged by log time (the broker's, else wall_ms)."""
     rows = merge_log_order(_rows_since(bootstrap, topic, since), *BY_NAME)
-    return [o for r in rows for o in engine.process(r["value"], Position(topic, r["partition"], r["offset"], r["key"]))]
+    return [o for r in rows
+            for o in engine.process(r["value"], Position(topic, r["partition"], r["offset"], r["key"]), r["broker"])]
 
 
 def unkeyed(bootstrap: str, topic: str) -> list[str]:
@@ -220,6 +222,8 @@ def _rows_since(bootstrap: str, topic: str, start: dict[int, int]) -> list[dict[
                 if m is None or m.error():
                     continue
                 v = m.value()
+                kind, stamp = m.timestamp()
+                broker = stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
                 wall = -1
                 try:
                     obj = json.loads(v)
@@ -227,7 +231,9 @@ def _rows_since(bootstrap: str, topic: str, start: dict[int, int]) -> list[dict[
                         wall = obj["wall_ms"]
                 except ValueError:
                     pass
-                rows.append({"partition": p, "offset": m.offset(), "key": m.key(), "value": v, "wall_ms": wall})
+                log = -1 if wall == -1 else (wall if broker is None else broker)
+                rows.append({"partition": p, "offset": m.offset(), "key": m.key(), "value": v, "log_ms": log,
+                             "broker": broker})
                 pos = m.offset() + 1
         return rows
     finally:

@@ -56,7 +56,7 @@ def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any
         "expire_after_ms": 1_000, "max_reader_lifetime_ms": 3_000, "expire_grace_ms": 60_000,
         "reader_age_warning_ms": 600_000, "reader_age_critical_ms": 600_000, "stall_ms": 0,
     }, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     log = pressure_log()
     produce(broker.bootstrap, settings.events_topic, [(e.get("node", "c1"), e) for e in log])
     q = build_query(spark, settings, str(tmp_path / "ckpt"))
@@ -115,7 +115,7 @@ def test_the_pressure_example_through_the_job_equals_replay(broker: Any, spark: 
     settings = load_settings(root / "safepoint.toml", flags={
         "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter"}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     log = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()]
     produce(broker.bootstrap, settings.events_topic, [(e.get("node", e["cluster"]), e) for e in log])
     q = build_query(spark, settings, str(tmp_path / "ckpt"))

@@ -48,7 +48,7 @@ def test_the_readme_node_example_runs_and_compacts(spark: Any, tmp_path: Path) -
     with EmbeddedBroker() as kafka:  # its own broker: the example uses the default topic names
         settings = load_settings(flags={"bootstrap": kafka.bootstrap, "retention": ToyDB.gc_life_time,
                                         "node_lease_ms": 2_000, "trigger_ms": 200}, environ={})
-        ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))
+        ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
         query = build_query(spark, settings, str(tmp_path / "ckpt"))
         try:
             def run_the_query() -> None:  # the example's query: runs until the node has compacted once

@@ -56,7 +56,7 @@ def run(spark: Any, bootstrap: str, events_topic: str, tag: str, tmp_path: Any, 
         "retention": 200_000, "node_lease_ms": 1_500, "directive_interval_ms": 100, "reader_age_warning_ms": 1_500,
         "reader_age_critical_ms": 3_000, "max_offsets_per_trigger": 500, "node_buckets": 3},
         environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3, log_append_time=False))
     ckpt = tmp_path / f"ckpt-{tag}"
     q = build_query(spark, settings, str(ckpt), pack_in_source=pack_in_source)
     try:

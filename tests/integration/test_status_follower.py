@@ -36,7 +36,7 @@ def topics(bootstrap: str) -> Any:
     settings = load_settings(flags={"bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.d",
                                     "alerts_topic": f"{tag}.a", "deadletter_topic": f"{tag}.dl",
                                     "status_topic": f"{tag}.status"}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
     return settings
 
 

@@ -82,10 +82,12 @@ def test_the_readmes_spark_submit_command(kafka: EmbeddedBroker, tmp_path: Path)
         while "safepoint.events" not in kafka_topics(kafka.bootstrap):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
             time.sleep(1)
-        # two nodes; the second heartbeats end the 30 s discovery window of cluster time
+        # two nodes named by a topology, so no discovery window to wait out: the job made the events
+        # topic, stamped by the broker, so the events' own wall_ms do not move cluster time
         produce(kafka.bootstrap, "safepoint.events",
-                [heartbeat("n1", 1, 1_000), heartbeat("n2", 1, 1_000), heartbeat("n1", 2, 32_000),
-                 heartbeat("n2", 2, 32_000)])
+                [("c1", {"v": 1, "type": "topology", "cluster": "c1", "version": 1, "wall_ms": 32_000,
+                         "nodes": {"n1": [], "n2": []}}),
+                 heartbeat("n1", 1, 32_000), heartbeat("n2", 1, 32_000)])
         directives: list[dict[str, object]] = []
         while not any(x["type"] == "compaction" for x in directives):
             assert proc.poll() is None, log.read_text(errors="replace")[-4000:]

@@ -24,7 +24,7 @@ def test_view_fits_a_72_column_terminal(broker: Any) -> None:
     tag = unique("view")
     topics = {"events": f"{tag}.events", "directives": f"{tag}.directives", "alerts": f"{tag}.alerts",
               "deadletter": f"{tag}.deadletter"}
-    ensure_topics({"bootstrap.servers": broker.bootstrap}, topic_specs(topics, 1))
+    ensure_topics({"bootstrap.servers": broker.bootstrap}, topic_specs(topics, 1, log_append_time=False))
     now_ms = time.time_ns() // 1_000_000
     produce(broker.bootstrap, topics["directives"], [("c1", {
         "v": 1, "type": "compaction", "cluster": "c1", "seq": 1, "safe_ts": (now_ms - 60_000) * 1000, "catalog_floor": None,

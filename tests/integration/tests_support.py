@@ -582,7 +582,7 @@ def make_settings(bootstrap: str, prefix: str, partitions: int, **values: Any) -
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "accounting_topic": f"{tag}.acct",
         "status_topic": f"{tag}.status",
         "stall_ms": 0, **values}, environ={})
-    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), partitions))
+    ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), partitions, log_append_time=False))
     return settings
 
 
@@ -619,19 +619,20 @@ def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], ba
     for ends in batches:
         groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for part in sorted(ends):
-            for p, off, key, value in by_partition[part]:
+            for p, off, key, value, *broker in by_partition[part]:
                 if not start.get(part, 0) <= off < ends[part]:
                     continue
                 pos = Position(topic, p, off, key)
-                ((cluster, (routed,)),) = route([(p, off, key, value)], topic, policy).items()
-                groups[cluster].append({"partition": p, "offset": off, "wall_ms": routed.wall_ms, "pos": pos,
-                                        "value": value})
+                stamp = broker[0] if broker else None
+                ((cluster, (routed,)),) = route([(p, off, key, value, stamp)], topic, policy).items()
+                groups[cluster].append({"partition": p, "offset": off, "log_ms": routed.log_ms, "pos": pos,
+                                        "value": value, "broker": stamp})
         outs = _outputs()
         for cluster in sorted(groups):
             for r in merge_log_order(groups[cluster], *BY_NAME):
                 if cluster:
                     order[cluster].append((r["partition"], r["offset"]))
-                for o in engine.process(r["value"], r["pos"]):
+                for o in engine.process(r["value"], r["pos"], r["broker"]):
                     owner = o.value.get("cluster", "") if o.channel != "deadletter" else ""
                     outs[o.channel][owner].append(encode(o.value))
                     total[o.channel][owner].append(encode(o.value))

@@ -38,7 +38,8 @@ def digest() -> dict[str, object]:
             h.update(text.encode() + b"\0")
             made += text.count("\n") + 1
     policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, stall_ms=3_000,
-                    reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000)
+                    reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000,
+                    clock_skew_window_ms=1_000)
     for seed in (1, 2, 3, 4):
         msgs = messages(seed)
         splits = sorted(random.Random(seed).sample(range(1, len(msgs)), 12))

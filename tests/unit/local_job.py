@@ -20,7 +20,14 @@ from safepoint.streaming.processors import ClusterJob, Router
 
 __all__ = ["LocalJob", "Message"]
 
-Message = tuple[int, int, bytes | None, bytes | None]
+Message = tuple[Any, ...]
+"""(partition, offset, key, value) of a Kafka message, with its broker time (``LogAppendTime``) as a
+fifth field where the log has one."""
+
+
+def broker_time(m: Message) -> int | None:
+    """A message's broker time (None: the log keeps no time of its own, the event's ``wall_ms`` stands in)."""
+    return m[4] if len(m) > 4 else None
 """(partition, offset, key, value) as the source reads it."""
 
 
@@ -95,8 +102,9 @@ class LocalJob:
             msgs = by_partition[part]
             batch = pa.RecordBatch.from_arrays(
                 [pa.array([m[0] for m in msgs], pa.int32()), pa.array([m[1] for m in msgs], pa.int64()),
-                 pa.array([m[2] for m in msgs], pa.binary()), pa.array([m[3] for m in msgs], pa.binary())],
-                names=["partition", "offset", "key", "value"],
+                 pa.array([m[2] for m in msgs], pa.binary()), pa.array([m[3] for m in msgs], pa.binary()),
+                 pa.array([broker_time(m) for m in msgs], pa.int64())],
+                names=["partition", "offset", "key", "value", "timestamp"],
             )
             for out in self.router(iter([batch])):
                 for cluster, blob in zip(*(out.column(i).to_pylist() for i in range(2)), strict=True):

@@ -29,7 +29,7 @@ from safepoint.errors import ConfigError
 from safepoint.replay import final_status
 
 from core_helpers import validator
-from local_job import LocalJob, Message
+from local_job import LocalJob, Message, broker_time
 
 TOPICS = {"events": "ev", "directives": "dir", "alerts": "al", "deadletter": "dl", "status": "st"}
 JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "type": "heartbeat"}).encode(),
@@ -37,7 +37,8 @@ JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "t
 
 
 def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int = 8_000) -> list[Message]:
-    """Generated clusters merged by wall time, with duplicates and junk, keyed to partitions."""
+    """Generated clusters merged by wall time, with duplicates and junk, keyed to partitions; with a
+    seed divisible by 3, each message stamped by the broker and some nodes' clocks off."""
     rng = random.Random(seed)
     evs: list[dict[str, Any]] = []
     for c in range(clusters):
@@ -48,17 +49,23 @@ def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int
     offsets = [0] * partitions
     out: list[Message] = []
 
-    def add(key: str, value: bytes) -> None:
+    def add(key: str, value: bytes, broker: int | None) -> None:
         p = zlib.crc32(key.encode()) % partitions
-        out.append((p, offsets[p], key.encode(), value))
+        out.append((p, offsets[p], key.encode(), value) if broker is None else (p, offsets[p], key.encode(), value, broker))
         offsets[p] += 1
 
+    skewed = seed % 3 == 0  # the broker stamps each message; some nodes' clocks are off by a minute or 20 s
     for ev in evs:
-        add(key_of(ev), json.dumps(ev).encode())
+        broker = None
+        if skewed:
+            broker = ev["wall_ms"] + 3
+            if "node" in ev:
+                ev = {**ev, "wall_ms": ev["wall_ms"] + (0, -60_000, 20_000)[zlib.crc32(ev["node"].encode()) % 3]}
+        add(key_of(ev), json.dumps(ev).encode(), broker)
         if rng.random() < 0.02:
-            add(key_of(ev), json.dumps(ev).encode())  # a duplicate delivery
+            add(key_of(ev), json.dumps(ev).encode(), broker)  # a duplicate delivery
         if rng.random() < 0.01:
-            add(rng.choice(["junk", key_of(ev)]), rng.choice(JUNK))
+            add(rng.choice(["junk", key_of(ev)]), rng.choice(JUNK), broker)
     return out
 
 
@@ -85,13 +92,14 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
     channel_topic = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
     for end in [*splits, len(msgs)]:
         groups: dict[str, list[Any]] = {}
-        for p, o, k, v in msgs[start:end]:
-            ((cluster, (routed,)),) = route([(p, o, k, v)], "ev", policy).items()
-            groups.setdefault(cluster, []).append((p, o, routed.wall_ms, k, v))
+        for m in msgs[start:end]:
+            p, o, k, v = m[:4]
+            ((cluster, (routed,)),) = route([(p, o, k, v, broker_time(m))], "ev", policy).items()
+            groups.setdefault(cluster, []).append((p, o, routed.log_ms, k, v, broker_time(m)))
         labels = []
         for cluster in groups:
-            for p, o, _w, k, v in merge_log_order(groups[cluster]):
-                outs = engine.process(v, Position("ev", p, o, k))
+            for p, o, _w, k, v, b in merge_log_order(groups[cluster]):
+                outs = engine.process(v, Position("ev", p, o, k), b)
                 assert engine.outcomes is not None
                 label = engine.outcomes[-1][2]
                 labels.append(label)
@@ -139,7 +147,8 @@ def test_job_batches_give_replays_outputs(seed: int) -> None:
     rng = random.Random(seed)
     splits = sorted(rng.sample(range(1, len(msgs)), 12))
     policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, stall_ms=3_000,
-                    reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000)
+                    reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000,
+                    clock_skew_window_ms=1_000)
     expected, accounting, engine = replay_in_job_order(msgs, splits, policy)
     fast, fjob = run(msgs, splits, policy, accounting=True)
     status = fast.pop("st")
@@ -149,6 +158,8 @@ def test_job_batches_give_replays_outputs(seed: int) -> None:
     assert final_status_of(status) == final_status(engine)
     assert len(expected["dir"]) >= 8 and expected.get("dl") and expected.get("al"), "the log exercises directives, alerts, dead letters"
     assert "reader_age" in {a[1]["kind"] for a in expected["al"]}
+    if seed % 3 == 0:
+        assert "clock_skew" in {a[1]["kind"] for a in expected["al"]}, "stamped by the broker, some clocks off"
     assert fast == expected
     assert fjob.accounting == accounting
     assert sum(b["consumed"] for b in fjob.accounting) == len(msgs)
@@ -182,9 +193,10 @@ def test_router_groups_by_cluster_and_keeps_dead_letters_apart() -> None:
     topo = json.dumps({"v": 1, "type": "topology", "cluster": "c1", "wall_ms": 1, "version": 1, "nodes": {"n1": []}})
     hb = json.dumps({"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1,
                      "wall_ms": 2, "mvcc_now": 5})
-    groups = route([(0, 0, b"c1", topo.encode()), (0, 1, b"n1", hb.encode()), (0, 2, b"x", b"{bad")], "ev", policy)
+    groups = route([(0, 0, b"c1", topo.encode(), None), (0, 1, b"n1", hb.encode(), None), (0, 2, b"x", b"{bad", None)],
+                   "ev", policy)
     assert set(groups) == {"c1", ""}
-    assert [(r.offset, r.wall_ms, r.payload["type"]) for r in groups["c1"]] == [(0, 1, "topology"), (1, 2, "heartbeat")]
+    assert [(r.offset, r.log_ms, r.payload["type"]) for r in groups["c1"]] == [(0, 1, "topology"), (1, 2, "heartbeat")]
     (partition, offset, wall, dead), = groups[""]
     assert (partition, offset, wall, dead.code) == (0, 2, -1, "not_json")
 
@@ -210,7 +222,7 @@ def test_packed_records_come_back_as_they_were_routed() -> None:
     }
     formats = {}
     for name, values in cases.items():
-        rows = [(0, offset, b"k", value) for offset, value in enumerate(values)]
+        rows = [(0, offset, b"k", value, None) for offset, value in enumerate(values)]
         items = [item for group in route(rows, "ev", Policy()).values() for item in group]
         blob = pack_routed(items)
         formats[name] = "pickle" if blob[:1] == b"\x80" else "msgpack"
@@ -361,7 +373,7 @@ def test_each_output_is_handed_to_emit_the_moment_it_is_made() -> None:
 
     policy = Policy(retention=100_000, node_lease_ms=2_000)
     msgs = messages(5, partitions=1, clusters=1)
-    items = route(msgs, "ev", policy)["c0"]
+    items = route([(*m[:4], broker_time(m)) for m in msgs], "ev", policy)["c0"]
 
     def fresh() -> BucketNodes:
         return BucketNodes("c0", 8, lambda _b: None)

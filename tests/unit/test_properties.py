@@ -69,6 +69,9 @@ class SimNode:
     readers: dict[str, int] = field(default_factory=dict)
     txs: dict[str, list[Any]] = field(default_factory=dict)  # id -> [begin_ts, prepared]
     counter: int = 0
+    skew: int | None = None
+    """How far the node's clock is off: its events carry the log's time (``log_ms``, the time the
+    generator keeps) and its own ``wall_ms`` that far from it (None: no log time, ``wall_ms`` stands in)."""
 
     @property
     def groups(self) -> list[str]:
@@ -77,6 +80,8 @@ class SimNode:
     def event(self, type_: str, wall: int, **fields: Any) -> dict[str, Any]:
         self.seq += 1
         ev = {"v": 1, "type": type_, "node": self.name, "incarnation": self.incarnation, "seq": self.seq, "wall_ms": wall}
+        if self.skew is not None:
+            ev["wall_ms"], ev["log_ms"] = wall + self.skew, wall
         if self.cluster is not None:
             ev["cluster"] = self.cluster
         ev.update(fields)
@@ -113,6 +118,8 @@ class Scenario:
     clusters: tuple[str | None, ...]
     ops: tuple[tuple[str, int, int, int, int], ...]
     prelude: str | None = None
+    skews: tuple[int, ...] | None = None
+    """Each node's clock offset against the log's time (``SimNode.skew``), round robin; None: no log time."""
 
 
 scenarios = st.builds(
@@ -130,6 +137,9 @@ scenarios = st.builds(
     clusters=st.sampled_from([(None,), (None,), ("c1", "c2")]),
     ops=st.lists(op_strategy, min_size=20, max_size=120).map(tuple),
     prelude=st.sampled_from([None, "readers", "heartbeats", "topology", "topology"]),
+    # a clock a minute behind, a day ahead, a little off: the log's time rules leases and TTLs; the
+    # skew alert fires within a generated log (max_clock_skew_ms is 10 s by default)
+    skews=st.sampled_from([None, None, (0,), (0, -60_000, 0, 86_400_000, -1_500), (-20, 15_000)]),
 )
 
 
@@ -139,7 +149,8 @@ class LogBuilder:
     def __init__(self, sc: Scenario) -> None:
         self.sc = sc
         self.now = T0
-        self.nodes = [SimNode(f"n{i}", sc.clusters[i % len(sc.clusters)], i) for i in range(sc.n_nodes)]
+        self.nodes = [SimNode(f"n{i}", sc.clusters[i % len(sc.clusters)], i,
+                              skew=None if sc.skews is None else sc.skews[i % len(sc.skews)]) for i in range(sc.n_nodes)]
         self.log: list[dict[str, Any] | str] = []
         self.sent: list[dict[str, Any]] = []
         self.versions: dict[tuple[str | None, str], int] = defaultdict(int)

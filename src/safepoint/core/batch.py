@@ -2,8 +2,8 @@
 
 1. ``route`` (before the shuffle, one task per Kafka partition) parses and validates each message
    once and groups the batch's messages by cluster, each as a ``Routed`` record: where it came
-   from, the event's ``wall_ms`` and the validated event, or its dead letter (those go to cluster
-   ``""``).
+   from, its log time (``core/clock.py``: the record's broker time, set on the event as ``log_ms``)
+   and the validated event, or its dead letter (those go to cluster ``""``).
 2. ``run_batch`` (the one stateful operator, keyed by cluster) puts one cluster's messages in log
    order (``merge_log_order``) and runs ``engine.step`` on each, as ``replay`` does: the cluster's
    state from one stored value, each node's from its bucket's value (``BucketNodes``: a bucket is
@@ -88,12 +88,12 @@ class DeadLetterPayload(NamedTuple):
 
 class Routed(NamedTuple):
     """One message of a micro-batch, from the router to its cluster's operator: where it came from,
-    the event's ``wall_ms`` (what partitions are merged by in log order; -1 for a dead letter) and
-    the validated event, or its dead letter."""
+    its log time (what partitions are merged by in log order; -1 for a dead letter) and the validated
+    event, or its dead letter."""
 
     partition: int
     offset: int
-    wall_ms: int
+    log_ms: int
     payload: dict[str, Any] | DeadLetterPayload
 
 
@@ -107,19 +107,22 @@ def bucket_of(node: str, buckets: int) -> int:
     return zlib.crc32(node.encode("utf-8")) % buckets
 
 
-def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None]], topic: str, policy: Policy
+def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]], topic: str, policy: Policy
           ) -> dict[str, list[Routed]]:
-    """Parse (partition, offset, key, value) messages and group them by cluster (dead letters: "")."""
+    """Parse (partition, offset, key, value, broker time) messages and group them by cluster (dead
+    letters: ""). Each event's ``log_ms`` is set to its record's broker time (None: the topic keeps the
+    producers' times, and the event's own ``wall_ms`` stands in): whatever the message itself says."""
     groups: dict[str, list[Routed]] = {}
     limit = policy.max_message_bytes
-    for partition, offset, key, value in rows:
+    for partition, offset, key, value, broker_ms in rows:
         event = parse(value, limit)
         if isinstance(event, Rejected):
             out = dead_letter(event.error, value, key, topic, partition, offset)
             item = Routed(partition, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))
             cluster = ""
         else:
-            item = Routed(partition, offset, event["wall_ms"], event)
+            log = event["log_ms"] = event["wall_ms"] if broker_ms is None else broker_ms
+            item = Routed(partition, offset, log, event)
             cluster = event["cluster"]
         group = groups.get(cluster)
         if group is None:
@@ -157,7 +160,7 @@ def unpack_routed(blob: bytes) -> list[Routed]:
     return _UNPACK_ROUTED.decode(blob)
 
 
-BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("wall_ms"))
+BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("log_ms"))
 """``merge_log_order``'s getters for rows with named fields: ``merge_log_order(rows, *BY_NAME)``."""
 
 
@@ -171,7 +174,7 @@ def merge_log_order(
     the getters, e.g. ``*BY_NAME`` for dicts).
 
     Each Kafka partition's rows keep their offset order; partitions are interleaved by the
-    events' ``wall_ms`` (ties: lower partition first), which is deterministic for a batch and
+    messages' log time (ties: lower partition first), which is deterministic for a batch and
     is the file order for a single-partition log.
     """
     rows = sorted(rows, key=position)

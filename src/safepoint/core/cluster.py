@@ -28,6 +28,7 @@ from typing import Any
 from safepoint.core.aborts import AbortSync, sync_aborts
 from safepoint.core.alerts import ABORT_KINDS, AlertBook, check_floor, check_horizon, check_join, stall_alert, violation
 from safepoint.core.catalog import Catalog
+from safepoint.core.clock import log_time
 from safepoint.core.control import CONTROL_TYPES, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
@@ -66,7 +67,8 @@ class ClusterState:
         self.versions: dict[str, int] = {}
         """Cluster event type -> the last version applied (an event at or below it is stale)."""
         self.cluster_time: int | None = None
-        """The largest ``wall_ms`` of the cluster's node events: every lease and TTL runs on it."""
+        """The largest log time of the cluster's node events (``core/clock.py``): every lease, TTL and
+        window runs on it."""
         self.first_wall: int | None = None
         self.topology_wall: int | None = None
         self.safe_ts: int | None = None
@@ -182,7 +184,7 @@ class ClusterState:
 
     def apply_node_update(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
         """Take one node's summary after one of its applied events, then re-evaluate."""
-        self._advance(u.wall_ms)
+        self._advance(u.log_ms)
         now = self.cluster_time
         assert now is not None
         self.aborts.touched.add(u.node)
@@ -246,7 +248,8 @@ class ClusterState:
         of it to clear or raise but a violation of the hold it closes, and there is no recovery
         and no namespace. ``test_properties`` checks it against the full path (``reference``)."""
         now = self.cluster_time
-        if (event["type"] not in QUIET_SHAPES or now is None or self.settled != now or event["wall_ms"] > now
+        log = log_time(event)
+        if (event["type"] not in QUIET_SHAPES or now is None or self.settled != now or log > now
                 or self.recovery is not None
                 or self.tenants.active or self.reference
                 or (self.members.topology is not None and self.topology_wall is None)):
@@ -266,11 +269,10 @@ class ClusterState:
             return False
         rec.incarnation = node.incarnation
         rec.seq = node.seq
-        wall = event["wall_ms"]
-        if wall > rec.last_wall:
-            rec.last_wall = wall
+        if log > rec.last_wall:
+            rec.last_wall = log
             if member:
-                members.walls.set(name, wall)
+                members.walls.set(name, log)
         if change:
             kind, hid, ts = change
             if ts is None and book.raised:

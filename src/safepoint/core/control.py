@@ -4,7 +4,7 @@ Control events are cluster events (key: the cluster id, so one cluster's control
 partition) without a ``version``. They take effect in **log order**: their position in the
 events topic, never their ``wall_ms``, orders them, so a publisher whose clock is behind or
 ahead can neither silence an action nor reorder two of them. Control events do not move cluster
-time (the largest ``wall_ms`` of the cluster's nodes).
+time (the largest log time of the cluster's node events, ``core/clock.py``).
 
 * **Service hold** (``holder``, ``ts``, ``ttl_ms``, optional ``label``): a hold of the cluster.
   The safe point never passes its ``ts``. Its TTL runs on cluster time from when the job applied
@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from safepoint.core.alerts import AlertBook, Bound
+from safepoint.core.clock import log_time
 from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
 from safepoint.schemas import CONTROL_EVENT_TYPES
@@ -152,7 +153,7 @@ class Control:
             self.count("repeated")  # the same action delivered again
             return False
         kind = event["type"]
-        now = known if known is not None else event["wall_ms"]  # only stamps alerts before any node reported
+        now = known if known is not None else log_time(event)  # only stamps alerts before any node reported
         if kind == "pause":
             was = self.paused
             self.paused = {"reason": event["reason"], "since_wall_ms": was["since_wall_ms"] if was else now,

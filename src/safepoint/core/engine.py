@@ -125,18 +125,25 @@ class Engine:
             counts[DEADLETTERED if label.startswith(DEADLETTERED) else label] += n
         return counts
 
-    def process(self, value: bytes | str | None, pos: Position) -> list[Output]:
+    def process(self, value: bytes | str | None, pos: Position, log_ms: int | None = None) -> list[Output]:
         """One message: parsed, validated and applied; what it emits."""
-        return self.process_at(value, pos.topic, pos.partition, pos.offset, pos.key)
+        return self.process_at(value, pos.topic, pos.partition, pos.offset, pos.key, log_ms)
 
     def process_at(self, value: bytes | str | None, topic: str, partition: int, offset: int,
-                   key: bytes | str | None = None) -> list[Output]:
+                   key: bytes | str | None = None, log_ms: int | None = None) -> list[Output]:
         """``process`` of the message at ``topic``/``partition``/``offset`` (its ``Position`` is built
-        only for a dead letter: the commonest message needs none)."""
+        only for a dead letter: the commonest message needs none), with its log time ``log_ms``
+        (``core/clock.py``: a Kafka record's broker time). Without one, the message's own ``log_ms``
+        (a replay file's line may carry its record's time) or else its ``wall_ms`` stands in."""
         event = parse(value, self.policy.max_message_bytes)
         if isinstance(event, Rejected):
             label, outputs = dead_lettered(event, value, Position(topic, partition, offset, key))
         else:
+            own = event.get("log_ms")
+            if log_ms is not None:
+                event["log_ms"] = log_ms
+            elif type(own) is not int:
+                event["log_ms"] = event["wall_ms"]
             label, outputs = self.apply(event, partition, offset)
         labels = self._labels
         labels[label] = labels.get(label, 0) + 1

@@ -1,6 +1,6 @@
 """Each member's newest event time, with the lowest at hand: the lease check after every event.
 
-A member whose newest ``wall_ms`` is more than ``node_lease_ms`` of cluster time behind is stale
+A member whose newest event's log time (``core/clock.py``) is more than ``node_lease_ms`` of cluster time behind is stale
 and aborts the round. The check runs after every applied event, and every event moves one
 member's time, so ``LastWalls`` keeps a heap whose entries may lag: a later time only updates the
 member's time, and its entry in the heap (a lower bound) moves up when it reaches the top; an
@@ -16,7 +16,7 @@ __all__ = ["LastWalls"]
 
 
 class LastWalls:
-    """member -> its newest ``wall_ms``; ``lowest()`` and ``older_than(limit)`` in (wall, node) order."""
+    """member -> its newest event's log time; ``lowest()`` and ``older_than(limit)`` in (wall, node) order."""
 
     __slots__ = ("_last", "_heap")
 

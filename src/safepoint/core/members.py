@@ -7,7 +7,7 @@ needs after every event, updated in place so that an event costs the same at 10 
 
 * ``mins``: (local minimum, node) of every member whose minimum is known, lowest first
   (``core/sortedpairs.py``);
-* ``walls``: each member's newest ``wall_ms`` (the lease clock, ``core/leases.py``);
+* ``walls``: the log time of each member's newest event (the lease clock, ``core/leases.py``);
 * ``unknown``, ``missing_groups``, ``never``, ``leaderless``: the members (and groups) that abort
   the round (``core/aborts.py`` alerts them);
 * ``ns_nodes``: the nodes with namespaced holds (``core/tenants.py``).
@@ -95,7 +95,7 @@ class Members:
         old_min = None
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
-            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.wall_ms, u.wall_ms,
+            rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.log_ms, u.log_ms,
                              led=u.led or [])
             self.nodes[u.node] = rec
             if self.topology is None:
@@ -116,8 +116,8 @@ class Members:
             if u.groups is not None:
                 rec.groups = u.groups
                 rec.led = u.led or []
-            if u.wall_ms > rec.last_wall:
-                rec.last_wall = u.wall_ms
+            if u.log_ms > rec.last_wall:
+                rec.last_wall = u.log_ms
             member = u.node in self.names
             if member:
                 self._reindex(u.node, rec, old_min, old_last, old_groups)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
@@ -39,7 +40,7 @@ Quiet = tuple[()] | tuple[str, str, int | None]
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
-    "admission", "history",
+    "admission", "history", "clock",
 )
 """The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
 ones as null, trailing ones left out; the cluster is the state value's own (its key)."""
@@ -67,6 +68,7 @@ class NodeState:
         "leak",
         "admission",
         "history",
+        "clock",
         "_low",
         "_restored",
         "_since",
@@ -74,9 +76,9 @@ class NodeState:
     )
 
     def __init__(self, cluster: str, node: str, reference: bool = False, pressure: Pressure | None = None,
-                 leak: LeakWatch | None = None) -> None:
-        """A new node (``from_stored`` passes the stored ``pressure`` and ``leak`` parts in, so that
-        none is built only to be replaced)."""
+                 leak: LeakWatch | None = None, clock: ClockWatch | None = None) -> None:
+        """A new node (``from_stored`` passes the stored ``pressure``, ``leak`` and ``clock`` parts in,
+        so that none is built only to be replaced)."""
         self.cluster = cluster
         self.node = node
         self.incarnation = -1
@@ -93,6 +95,8 @@ class NodeState:
         """Bands, in-doubt transactions and forced expiries (``core/pressure.py``)."""
         self.leak = LeakWatch(node) if leak is None else leak
         """Since when the job holds more than the node reports (``core/leaks.py``)."""
+        self.clock = ClockWatch(node) if clock is None else clock
+        """Its clock's offset against the log's time, and the skew band (``core/clock.py``)."""
         self.admission: list[int] | None = None
         """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self.history: History | None = None
@@ -139,7 +143,8 @@ class NodeState:
                   None if summary is None else list(summary) or None,
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
-                  None if history is None else history.to_json() or None]
+                  None if history is None else history.to_json() or None,
+                  self.clock.to_stored()]
         while stored[-1] is None:
             stored.pop()
         return stored
@@ -150,10 +155,10 @@ class NodeState:
         value; fields past ``STORED_FIELDS``, from a newer layout, are not read)."""
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
-         leak, admission, history) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
+         leak, admission, history, clock) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
-        state = cls(cluster, node, False, pressure, LeakWatch(node, leak))
+        state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock))
         state.incarnation = incarnation
         state.seq = seq
         state.readers = {rid: Hold.from_json(h) for rid, h in readers.items()} if readers else {}
@@ -248,8 +253,10 @@ class NodeState:
         else:  # pragma: no cover - parse() only lets node types through here
             msg = f"not a node event: {kind}"
             raise ValueError(msg)
-        update = self._update(wall, opened, closed, groups_changed, policy, quiet)
+        log = log_time(event)
+        update = self._update(log, opened, closed, groups_changed, policy, quiet)
         update.snapshot = kind == "snapshot"
+        self.clock.take(wall, log, policy, update.signals)
         holds = Holds(self.node, self.readers, self.txs, self.pinned_bytes)
         self.pressure.step(holds, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
                            update.signals, self.debt_bytes)
@@ -267,8 +274,11 @@ class NodeState:
         cluster: a hold it opens is at or above ``safe_ts`` (no violation), and, for a ``member``,
         the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
         state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
+        wall = event["wall_ms"]
+        log = log_time(event)
         if (self.history is not None or self.leak.state is not None or self.reference
-                or event["incarnation"] != self.incarnation or event["seq"] <= self.seq):
+                or event["incarnation"] != self.incarnation or event["seq"] <= self.seq
+                or not self.clock.quiet(wall, log, policy)):
             return None
         low = self._low
         if low is None:
@@ -287,7 +297,6 @@ class NodeState:
         kind, id_field, ts_field = shape
         holds = self.readers if kind == "reader" else self.txs
         hid = event[id_field]
-        wall = event["wall_ms"]
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
         since = self._since
         if since is None:
@@ -318,6 +327,7 @@ class NodeState:
                 change = (kind, hid, None)
         self.seq = event["seq"]
         self.last_wall_ms = now
+        self.clock.offset = wall - log
         return change
 
     def _walk_since(self) -> tuple[float, float]:
@@ -511,7 +521,7 @@ class NodeState:
 
     def _update(
         self,
-        wall: int,
+        log: int,
         opened: list[OpenedHold],
         closed: list[HoldRef],
         groups_changed: bool,
@@ -531,7 +541,7 @@ class NodeState:
         self._summary = summary
         return NodeUpdate(
             node=self.node,
-            wall_ms=wall,
+            log_ms=log,
             incarnation=self.incarnation,
             seq=self.seq,
             local_min=lmin,

@@ -31,6 +31,12 @@ class Policy:
     """Least cluster time between two compaction directives of one cluster (0: every advance)."""
     max_message_bytes: int = 1_048_576
     """Input messages larger than this go to the dead-letter topic."""
+    # -- a node's clock against the log's time (``core/clock.py``) ----------------------------------
+    max_clock_skew_ms: int = 10_000
+    """A node whose ``wall_ms`` stays further than this from its messages' log time (the broker's append
+    time) for ``clock_skew_window_ms`` is alerted (``clock_skew``; 0: never)."""
+    clock_skew_window_ms: int = 10_000
+    """How long (log time) the offset must stay beyond, or back within, ``max_clock_skew_ms``."""
 
     # -- pressure bands on a node's pinned_bytes (NornicDB defaults; free space is not known
     #    to the job, so the absolute floors of its max(...) are the defaults) --------------------

@@ -154,8 +154,9 @@ class NodeRecord:
     blocker: Blocker | None
     groups: list[str]
     last_wall: int
-    """The node's newest ``wall_ms`` (the lease clock)."""
+    """The log time of the node's newest event (the lease clock, ``core/clock.py``)."""
     first_wall: int
+    """The log time of its first."""
     ns: list[Any] | None = None
     """With namespaced holds: [the minimum of what pins every namespace, {namespace: its lowest
     hold}] (``core/tenants.py``); None: ``local_min`` pins every namespace."""
@@ -199,7 +200,8 @@ class NodeUpdate:
     """What the cluster learns from one applied node event."""
 
     node: str
-    wall_ms: int
+    log_ms: int
+    """The event's log time (``core/clock.py``): the cluster's clock and the node's lease move with it."""
     incarnation: int
     seq: int
     local_min: int | None
@@ -220,12 +222,12 @@ class NodeUpdate:
     led: list[str] | None = None
     """With ``groups``: the groups it says it leads."""
 
-    def __init__(self, node: str, wall_ms: int, incarnation: int, seq: int, local_min: int | None, unknown: str | None,
+    def __init__(self, node: str, log_ms: int, incarnation: int, seq: int, local_min: int | None, unknown: str | None,
                  blocker: Blocker | None, groups: list[str] | None, opened: list[OpenedHold], closed: list[HoldRef],
                  changed: bool, signals: list[list[Any]] | None = None, snapshot: bool = False,
                  floor: Floor | None = None, ns: list[Any] | None = None, led: list[str] | None = None) -> None:
         self.node = node
-        self.wall_ms = wall_ms
+        self.log_ms = log_ms
         self.incarnation = incarnation
         self.seq = seq
         self.local_min = local_min

@@ -84,6 +84,7 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         "incarnation": ns.incarnation,
         "seq": ns.seq,
         "wall_ms": ns.last_wall_ms,
+        "clock_offset_ms": ns.clock.offset,
         "mvcc_now": ns.mvcc_now,
         "pinned_bytes": ns.pinned_bytes,
         "local_min": lmin,
