@@ -39,6 +39,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from safepoint.connectors.kafka_sink import KafkaStreamWriter, client_conf
+from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.gcfreeze import freeze_once
 
 __all__ = ["KafkaDataSource", "KafkaReadTask", "KafkaStreamReader", "SOURCE_SCHEMA", "group_ranges", "plan_offsets"]
@@ -57,10 +58,6 @@ _ARROW_SCHEMA = pa.schema(
     ]
 )
 _READ_CHUNK = 8192
-TIMESTAMP_LOG_APPEND_TIME = 2
-"""librdkafka's timestamp type of a record stamped by the broker (``message.timestamp.type =
-LogAppendTime``): the ``timestamp`` column carries only such times (null otherwise), the log's own
-clock that no producer can move (``core/clock.py``)."""
 
 # Clients live per Python worker process, keyed by their configuration; never pickled.
 _CONSUMERS: dict[str, Any] = {}

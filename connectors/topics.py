@@ -11,11 +11,14 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from safepoint.errors import BrokerError
 
-__all__ = ["LIBRDKAFKA_LOGGER", "LOG_APPEND_TIME", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet",
+__all__ = ["LIBRDKAFKA_LOGGER", "LOG_APPEND_TIME", "TIMESTAMP_LOG_APPEND_TIME", "REACH_TIMEOUT_S", "check_reachable", "ensure_topics", "quiet",
            "timestamp_type", "topic_ends", "topic_specs"]
 
 LOG_APPEND_TIME = "LogAppendTime"
 TIMESTAMP_TYPE = "message.timestamp.type"
+TIMESTAMP_LOG_APPEND_TIME = 2
+"""librdkafka's timestamp type of a record stamped by the broker (``LogAppendTime``): the log's own
+clock, which no producer can move (``core/clock.py``); readers take a record's time only then."""
 
 
 def topic_specs(topics: dict[str, str], events_partitions: int, log_append_time: bool = True) -> list[NewTopic]:

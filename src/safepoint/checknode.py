@@ -12,7 +12,10 @@ What is checked (the operator guide, "Publishing from another language", says wh
 * ``key``: an event of the node keyed by something else than the node id (its order is then not kept);
 * ``seq_repeat`` / ``seq_back`` / ``seq_gap``: ``seq`` repeated, going back, or skipping within one
   incarnation (a gap is an event lost on the way);
-* ``incarnation_back``: an incarnation lower than one already seen;
+* ``incarnation_back``: an incarnation lower than one already seen (and not a process that still speaks);
+* ``two_processes``: an older incarnation sends new events after a newer one appeared: two live
+  processes speak as one node id (a copied configuration, a process that outlived its replacement);
+  the job counts the holds of both and raises ``duplicate_node`` until one falls silent;
 * ``heartbeat_sparse``: heartbeats further apart than half of ``node_lease_ms`` in ``wall_ms``, or
   none at all: the job would call the node stale and hold the safe point;
 * ``close_unknown``: a ``reader_close`` or ``tx_end`` for a hold never opened, once the checker
@@ -41,8 +44,8 @@ from safepoint.core.policy import Policy
 
 __all__ = ["Finding", "NodeCheck", "announced_retention", "read_node", "CHECKS"]
 
-CHECKS = ("invalid", "key", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "heartbeat_sparse", "close_unknown",
-          "unpublished_hold", "leader_never_publishes")
+CHECKS = ("invalid", "key", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "two_processes", "heartbeat_sparse",
+          "close_unknown", "unpublished_hold", "leader_never_publishes")
 
 
 @dataclass(slots=True)
@@ -77,6 +80,8 @@ class _Node:
     heartbeats: int = 0
     leading: dict[str, bool] = field(default_factory=dict)
     """group the node leads -> whether it ever published a time."""
+    older: dict[int, int] = field(default_factory=dict)
+    """Each earlier incarnation -> its last seq (an older process that still speaks)."""
 
 
 class NodeCheck:
@@ -109,22 +114,33 @@ class NodeCheck:
         self.events += 1
         if key != self.node.encode():
             self._found("key", f"events keyed {key!r}, not by the node id {self.node!r}: their order is not kept", where)
-        self._order(event, where)
-        self._holds(event, where)
+        if self._order(event, where):
+            self._holds(event, where)
 
-    def _order(self, event: dict[str, Any], where: str) -> None:
+    def _order(self, event: dict[str, Any], where: str) -> bool:
+        """Check the event's incarnation and seq; False for an older process's event (its holds are
+        not the newest process's)."""
         n = self.state
         inc, seq = event["incarnation"], event["seq"]
         if inc < n.incarnation:
-            self._found("incarnation_back", f"incarnation {inc} after {n.incarnation}: the job ignores such events", where)
-            return
+            last = n.older.get(inc)
+            if last is not None and seq > last:
+                n.older[inc] = seq
+                self._found("two_processes", f"incarnation {inc} still sends events after incarnation {n.incarnation} "
+                            "appeared: two live processes speak as this node id; the job counts both and raises "
+                            "duplicate_node; give each process its own node id", where)
+            else:
+                self._found("incarnation_back", f"incarnation {inc} after {n.incarnation}: the job ignores such events",
+                            where)
+            return False
         if inc > n.incarnation:
             if n.incarnation >= 0:  # a restart: its readers died with the process (prepared transactions did not)
+                n.older[n.incarnation] = n.seq
                 n.readers.clear()
                 n.readers_known = True
             n.bound = None  # a new process publishes eagerly until its first heartbeat, then from its own bound
             n.incarnation, n.seq = inc, seq
-            return
+            return True
         if seq == n.seq:
             self._found("seq_repeat", f"seq {seq} sent twice in incarnation {inc}: the job ignores the repeat", where)
         elif seq < n.seq:
@@ -133,6 +149,7 @@ class NodeCheck:
             if seq > n.seq + 1:
                 self._found("seq_gap", f"seq jumps from {n.seq} to {seq} in incarnation {inc}: events lost on the way?", where)
             n.seq = seq
+        return True
 
     def _holds(self, event: dict[str, Any], where: str) -> None:
         n, kind, wall = self.state, event["type"], event["wall_ms"]

@@ -150,7 +150,12 @@ def test_prepared_transactions_survive_a_restart_and_others_do_not() -> None:
                       n1.ev("tx_begin", 1004, tx_id="u", begin_ts=940)]
     n1.restart()
     log.append(n1.ev("heartbeat", 1100, mvcc_now=3000))
-    past_prepared = directive(1, 960, 1100, {"n1": n1.pos, "n2": n2.pos})
+    within_grace = directive(1, 945, 1100, {"n1": n1.pos, "n2": n2.pos})
+    r = check(log, [within_grace])
+    assert r.violations == 1 and "passed live tx u@0 at 940" in r.violation_examples[0], \
+        "the old process's transaction stays held for the grace"
+    log.append(n1.ev("heartbeat", 1100 + 5_000, mvcc_now=3000))  # silent for the grace: its holds went
+    past_prepared = directive(1, 960, 6100, {"n1": n1.pos, "n2": n2.pos})
     r = check(log, [past_prepared])
     assert r.violations == 1 and "passed live tx p at 950 (prepared)" in r.violation_examples[0]
     assert check(log, [directive(1, 950, 1100, {"n1": n1.pos, "n2": n2.pos})]).safety_ok  # u died with the process

@@ -51,6 +51,8 @@ def test_a_conforming_node_has_no_findings_and_other_nodes_are_skipped() -> None
     (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "seq": 2})), "seq_back"),
     (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "seq": n.seq + 5})), "seq_gap"),
     (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "incarnation": -1 + n.incarnation})), "incarnation_back"),
+    (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "incarnation": -1 + n.incarnation, "seq": 100})),
+     "two_processes"),
     (lambda n, m: m.append((b"n1", n.hb(2_000 + LEASE, 1_300))), "heartbeat_sparse"),
     (lambda n, m: m.append((b"n1", n.close("never", 2_100))), "close_unknown"),
     (lambda n, m: m.append((b"n1", n.snapshot(2_100, readers=[{"reader_id": "hidden", "read_ts": 10}], txs=[]))),
@@ -61,7 +63,7 @@ def test_a_conforming_node_has_no_findings_and_other_nodes_are_skipped() -> None
 ])
 def test_each_departure_is_named_once(mutate: Any, expected: str) -> None:
     n, msgs = good()
-    if expected == "incarnation_back":
+    if expected in ("incarnation_back", "two_processes"):
         n.restart()
         msgs.append((b"n1", n.hb(2_050, 1_250)))
     mutate(n, msgs)

@@ -210,9 +210,13 @@ def test_heartbeat_without_groups_keeps_the_last_reported_groups() -> None:
     assert run.last_safe_ts() == 900
 
 
-def test_restart_drops_readers_and_unprepared_txs_but_keeps_prepared() -> None:
-    """CONTRACT Semantics: Node restart drops every reader and transaction of the older incarnation,
-    except prepared transactions, which stay held until a tx_end arrives."""
+GRACE = Policy().incarnation_grace_ms
+
+
+def test_restart_drops_readers_and_unprepared_txs_after_the_grace_but_keeps_prepared() -> None:
+    """Node restart: the older incarnation's readers and unprepared transactions stay held until it
+    has been silent for incarnation_grace_ms after the newer one appeared (a newer incarnation does
+    not prove the older process dead), then go; prepared transactions stay until a tx_end arrives."""
     run = Run()
     n1 = single(run)
     run.feed(
@@ -225,18 +229,77 @@ def test_restart_drops_readers_and_unprepared_txs_but_keeps_prepared() -> None:
     assert run.last_safe_ts() == 100
     n1.restart()
     run.feed(n1.hb(WALL + 1, 1_100))
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == {"r@0"} and set(state.txs) == {"t-open@0", "t-prep"}, "held under id@incarnation"
+    assert run.last_safe_ts() == 100
+    run.feed(n1.hb(WALL + GRACE - 1, 1_100))
+    assert run.last_safe_ts() == 100, "not silent for the grace yet"
+    run.feed(n1.hb(WALL + 1 + GRACE, 1_100))
     d = run.directives()[-1]
     assert d["safe_ts"] == 300
     assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t-prep"
-    assert d["basis"]["n1"] == {"incarnation": 1, "seq": 0, "local_min": 300}
-    state = run.engine.nodes[("default", "n1")]
+    assert d["basis"]["n1"] == {"incarnation": 1, "seq": 2, "local_min": 300}
     assert set(state.readers) == set() and set(state.txs) == {"t-prep"}
+    assert run.alerts("duplicate_node") == [], "a restart is no second process"
     # a second restart keeps the prepared tx still
     n1.restart()
-    run.feed(n1.hb(WALL + 2, 1_200))
+    run.feed(n1.hb(WALL + 2 + GRACE, 1_200), n1.hb(WALL + 2 + 2 * GRACE, 1_200))
     assert set(state.txs) == {"t-prep"}
-    run.feed(n1.end("t-prep", WALL + 3, outcome="abort"))
+    run.feed(n1.end("t-prep", WALL + 3 + 2 * GRACE, outcome="abort"))
     assert run.last_safe_ts() == 1_200
+
+
+def test_an_older_process_that_still_speaks_is_a_second_live_process() -> None:
+    """Two live processes under one node id: the older one's reader counts while it speaks, a critical
+    duplicate_node names both incarnations, and its holds go once it is silent for node_lease_ms."""
+    run = Run(node_lease_ms=10_000)
+    a = single(run)
+    b = NodeClient("n1", incarnation=5)
+    run.feed(a.open("long", 100, WALL), a.hb(WALL, 1_000))
+    run.feed(b.hb(WALL + 1, 1_000), b.open("r", 900, WALL + 2))
+    assert run.last_safe_ts() == 100
+    for k in range(1, 4):  # both speak, past the grace
+        run.feed(a.hb(WALL + k * GRACE, 1_000 + k), b.hb(WALL + k * GRACE + 1, 1_000 + k))
+    assert run.last_safe_ts() == 100, "the older process's reader is never passed while it speaks"
+    (raised,) = run.alerts("duplicate_node", "raised")
+    assert raised["severity"] == "critical" and raised["node"] == "n1" and (raised["value"], raised["threshold"]) == (0, 5)
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == {"long@0", "r"}
+    run.feed(a.open("second", 150, WALL + 3 * GRACE + 2))
+    assert set(state.readers) == {"long@0", "second@0", "r"}
+    run.feed(a.close("long", WALL + 3 * GRACE + 3))  # the older process closes its own reader
+    assert set(state.readers) == {"second@0", "r"} and run.last_safe_ts() == 150
+    # a falls silent: after a lease of b's messages its holds go and the alert clears
+    for k in range(1, 12):
+        run.feed(b.hb(WALL + 3 * GRACE + 3 + k * 1_000, 2_000))
+    assert set(state.readers) == {"r"}, "the silent process's reader went after node_lease_ms"
+    assert [x["state"] for x in run.alerts("duplicate_node")] == ["raised", "cleared"]
+    assert run.last_safe_ts() == 900
+
+
+def test_an_older_process_speaking_after_its_holds_went_is_asked_to_restate() -> None:
+    run = Run()
+    a = single(run)
+    b = NodeClient("n1", incarnation=1)
+    run.feed(a.open("long", 100, WALL), a.hb(WALL, 1_000), b.hb(WALL + 1, 1_000), b.hb(WALL + 2 + GRACE, 1_000))
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == set(), "a silent older process's holds went after the grace"
+    out = run.feed(a.hb(WALL + 3 + GRACE, 1_000))  # it was not dead: a pause longer than the grace
+    kinds = [(o.value["type"], o.value.get("kind"), o.value.get("reason")) for o in out]
+    assert ("alert", "duplicate_node", None) in kinds and ("snapshot_request", None, "duplicate_node") in kinds
+    run.feed(a.snapshot(WALL + 4 + GRACE, readers=[{"reader_id": "long", "read_ts": 100}], txs=[]))
+    assert set(state.readers) == {"long@0"}, "its snapshot restates its own holds only"
+
+
+def test_repeated_messages_of_an_older_incarnation_are_ignored() -> None:
+    run = Run()
+    a = single(run)
+    e = a.hb(WALL, 1_000)
+    run.feed(e)
+    a.restart()
+    run.feed(a.hb(WALL + 1, 1_000))
+    assert run.feed(e) == [] and run.counts["ignored:duplicate"] == 1, "the old process's own last message again"
+    assert run.alerts("duplicate_node") == []
 
 
 def test_restart_can_skip_incarnations() -> None:
@@ -245,7 +308,7 @@ def test_restart_can_skip_incarnations() -> None:
     n1 = single(run)
     run.feed(n1.open("r", 100, WALL), n1.hb(WALL, 1_000))
     n1.incarnation, n1.seq = 7, -1
-    run.feed(n1.hb(WALL, 1_000))
+    run.feed(n1.hb(WALL, 1_000), n1.hb(WALL + GRACE, 1_000))
     assert run.last_safe_ts() == 1_000
     assert run.directives()[-1]["basis"]["n1"]["incarnation"] == 7
 
@@ -256,7 +319,7 @@ def test_event_of_new_incarnation_that_opens_a_reader_keeps_it() -> None:
     n1 = single(run)
     run.feed(n1.open("old", 100, WALL), n1.hb(WALL, 1_000))
     n1.restart()
-    run.feed(n1.open("new", 900, WALL + 1))
+    run.feed(n1.open("new", 900, WALL + 1), n1.hb(WALL + 1 + GRACE, 1_000))
     assert run.last_safe_ts() == 900
     assert set(run.engine.nodes[("default", "n1")].readers) == {"new"}
 
@@ -277,9 +340,13 @@ def test_duplicate_older_seq_and_stale_incarnation_are_ignored_and_counted() -> 
     assert json.loads(json.dumps(state.to_json())) == before, "ignored events leave the state alone"
     assert before["readers"] == {"r": [500, WALL, None, 0]}
     n1.restart()
-    run.feed(n1.hb(WALL + 1, 1_000))
-    assert run.feed(e2 | {"seq": 99}) == []  # the older incarnation, whatever its seq
-    assert run.counts == {"applied": 5, "ignored:duplicate": 1, "ignored:older_seq": 1, "ignored:stale_incarnation": 1}
+    run.feed(n1.hb(WALL + 1, 1_000), n1.hb(WALL + 1 + GRACE, 1_000))
+    assert run.feed(e2 | {"seq": 1}) == []  # the older incarnation, its holds gone: a repeat of its own
+    n2 = NodeClient("n2", incarnation=3)
+    run.feed(n2.hb(WALL + 2 + GRACE, 1_000))
+    n2.incarnation = 2
+    assert run.feed(n2.hb(WALL + 3 + GRACE, 1_000)) == []  # an incarnation the node never had, below its newest
+    assert run.counts == {"applied": 7, "ignored:duplicate": 1, "ignored:older_seq": 2, "ignored:stale_incarnation": 1}
     assert run.alerts("horizon_violation") == [], "an ignored reader_open below safe_ts raises nothing"
 
 
@@ -356,7 +423,8 @@ def test_node_state_local_min_directly() -> None:
     restarted = base | {"incarnation": 1}
     u = state.apply(restarted | {"type": "heartbeat", "seq": 0, "mvcc_now": 50}, policy)
     assert isinstance(u, NodeUpdate) and u.local_min == 40 and u.incarnation == 1 and u.seq == 0
-    assert state.apply(base | {"type": "heartbeat", "seq": 9, "mvcc_now": 50}, policy) == "stale_incarnation"
+    assert state.apply(base | {"type": "heartbeat", "seq": 3, "mvcc_now": 50}, policy) == "duplicate"
+    assert state.apply(base | {"type": "heartbeat", "seq": 9, "incarnation": -5, "mvcc_now": 50}, policy) == "stale_incarnation"
 
 
 def test_retention_bound_stays_a_signed_64_bit_timestamp() -> None:
@@ -389,8 +457,8 @@ def test_the_compact_stored_form_names_every_field_and_restores_the_same_state()
 
 
 def test_a_close_that_restarts_the_node_walks_its_holds_again() -> None:
-    """The first event of a new incarnation may be a close: the restart dropped the lowest reader,
-    so the node's minimum is its floor again, though the closed id was never held (no shortcut)."""
+    """An event of a new incarnation may be a close: once the grace dropped the old process's lowest
+    reader, the node's minimum is its floor again, though the closed id was never held (no shortcut)."""
     policy = Policy(retention=100)
     ns = NodeState("c1", "n1")
 
@@ -403,6 +471,8 @@ def test_a_close_that_restarts_the_node_walks_its_holds_again() -> None:
     u = ns.apply(ev("reader_open", 1, 3, reader_id="high", read_ts=800), policy)
     assert isinstance(u, NodeUpdate) and u.local_min == 500
     u = ns.apply(ev("reader_close", 2, 1, reader_id="never-held"), policy)
+    assert isinstance(u, NodeUpdate) and u.local_min == 500, "the old process's readers stay for the grace"
+    u = ns.apply(ev("reader_close", 2, 2 + policy.incarnation_grace_ms, reader_id="never-held-either"), policy)
     assert isinstance(u, NodeUpdate) and u.local_min == 900 and u.blocker is not None and u.blocker.kind == "retention"
     assert u.changed
 

@@ -69,6 +69,8 @@ class SimNode:
     readers: dict[str, int] = field(default_factory=dict)
     txs: dict[str, list[Any]] = field(default_factory=dict)  # id -> [begin_ts, prepared]
     counter: int = 0
+    zombie: list[int] | None = None
+    """[incarnation, seq] of the previous process, which still speaks after its restart (the ``zombie`` op)."""
     skew: int | None = None
     """How far the node's clock is off: its events carry the log's time (``log_ms``, the time the
     generator keeps) and its own ``wall_ms`` that far from it (None: no log time, ``wall_ms`` stands in)."""
@@ -99,7 +101,7 @@ OPS = (
     + ["prepare"]
     + ["end"] * 2
     + ["hb"] * 8
-    + ["restart", "dup", "dup", "snapshot", "topology", "tick", "catalog", "garbage"]
+    + ["restart", "dup", "dup", "snapshot", "topology", "tick", "catalog", "garbage", "zombie"]
 )
 
 op_strategy = st.tuples(
@@ -217,6 +219,24 @@ class LogBuilder:
                 published = None if choice % 16 == 1 else n.mvcc - (choice % 8) * 10
                 fields["groups"] = [{"group": g, "leader": choice % 2 == 1, "published_min_tx_time": published} for g in n.groups]
             self.emit(n.event("heartbeat", now, **fields))
+        elif kind == "zombie":
+            # the previous process still speaks after its restart: two live processes under one node id
+            if n.incarnation > 0:
+                if n.zombie is None or n.zombie[0] != n.incarnation - 1:
+                    n.zombie = [n.incarnation - 1, 10_000]
+                n.zombie[1] += 1
+                ev = {"v": 1, "node": n.name, "incarnation": n.zombie[0], "seq": n.zombie[1], "wall_ms": now}
+                if n.skew is not None:
+                    ev["wall_ms"], ev["log_ms"] = now + n.skew, now
+                if n.cluster is not None:
+                    ev["cluster"] = n.cluster
+                if choice % 3 == 0:
+                    ev.update(type="reader_open", reader_id=f"z{size % 3}", read_ts=n.mvcc - size)
+                elif choice % 3 == 1:
+                    ev.update(type="reader_close", reader_id=f"z{size % 3}")
+                else:
+                    ev.update(type="heartbeat", mvcc_now=n.mvcc)
+                self.emit(ev)
         elif kind == "restart":
             # the process died: its readers and unprepared transactions died with it
             n.incarnation += 1 + (choice % 8 == 0)
@@ -268,7 +288,8 @@ class LogBuilder:
             n.txs.clear()
         ghosts = {(cluster, name) for cluster, topo in self.topology.items() for name in topo if name.startswith("ghost")}
         sims = self.nodes + [SimNode(name, cluster, 0) for cluster, name in sorted(ghosts, key=str)]
-        wall = self.now + 2 * self.sc.policy.node_lease_ms + self.sc.policy.directive_interval_ms + 1
+        wall = (self.now + 2 * self.sc.policy.node_lease_ms + self.sc.policy.directive_interval_ms
+                + self.sc.policy.incarnation_grace_ms + 1)
         for k, n in enumerate(sims):
             n.mvcc = BIG + 1_000 * (k + 1) + n.idx
         for rnd in range(2):
@@ -307,13 +328,16 @@ def run_engine(policy: Policy, log: list[dict[str, Any] | str], reference: bool 
 class ModelNode:
     incarnation: int = -1
     seq: int = -1
-    holds: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (kind, id) -> [ts, prepared, excluded]
+    holds: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (kind, id) -> [ts, prepared, excluded, inc]
+    others: dict[int, list[Any]] = field(default_factory=dict)  # inc -> [last seq, last log time, spoke after a newer one]
+    gone: dict[int, int] = field(default_factory=dict)  # inc -> last seq, of the incarnations whose holds went
 
 
 class HoldModel:
     """The contract's node rules, written again as simply as possible, to say which holds are live."""
 
-    def __init__(self) -> None:
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
         self.nodes: dict[tuple[str, str], ModelNode] = {}
         self.seen: dict[str, set[str]] = defaultdict(set)
         self.topology: dict[str, set[str]] = {}
@@ -343,46 +367,55 @@ class HoldModel:
                     self.join(cluster, self.topology[cluster] - before)
             return []
         node = self.nodes.setdefault((cluster, msg["node"]), ModelNode())
-        inc, seq = msg["incarnation"], msg["seq"]
-        if inc < node.incarnation or (inc == node.incarnation and seq <= node.seq):
+        older = self.process(node, msg)
+        if older is None:
             self.ignored += 1
             return []
-        if inc > node.incarnation:
-            node.holds = {k: h for k, h in node.holds.items() if k[0] == "tx" and h[1]}  # prepared txs survive
-            node.incarnation = inc
-        node.seq = seq
+        inc = msg["incarnation"]
         self.seen[cluster].add(msg["node"])
         safe = self.safe.get(cluster)
         opened: list[tuple[str, int]] = []
         t = msg["type"]
-        if t == "reader_open":
-            node.holds[("reader", msg["reader_id"])] = [msg["read_ts"], False, False]
-            opened.append((f"reader/{msg['reader_id']}", msg["read_ts"]))
-        elif t == "tx_begin":
-            node.holds[("tx", msg["tx_id"])] = [msg["begin_ts"], False, False]
-            opened.append((f"tx/{msg['tx_id']}", msg["begin_ts"]))
+
+        def key(kind: str, hid: str) -> tuple[str, str]:
+            own = node.holds.get((kind, hid))
+            if not older or ((kind, f"{hid}@{inc}") not in node.holds and own is not None and own[3] == inc):
+                return (kind, hid)
+            return (kind, f"{hid}@{inc}")
+
+        if t in ("reader_open", "tx_begin"):
+            kind, hid, ts = ("reader", msg["reader_id"], msg["read_ts"]) if t == "reader_open" else ("tx", msg["tx_id"], msg["begin_ts"])
+            k = (kind, f"{hid}@{inc}") if older else (kind, hid)
+            node.holds[k] = [ts, False, False, inc]
+            opened.append((f"{k[0]}/{k[1]}", ts))
         elif t == "reader_close":
-            node.holds.pop(("reader", msg["reader_id"]), None)
+            node.holds.pop(key("reader", msg["reader_id"]), None)
         elif t == "tx_end":
-            node.holds.pop(("tx", msg["tx_id"]), None)
+            node.holds.pop(key("tx", msg["tx_id"]), None)
         elif t == "tx_prepare":
-            if ("tx", msg["tx_id"]) in node.holds:
-                node.holds[("tx", msg["tx_id"])][1] = True
+            if key("tx", msg["tx_id"]) in node.holds:
+                node.holds[key("tx", msg["tx_id"])][1] = True
         elif t == "snapshot":
+            def its(k: tuple[str, str], h: list[Any]) -> bool:
+                theirs = h[3] != node.incarnation and k[1].endswith(f"@{h[3]}")
+                return (theirs and h[3] == inc) if older else not theirs
+
+            mine = {k: h for k, h in node.holds.items() if its(k, h)}
             new: dict[tuple[str, str], list[Any]] = {}
             for kind, items, id_key, ts_key in (
                 ("reader", msg["readers"], "reader_id", "read_ts"),
                 ("tx", msg["txs"], "tx_id", "begin_ts"),
             ):
                 for item in items:
-                    k = (kind, item[id_key])
-                    old = node.holds.get(k)
+                    k = (kind, f"{item[id_key]}@{inc}" if older else item[id_key])
+                    old = mine.get(k)
                     if old is not None and old[0] == item[ts_key]:
-                        new[k] = [old[0], item.get("prepared", old[1]), old[2]]
+                        new[k] = [old[0], item.get("prepared", old[1]), old[2], old[3]]
                     else:
-                        new[k] = [item[ts_key], item.get("prepared", False), False]
-                        opened.append((f"{kind}/{item[id_key]}", item[ts_key]))
-            node.holds = new
+                        new[k] = [item[ts_key], item.get("prepared", False), False, inc]
+                        opened.append((f"{k[0]}/{k[1]}", item[ts_key]))
+            node.holds = {**new, **{k: h for k, h in node.holds.items() if k not in mine}}
+        self.silent(node, msg.get("log_ms", msg["wall_ms"]))
         below = []
         for hold, ts in opened:
             if safe is not None and ts < safe:
@@ -390,6 +423,63 @@ class HoldModel:
                 node.holds[(kind, hid)][2] = True  # excluded: it arrived below the safe point
                 below.append((cluster, msg["node"], kind, hid, ts))
         return below
+
+    def process(self, node: ModelNode, msg: dict[str, Any]) -> bool | None:
+        """None: a stale or repeated message; True: an older incarnation's next one (a second live
+        process); False: the newest process's (a newer incarnation keeps the old one's holds, renamed
+        ``id@incarnation``, until it is silent for the grace)."""
+        inc, seq, log = msg["incarnation"], msg["seq"], msg.get("log_ms", msg["wall_ms"])
+        if inc < node.incarnation:
+            entry = node.others.get(inc)
+            last = entry[0] if entry is not None else node.gone.get(inc)
+            if last is None or seq <= last:
+                return None
+            if entry is None:
+                entry = node.others[inc] = [seq, log, True]
+                del node.gone[inc]
+            entry[0], entry[1], entry[2] = seq, max(entry[1], log), True
+            if node.incarnation not in node.others and node.incarnation not in node.gone:
+                node.others[node.incarnation] = [node.seq, log, True]
+            return True
+        if inc == node.incarnation and seq <= node.seq:
+            return None
+        if inc > node.incarnation:
+            if node.incarnation >= 0:
+                old = node.incarnation
+                node.others[old] = [node.seq, log, False]
+                safe = self.safe.get(msg.get("cluster", "default"))
+                for k in [k for k, h in node.holds.items() if h[3] == old and not h[1]]:
+                    hold = node.holds[(k[0], f"{k[1]}@{old}")] = node.holds.pop(k)
+                    if safe is not None and hold[0] < safe:
+                        hold[2] = True  # renamed, it arrives again below the safe point: alerted so
+            node.incarnation = inc
+        elif inc in node.gone and inc not in node.others:
+            node.others[inc] = [seq, log, True]
+            del node.gone[inc]
+        node.seq = seq
+        if inc in node.others:
+            node.others[inc][0] = seq
+            node.others[inc][1] = max(node.others[inc][1], log)
+        return False
+
+    def silent(self, node: ModelNode, log: int) -> None:
+        """An incarnation silent for the grace after being superseded, or a lease as a second live
+        process, loses its readers and unprepared transactions (the four newest others are kept)."""
+        due = [inc for inc, (_s, last, spoke) in node.others.items()
+               if not (inc == node.incarnation and not spoke)
+               and log - last >= (self.policy.node_lease_ms if spoke else self.policy.incarnation_grace_ms)]
+        alive = sorted(k for k in node.others if k != node.incarnation and k not in due)
+        for inc in sorted(set(due) | set(alive[:max(0, len(alive) - 4)])):
+            for k in [k for k, h in node.holds.items() if h[3] == inc]:
+                if not node.holds[k][1]:
+                    del node.holds[k]
+                elif inc != node.incarnation and k[1].endswith(f"@{inc}") and (k[0], k[1][: -len(f"@{inc}")]) not in node.holds:
+                    node.holds[(k[0], k[1][: -len(f"@{inc}")])] = node.holds.pop(k)
+            node.gone[inc] = node.others.pop(inc)[0]
+            for old in sorted(node.gone)[:max(0, len(node.gone) - 4)]:
+                del node.gone[old]
+        if set(node.others) <= {node.incarnation}:
+            node.others.clear()
 
     def join(self, cluster: str, joined: set[str]) -> None:
         """Nodes that join the membership bring holds that did not count until now: those already
@@ -446,7 +536,7 @@ def test_a_safe_ts_monotonic_and_seq_by_one(sc: Scenario) -> None:
 def test_b_safe_ts_never_passes_a_live_hold(sc: Scenario) -> None:
     """Property b: CONTRACT Semantics "Global minimum", "Safe point" (inclusive bound), "Horizon violation"."""
     log = LogBuilder(sc).build()
-    model = HoldModel()
+    model = HoldModel(sc.policy)
     engine = Engine(sc.policy)
     for offset, msg in enumerate(log):
         outs = engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None))

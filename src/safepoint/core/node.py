@@ -11,6 +11,7 @@ from typing import Any
 
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
+from safepoint.core.incarnations import TWIN, Incarnations, alt_key
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import NEVER, Holds, Pressure
@@ -40,7 +41,7 @@ Quiet = tuple[()] | tuple[str, str, int | None]
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
-    "admission", "history", "clock",
+    "admission", "history", "clock", "incarnations",
 )
 """The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
 ones as null, trailing ones left out; the cluster is the state value's own (its key)."""
@@ -69,6 +70,7 @@ class NodeState:
         "admission",
         "history",
         "clock",
+        "incs",
         "_low",
         "_restored",
         "_since",
@@ -76,9 +78,10 @@ class NodeState:
     )
 
     def __init__(self, cluster: str, node: str, reference: bool = False, pressure: Pressure | None = None,
-                 leak: LeakWatch | None = None, clock: ClockWatch | None = None) -> None:
-        """A new node (``from_stored`` passes the stored ``pressure``, ``leak`` and ``clock`` parts in,
-        so that none is built only to be replaced)."""
+                 leak: LeakWatch | None = None, clock: ClockWatch | None = None,
+                 incs: Incarnations | None = None) -> None:
+        """A new node (``from_stored`` passes the stored ``pressure``, ``leak``, ``clock`` and ``incs``
+        parts in, so that none is built only to be replaced)."""
         self.cluster = cluster
         self.node = node
         self.incarnation = -1
@@ -97,6 +100,8 @@ class NodeState:
         """Since when the job holds more than the node reports (``core/leaks.py``)."""
         self.clock = ClockWatch(node) if clock is None else clock
         """Its clock's offset against the log's time, and the skew band (``core/clock.py``)."""
+        self.incs = Incarnations(node) if incs is None else incs
+        """Its incarnations besides the newest that may still speak (``core/incarnations.py``)."""
         self.admission: list[int] | None = None
         """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self.history: History | None = None
@@ -144,7 +149,7 @@ class NodeState:
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
                   None if history is None else history.to_json() or None,
-                  self.clock.to_stored()]
+                  self.clock.to_stored(), self.incs.to_stored()]
         while stored[-1] is None:
             stored.pop()
         return stored
@@ -155,10 +160,11 @@ class NodeState:
         value; fields past ``STORED_FIELDS``, from a newer layout, are not read)."""
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
-         leak, admission, history, clock) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
+         leak, admission, history, clock, incs) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
-        state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock))
+        state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
+                    Incarnations(node, incs))
         state.incarnation = incarnation
         state.seq = seq
         state.readers = {rid: Hold.from_json(h) for rid, h in readers.items()} if readers else {}
@@ -196,73 +202,143 @@ class NodeState:
 
     def apply(self, event: dict[str, Any], policy: Policy) -> NodeUpdate | str:
         """Apply one validated node event. Returns the update, or the reason it was ignored."""
-        ignored = self.check_order(event)
-        if ignored is not None:
+        incarnation = event["incarnation"]
+        twin = incarnation < self.incarnation  # an older process that still speaks (core/incarnations.py)
+        ignored = self.incs.order(incarnation, event["seq"]) if twin else self.check_order(event)
+        if ignored is not None and ignored != TWIN:
             return ignored
         self._since = None
         opened: list[OpenedHold] = []
         closed: list[HoldRef] = []
-        groups_changed = False
-        incarnation = event["incarnation"]
-        restarted = False
-        if incarnation > self.incarnation:
-            if self.incarnation >= 0:
-                self._restart(incarnation, closed)
-                restarted = True
-            self.incarnation = incarnation
-        self.seq = event["seq"]
+        said: list[list[Any]] = []
+        log = log_time(event)
+        restarted = self._identity(event, twin, log, opened, closed, said, policy)
         wall = event["wall_ms"]
         if wall > self.last_wall_ms:
             self.last_wall_ms = wall
         kind = event["type"]
+        groups_changed = False
         quiet = False  # the event cannot change the node's lowest holds (see _update)
-        if kind == "reader_open":
-            rid = event["reader_id"]
-            if rid in self.readers:
-                closed.append(HoldRef("reader", rid))
-            ns = event.get("namespace")
-            self.readers[rid] = Hold(event["read_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
-                                     namespace=ns)
-            opened.append(OpenedHold("reader", rid, event["read_ts"], ns))
-            quiet = not restarted and not closed and ns is None and self._above(event["read_ts"])
-        elif kind == "reader_close":
-            gone = self.readers.pop(event["reader_id"], None)
-            if gone is not None:
-                closed.append(HoldRef("reader", event["reader_id"]))
-            quiet = not restarted and (gone is None or (gone.namespace is None and self._above(gone.ts)))
-        elif kind == "tx_begin":
-            tid = event["tx_id"]
-            if tid in self.txs:
-                closed.append(HoldRef("tx", tid))
-            ns = event.get("namespace")
-            self.txs[tid] = Hold(event["begin_ts"], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
-                                 namespace=ns)
-            opened.append(OpenedHold("tx", tid, event["begin_ts"], ns))
-            quiet = not restarted and not closed and ns is None and self._above(event["begin_ts"])
-        elif kind == "tx_prepare":
-            self._prepare(event, wall)
-        elif kind == "tx_end":
-            gone = self.txs.pop(event["tx_id"], None)
-            if gone is not None:
-                closed.append(HoldRef("tx", event["tx_id"]))
-            quiet = not restarted and (gone is None or (gone.namespace is None and self._above(gone.ts)))
-        elif kind == "heartbeat":
+        if kind == "heartbeat":
             groups_changed = self._heartbeat(event)
         elif kind == "snapshot":
-            self._replace(event, wall, incarnation, opened, closed)
-        else:  # pragma: no cover - parse() only lets node types through here
-            msg = f"not a node event: {kind}"
-            raise ValueError(msg)
-        log = log_time(event)
+            self._replace(event, wall, incarnation, twin, opened, closed)
+        elif kind == "tx_prepare":
+            self._prepare(event, wall, self._key(self.txs, event["tx_id"], incarnation, twin))
+        else:
+            quiet = self._hold_event(event, kind, twin, wall, opened, closed) and not restarted
+        if self.incs:
+            for inc in self.incs.due(log, policy, self.incarnation):
+                self._drop_incarnation(inc, closed)
+                self.incs.drop(inc)
+            self.incs.settle(self.incarnation, log, policy, said)
         update = self._update(log, opened, closed, groups_changed, policy, quiet)
         update.snapshot = kind == "snapshot"
+        update.signals += said
         self.clock.take(wall, log, policy, update.signals)
-        holds = Holds(self.node, self.readers, self.txs, self.pinned_bytes)
-        self.pressure.step(holds, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
+        held = Holds(self.node, self.readers, self.txs, self.pinned_bytes, self.incarnation)
+        self.pressure.step(held, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
                            update.signals, self.debt_bytes)
         if self.leak or kind in ("heartbeat", "snapshot"):
-            self.leak.check(self.readers, self.txs, event, self.last_wall_ms, policy, update.signals)
+            readers, txs = self.readers, self.txs
+            if self.incs:  # each process counts its own
+                readers = {k: h for k, h in readers.items() if h.incarnation == incarnation}
+                txs = {k: h for k, h in txs.items() if h.incarnation == incarnation}
+            self.leak.check(readers, txs, event, self.last_wall_ms, policy, update.signals)
         return update
+
+    def _identity(self, event: dict[str, Any], twin: bool, log: int, opened: list[OpenedHold], closed: list[HoldRef],
+                  said: list[list[Any]], policy: Policy) -> bool:
+        """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
+        that speaks (or the newest after its holds went) is a second live process; the newest's ``seq``
+        moves on. True when the incarnations changed or others live (no shortcut for this event)."""
+        incarnation = event["incarnation"]
+        others = bool(self.incs)
+        restarted = others
+        if incarnation > self.incarnation:
+            if self.incarnation >= 0:
+                self._supersede(log, opened, closed)
+                restarted = True
+            self.incarnation = incarnation
+            self.seq = -1
+        if twin or (self.incs.gone and self.incs.dropped(incarnation)):
+            raise_now, was_dropped = self.incs.speak(incarnation, event["seq"], log, self.incarnation, self.seq)
+            if raise_now:
+                said.append(self.incs.alert("raised", self.incarnation, log, policy))
+            if was_dropped:  # its holds went with its silence: it must restate them
+                said.append(["snapshot_request", {"node": self.node, "reason": "duplicate_node"}])
+            restarted = True
+        if not twin:
+            self.seq = event["seq"]
+            if others:
+                self.incs.heard(incarnation, self.seq, log)
+        return restarted
+
+    def _hold_event(self, event: dict[str, Any], kind: str, twin: bool, wall: int, opened: list[OpenedHold],
+                    closed: list[HoldRef]) -> bool:
+        """A reader or transaction opened or closed (by the newest process, or by an older one under
+        ``id@incarnation``). True when it cannot change the node's lowest holds (``_update``'s shortcut)."""
+        incarnation = event["incarnation"]
+        reader = kind in ("reader_open", "reader_close")
+        hkind, holds = ("reader", self.readers) if reader else ("tx", self.txs)
+        hid = event["reader_id" if reader else "tx_id"]
+        if kind in ("reader_open", "tx_begin"):
+            key = alt_key(hid, incarnation) if twin else hid
+            if key in holds:
+                closed.append(HoldRef(hkind, key))
+            ns = event.get("namespace")
+            ts = event["read_ts" if reader else "begin_ts"]
+            holds[key] = Hold(ts, event.get("opened_wall_ms", wall), event.get("label"), incarnation, namespace=ns)
+            opened.append(OpenedHold(hkind, key, ts, ns))
+            return not closed and ns is None and self._above(ts)
+        key = self._key(holds, hid, incarnation, twin)
+        gone = holds.pop(key, None)
+        if gone is not None:
+            closed.append(HoldRef(hkind, key))
+        return gone is None or (gone.namespace is None and self._above(gone.ts))
+
+    def _key(self, holds: dict[str, Hold], hid: str, incarnation: int, twin: bool) -> str:
+        """The key of hold ``hid`` of ``incarnation``: its own id for the newest process; for an older
+        one that still speaks, ``id@incarnation``, or its own id where that is one of its prepared
+        transactions, which the newest process took over when it started."""
+        if not twin:
+            return hid
+        key = alt_key(hid, incarnation)
+        if key not in holds:
+            own = holds.get(hid)
+            if own is not None and own.incarnation == incarnation:
+                return hid
+        return key
+
+    def _supersede(self, log: int, opened: list[OpenedHold], closed: list[HoldRef]) -> None:
+        """A newer incarnation appeared: the newest one's readers and unprepared transactions stay held,
+        under ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``); its
+        prepared transactions pass to the new process, which must learn their decision."""
+        old = self.incarnation
+        self.incs.supersede(old, self.seq, log)
+        for kind, holds in (("reader", self.readers), ("tx", self.txs)):
+            mine = [k for k, h in holds.items() if h.incarnation == old and not h.prepared]
+            for hid in mine:
+                hold = holds.pop(hid)
+                key = alt_key(hid, old)
+                holds[key] = hold
+                closed.append(HoldRef(kind, hid))
+                opened.append(OpenedHold(kind, key, hold.ts, hold.namespace))
+
+    def _drop_incarnation(self, incarnation: int, closed: list[HoldRef]) -> None:
+        """An incarnation fell silent: its readers and unprepared transactions died with it; its
+        prepared transactions stay held (under their own id again, where that is free)."""
+        for kind, holds in (("reader", self.readers), ("tx", self.txs)):
+            for key in [k for k, h in holds.items() if h.incarnation == incarnation]:
+                hold = holds[key]
+                if not hold.prepared:
+                    del holds[key]
+                    closed.append(HoldRef(kind, key))
+                elif incarnation != self.incarnation and key.endswith(f"@{incarnation}"):
+                    plain = key[: -len(f"@{incarnation}")]
+                    if plain not in holds:
+                        del holds[key]
+                        holds[plain] = hold
 
     def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool) -> Quiet | None:
         """Apply a reader or transaction opening or closing that changes nothing but the node's holds,
@@ -278,6 +354,7 @@ class NodeState:
         log = log_time(event)
         if (self.history is not None or self.leak.state is not None or self.reference
                 or event["incarnation"] != self.incarnation or event["seq"] <= self.seq
+                or self.incs.lives or self.incarnation in self.incs.gone
                 or not self.clock.quiet(wall, log, policy)):
             return None
         low = self._low
@@ -345,9 +422,9 @@ class NodeState:
                 prepared = float(h.prepared_wall)
         return first, prepared
 
-    def _prepare(self, event: dict[str, Any], wall: int) -> None:
+    def _prepare(self, event: dict[str, Any], wall: int, key: str) -> None:
         """A transaction is prepared: its fate now belongs to its coordinator (never expired)."""
-        tx = self.txs.get(event["tx_id"])
+        tx = self.txs.get(key)
         if tx is not None:
             tx.prepared = True
             tx.coordinator = event["coordinator"]
@@ -388,39 +465,46 @@ class NodeState:
         low = self._low
         return low is not None and ts > low[1].ts
 
-    def _restart(self, incarnation: int, closed: list[HoldRef]) -> None:
-        """A new process: its old readers and unprepared transactions died with it."""
-        for rid in [r for r, h in self.readers.items() if h.incarnation < incarnation]:
-            del self.readers[rid]
-            closed.append(HoldRef("reader", rid))
-        for tid in [t for t, h in self.txs.items() if h.incarnation < incarnation and not h.prepared]:
-            del self.txs[tid]
-            closed.append(HoldRef("tx", tid))
-        self.seq = -1
+    def _theirs(self, key: str, hold: Hold) -> bool:
+        """The hold is another incarnation's than the newest (kept under ``id@incarnation``)."""
+        return hold.incarnation != self.incarnation and key.endswith(f"@{hold.incarnation}")
 
     def _replace(
         self,
         event: dict[str, Any],
         wall: int,
         incarnation: int,
+        twin: bool,
         opened: list[OpenedHold],
         closed: list[HoldRef],
     ) -> None:
+        """A snapshot: the complete set of the sending process's readers and transactions replaces what
+        the job held for that process (the newest, or an older one that still speaks); the holds of the
+        node's other incarnations stay."""
+        def mine(key: str, hold: Hold) -> bool:
+            return (hold.incarnation == incarnation and self._theirs(key, hold)) if twin else not self._theirs(key, hold)
+
+        def key_of(hid: str) -> str:
+            return alt_key(hid, incarnation) if twin else hid
+
+        old_readers = {k: h for k, h in self.readers.items() if mine(k, h)}
+        old_txs = {k: h for k, h in self.txs.items() if mine(k, h)}
         readers: dict[str, Hold] = {}
         for r in event["readers"]:
-            twin = readers.get(r["reader_id"])
-            if twin is not None and twin.ts <= r["read_ts"]:
+            key = key_of(r["reader_id"])
+            same = readers.get(key)
+            if same is not None and same.ts <= r["read_ts"]:
                 continue  # listed twice: the lower entry holds (the safer reading)
-            old = self.readers.get(r["reader_id"])
+            old = old_readers.get(key)
             opened_wall = r.get("opened_wall_ms", old.opened_wall if old else wall)
-            readers[r["reader_id"]] = Hold(r["read_ts"], opened_wall, r.get("label"), incarnation,
-                                           namespace=r.get("namespace"))
+            readers[key] = Hold(r["read_ts"], opened_wall, r.get("label"), incarnation, namespace=r.get("namespace"))
         txs: dict[str, Hold] = {}
         for t in event["txs"]:
-            twin = txs.get(t["tx_id"])
-            if twin is not None and twin.ts <= t["begin_ts"]:
+            key = key_of(t["tx_id"])
+            same = txs.get(key)
+            if same is not None and same.ts <= t["begin_ts"]:
                 continue  # listed twice: the lower entry holds (the safer reading)
-            old = self.txs.get(t["tx_id"])
+            old = old_txs.get(key)
             opened_wall = t.get("opened_wall_ms", old.opened_wall if old else wall)
             prepared = bool(t.get("prepared", old.prepared if old else False))
             coord = t.get("coordinator", old.coordinator if old else None)
@@ -428,15 +512,19 @@ class NodeState:
             prep_wall = old.prepared_wall if old else None  # wall_ms 0 is a time, not "unset"
             if prep_wall is None and prepared:
                 prep_wall = wall
-            txs[t["tx_id"]] = Hold(t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall,
-                                   t.get("namespace", old.namespace if old else None))
-        for kind, old_map, new_map in (("reader", self.readers, readers), ("tx", self.txs, txs)):
+            txs[key] = Hold(t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall,
+                            t.get("namespace", old.namespace if old else None))
+        for kind, old_map, new_map in (("reader", old_readers, readers), ("tx", old_txs, txs)):
             for hid, hold in old_map.items():
                 if hid not in new_map or new_map[hid].ts != hold.ts:
                     closed.append(HoldRef(kind, hid))
             for hid, hold in new_map.items():
                 if hid not in old_map or old_map[hid].ts != hold.ts:
                     opened.append(OpenedHold(kind, hid, hold.ts, hold.namespace))
+        if len(old_readers) < len(self.readers):
+            readers.update((k, h) for k, h in self.readers.items() if k not in old_readers and k not in readers)
+        if len(old_txs) < len(self.txs):
+            txs.update((k, h) for k, h in self.txs.items() if k not in old_txs and k not in txs)
         self.readers = readers
         self.txs = txs
 

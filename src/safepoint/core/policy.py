@@ -27,6 +27,10 @@ class Policy:
     """History every node keeps regardless of readers, in MVCC units (0: keep none)."""
     node_lease_ms: int = 30_000
     """A node whose last event is older than this, in cluster time, is stale."""
+    incarnation_grace_ms: int = 5_000
+    """After a node's newer incarnation appeared, the older one's readers and transactions stay held
+    until it has been silent this long (log time): a restart frees a dead process's holds within a few
+    heartbeats, and a process that still speaks keeps them (``core/incarnations.py``)."""
     directive_interval_ms: int = 0
     """Least cluster time between two compaction directives of one cluster (0: every advance)."""
     max_message_bytes: int = 1_048_576

@@ -42,15 +42,18 @@ Oldest = tuple[str, str, int, str | None]
 
 
 class Holds:
-    """What pressure reads of a node: its name, open readers and transactions, and pinned bytes."""
+    """What pressure reads of a node: its name, open readers and transactions, pinned bytes, and its
+    newest incarnation (only that process's holds are expired: an older one's go with its silence)."""
 
-    __slots__ = ("node", "readers", "txs", "pinned_bytes")
+    __slots__ = ("node", "readers", "txs", "pinned_bytes", "incarnation")
 
-    def __init__(self, node: str, readers: dict[str, Hold], txs: dict[str, Hold], pinned_bytes: int | None) -> None:
+    def __init__(self, node: str, readers: dict[str, Hold], txs: dict[str, Hold], pinned_bytes: int | None,
+                 incarnation: int = 0) -> None:
         self.node = node
         self.readers = readers
         self.txs = txs
         self.pinned_bytes = pinned_bytes
+        self.incarnation = incarnation
 
     def of(self, kind: str) -> dict[str, Hold]:
         return self.readers if kind == "reader" else self.txs
@@ -322,6 +325,7 @@ class Pressure:
             if join_id(kind, hid) not in self.expiries
             and now - h.opened_wall >= policy.max_reader_lifetime_ms
             and not (kind == "tx" and h.prepared)
+            and h.incarnation == holds.incarnation
         ]
         for _ts, _wall, kind, hid in sorted(candidates)[:budget]:
             self.expiries[join_id(kind, hid)] = Expiry(kind, "graceful", now, hid)

@@ -13,17 +13,21 @@ from safepoint.devtools.checker import check_logs
 __all__ = ["check_kafka", "read_topic"]
 
 
-def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 120.0) -> Iterator[tuple[int, int, bytes | None, bytes | None]]:
-    """(partition, offset, key, value) of every message up to the high watermarks."""
+def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 120.0
+               ) -> Iterator[tuple[int, int, bytes | None, bytes | None, int | None]]:
+    """(partition, offset, key, value, broker time) of every message up to the high watermarks (the
+    broker time: the record's timestamp when the broker set it, ``LogAppendTime``; else None)."""
     from safepoint.connectors.follow import read_to_end
+    from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 
     for m in read_to_end(conf, topic, timeout_s, client_id="safepoint-checker"):
-        yield m.partition(), m.offset(), m.key(), m.value()
+        kind, stamp = m.timestamp()
+        yield m.partition(), m.offset(), m.key(), m.value(), stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None
 
 
 def _json_values(conf: dict[str, Any], topic: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for _p, _o, _k, value in read_topic(conf, topic):
+    for _p, _o, _k, value, _t in read_topic(conf, topic):
         if value is None:
             continue  # a tombstone on the compacted topic
         obj = json.loads(value)
@@ -41,12 +45,13 @@ def check_kafka(
     directive_interval_ms: int,
     warmup_ms: int,
     mvcc_per_ms: int = 1000,
+    incarnation_grace_ms: int = 5_000,
 ) -> CheckResult:
     """Read the events, directives, alerts and dead-letter topics back and check them."""
     directives = _json_values(conf, topics["directives"])
     alerts = _json_values(conf, topics["alerts"])
     dead = _json_values(conf, topics["deadletter"])
-    events = ((p, o, v) for p, o, _k, v in read_topic(conf, topics["events"]))
+    events = ((p, o, v, t) for p, o, _k, v, t in read_topic(conf, topics["events"]))
     return check_logs(
         events,
         directives,
@@ -58,4 +63,5 @@ def check_kafka(
         directive_interval_ms=directive_interval_ms,
         warmup_ms=warmup_ms,
         mvcc_per_ms=mvcc_per_ms,
+        incarnation_grace_ms=incarnation_grace_ms,
     )

@@ -53,6 +53,8 @@ class _Hold:
     ts: int
     opened_wall: int
     prepared: bool = False
+    incarnation: int = 0
+    """The process that opened it."""
 
 
 @dataclass
@@ -60,9 +62,14 @@ class _Node:
     incarnation: int = -1
     seq: int = -1
     holds: dict[tuple[str, str], _Hold] = field(default_factory=dict)
+    """(kind, id) -> hold; an older incarnation's under ``id@incarnation`` (as the job names them)."""
     mvcc_now: int | None = None
     groups: dict[str, tuple[bool, int | None]] = field(default_factory=dict)
     last_wall: int = -1
+    others: dict[int, list[Any]] = field(default_factory=dict)
+    """Incarnations besides the newest whose holds are kept: inc -> [last seq, last log time, spoke after a newer one]."""
+    gone: dict[int, int] = field(default_factory=dict)
+    """Incarnations whose holds went: inc -> last seq (the newest four)."""
 
 
 class _Checker:
@@ -72,9 +79,13 @@ class _Checker:
         alerts: list[dict[str, Any]],
         retention: int,
         result: CheckResult,
+        node_lease_ms: int = 30_000,
+        incarnation_grace_ms: int = 5_000,
     ) -> None:
         self.r = result
         self.retention = retention
+        self.lease = node_lease_ms
+        self.grace = incarnation_grace_ms
         self.nodes: dict[tuple[str, str], _Node] = {}
         self.topologies: dict[str, dict[int, frozenset[str]]] = defaultdict(dict)
         self.cluster_first: dict[str, int] = {}
@@ -174,8 +185,9 @@ class _Checker:
             for name in sorted(self.in_partition.get((cluster, partition), ())):
                 self._check(cluster, name, self.nodes[(cluster, name)], d, prev)
 
-    def message(self, partition: int, offset: int, value: bytes | str | None) -> bool:
-        """Classify and apply one message. Returns False when it is bad (a dead letter is due)."""
+    def message(self, partition: int, offset: int, value: bytes | str | None, broker_ms: int | None = None) -> bool:
+        """Classify and apply one message (``broker_ms``: its record's broker time, if the topic is
+        stamped by the broker). Returns False when it is bad (a dead letter is due)."""
         self.reached(partition, offset)
         self.read_to[partition] = offset + 1
         self.r.messages += 1
@@ -196,7 +208,7 @@ class _Checker:
         if node is None:
             node = self.nodes[key] = _Node()
         self.in_partition[(cluster, partition)].add(ev["node"])
-        if not self._apply(node, ev):
+        if not self._apply(node, ev, ev["wall_ms"] if broker_ms is None else broker_ms):
             self.r.ignored += 1
             return True
         self.r.applied += 1
@@ -224,52 +236,126 @@ class _Checker:
         if hold is not None:
             self.r.longest_hold_ms = max(self.r.longest_hold_ms, wall - hold.opened_wall)
 
-    def _apply(self, node: _Node, ev: dict[str, Any]) -> bool:
-        inc, seq, wall = ev["incarnation"], ev["seq"], ev["wall_ms"]
-        if inc < node.incarnation or (inc == node.incarnation and seq <= node.seq):
+    def _apply(self, node: _Node, ev: dict[str, Any], log: int) -> bool:
+        """One node event at log time ``log``. A newer incarnation does not prove the older process
+        dead: its readers and unprepared transactions stay (as ``id@incarnation``) until it has been
+        silent for the grace after the newer one appeared, or for a lease once it spoke after that
+        (two live processes, whose every event counts); prepared transactions stay until decided."""
+        older = self._process(node, ev, log)
+        if older is None:
             return False  # stale or duplicate: ignored
-        if inc > node.incarnation:
-            # a restart: readers and undecided transactions died with the process, prepared ones stay
-            for k in [k for k, h in node.holds.items() if not (k[0] == "tx" and h.prepared)]:
-                self._close(node, k, wall)
-            node.incarnation = inc
-        node.seq = seq
+        inc, wall = ev["incarnation"], ev["wall_ms"]
+
+        def key(kind: str, hid: str) -> tuple[str, str]:
+            if not older:
+                return (kind, hid)
+            own = node.holds.get((kind, hid))
+            if (kind, f"{hid}@{inc}") not in node.holds and own is not None and own.incarnation == inc:
+                return (kind, hid)  # its prepared transaction, which the newer process took over
+            return (kind, f"{hid}@{inc}")
+
         node.last_wall = max(node.last_wall, wall)
         t = ev["type"]
-        if t == "reader_open":
-            self._close(node, ("reader", ev["reader_id"]), wall)
-            node.holds[("reader", ev["reader_id"])] = _Hold(ev["read_ts"], wall)
-        elif t == "reader_close":
-            self._close(node, ("reader", ev["reader_id"]), wall)
-        elif t == "tx_begin":
-            self._close(node, ("tx", ev["tx_id"]), wall)
-            node.holds[("tx", ev["tx_id"])] = _Hold(ev["begin_ts"], wall)
+        if t in ("reader_open", "tx_begin"):
+            k = key(*(("reader", ev["reader_id"]) if t == "reader_open" else ("tx", ev["tx_id"])))
+            self._close(node, k, wall)
+            node.holds[k] = _Hold(ev["read_ts"] if t == "reader_open" else ev["begin_ts"], wall, incarnation=inc)
+        elif t in ("reader_close", "tx_end"):
+            self._close(node, key(*(("reader", ev["reader_id"]) if t == "reader_close" else ("tx", ev["tx_id"]))), wall)
         elif t == "tx_prepare":
-            hold = node.holds.get(("tx", ev["tx_id"]))
+            hold = node.holds.get(key("tx", ev["tx_id"]))
             if hold is not None:
                 hold.prepared = True
-        elif t == "tx_end":
-            self._close(node, ("tx", ev["tx_id"]), wall)
         elif t == "heartbeat":
             node.mvcc_now = ev["mvcc_now"]
             if "groups" in ev:
                 node.groups = {g["group"]: (bool(g.get("leader", False)), g.get("published_min_tx_time")) for g in ev["groups"]}
         elif t == "snapshot":
-            # the node's complete active set: it replaces the old one (a hold kept with its ts stays the same hold)
-            new: dict[tuple[str, str], _Hold] = {}
-            for kind, items, id_key, ts_key in (("reader", ev["readers"], "reader_id", "read_ts"), ("tx", ev["txs"], "tx_id", "begin_ts")):
-                for item in items:
-                    k = (kind, item[id_key])
-                    old = node.holds.get(k)
-                    if old is not None and old.ts == item[ts_key]:
-                        new[k] = _Hold(old.ts, old.opened_wall, bool(item.get("prepared", old.prepared)))
-                    else:
-                        new[k] = _Hold(item[ts_key], wall, bool(item.get("prepared", False)))
-            for k, old in list(node.holds.items()):
-                if k not in new or new[k].ts != old.ts:
-                    self._close(node, k, wall)
-            node.holds = new
+            self._snapshot(node, ev, older, wall)
+        self._silent(node, log, wall)
         return True
+
+    def _process(self, node: _Node, ev: dict[str, Any], log: int) -> bool | None:
+        """Which process speaks: None for a stale or repeated message, True for an older incarnation's
+        next message (a second live process), False for the newest's (a newer one supersedes it)."""
+        inc, seq = ev["incarnation"], ev["seq"]
+        if inc < node.incarnation:
+            entry = node.others.get(inc)
+            last = entry[0] if entry is not None else node.gone.get(inc)
+            if last is None or seq <= last:
+                return None
+            if entry is None:
+                entry = node.others[inc] = [seq, log, True]
+                node.gone.pop(inc)
+            entry[0], entry[1], entry[2] = seq, max(entry[1], log), True
+            if node.incarnation not in node.others and node.incarnation not in node.gone:
+                node.others[node.incarnation] = [node.seq, log, True]
+            return True
+        if inc == node.incarnation and seq <= node.seq:
+            return None
+        if inc > node.incarnation:
+            if node.incarnation >= 0:  # superseded: its holds wait for its silence
+                old = node.incarnation
+                node.others[old] = [node.seq, log, False]
+                for k in [k for k, h in node.holds.items() if h.incarnation == old and not h.prepared]:
+                    node.holds[(k[0], f"{k[1]}@{old}")] = node.holds.pop(k)
+            node.incarnation = inc
+        elif inc in node.gone and inc not in node.others:  # its holds went, and it speaks again
+            node.others[inc] = [seq, log, True]
+            node.gone.pop(inc)
+        node.seq = seq
+        if inc in node.others:
+            node.others[inc][0] = seq
+            node.others[inc][1] = max(node.others[inc][1], log)
+        return False
+
+    def _snapshot(self, node: _Node, ev: dict[str, Any], older: bool, wall: int) -> None:
+        """The sending process's complete active set replaces that process's holds (a hold kept with
+        its ts stays the same hold); the other incarnations' stay."""
+        inc = ev["incarnation"]
+
+        def its(k: tuple[str, str], h: _Hold) -> bool:
+            theirs = h.incarnation != node.incarnation and k[1].endswith(f"@{h.incarnation}")
+            return (theirs and h.incarnation == inc) if older else not theirs
+
+        mine = {k: h for k, h in node.holds.items() if its(k, h)}
+        new: dict[tuple[str, str], _Hold] = {}
+        for kind, items, id_key, ts_key in (("reader", ev["readers"], "reader_id", "read_ts"), ("tx", ev["txs"], "tx_id", "begin_ts")):
+            for item in items:
+                k = (kind, item[id_key] if not older else f"{item[id_key]}@{inc}")
+                old_hold = mine.get(k)
+                if old_hold is not None and old_hold.ts == item[ts_key]:
+                    new[k] = _Hold(old_hold.ts, old_hold.opened_wall, bool(item.get("prepared", old_hold.prepared)),
+                                   old_hold.incarnation)
+                else:
+                    new[k] = _Hold(item[ts_key], wall, bool(item.get("prepared", False)), inc)
+        for k, old_hold in mine.items():
+            if k not in new or new[k].ts != old_hold.ts:
+                self._close(node, k, wall)
+        node.holds = {**new, **{k: h for k, h in node.holds.items() if k not in mine}}
+
+    def _silent(self, node: _Node, log: int, wall: int) -> None:
+        """Drop the holds of the incarnations silent too long (prepared ones stay, under their own id)."""
+        due = []
+        for inc, (_seq, last, spoke) in sorted(node.others.items()):
+            if inc == node.incarnation and not spoke:
+                continue
+            if log - last >= (self.lease if spoke else self.grace):
+                due.append(inc)
+        alive = sorted(k for k in node.others if k != node.incarnation and k not in due)
+        due = sorted(set(due) | set(alive[:max(0, len(alive) - 4)]))
+        for inc in due:
+            for k in [k for k, h in node.holds.items() if h.incarnation == inc]:
+                hold = node.holds[k]
+                if not hold.prepared:
+                    self._close(node, k, wall)
+                elif inc != node.incarnation and k[1].endswith(f"@{inc}") and (k[0], k[1][: -len(f"@{inc}")]) not in node.holds:
+                    node.holds[(k[0], k[1][: -len(f"@{inc}")])] = node.holds.pop(k)
+            node.gone[inc] = node.others.pop(inc)[0]
+            for old in sorted(node.gone)[:max(0, len(node.gone) - 4)]:
+                del node.gone[old]
+        if set(node.others) <= {node.incarnation}:
+            node.others.clear()
 
     def _check(self, cluster: str, name: str, node: _Node, d: dict[str, Any], prev: int | None) -> None:
         """Directive ``d`` was emitted with ``node`` at this very position: its holds bound safe_ts."""
@@ -373,7 +459,7 @@ class _Checker:
 
 
 def check_logs(
-    events: Iterable[tuple[int, int, bytes | str | None]],
+    events: Iterable[tuple[Any, ...]],
     directives: list[dict[str, Any]],
     alerts: list[dict[str, Any]],
     dead_letters: list[dict[str, Any]],
@@ -384,11 +470,12 @@ def check_logs(
     directive_interval_ms: int = 0,
     warmup_ms: int = 0,
     mvcc_per_ms: int = 1000,
+    incarnation_grace_ms: int = 5_000,
 ) -> CheckResult:
-    """Check a whole run. ``events`` are (partition, offset, value) in offset order per partition
-    (partitions may come one after another); the output lists are the topics' parsed values."""
+    """Check a whole run. ``events`` are (partition, offset, value[, broker time]) in offset order per
+    partition (partitions may come one after another); the output lists are the topics' parsed values."""
     result = CheckResult()
-    checker = _Checker(directives, alerts, retention, result)
+    checker = _Checker(directives, alerts, retention, result, node_lease_ms, incarnation_grace_ms)
     dl_at: set[tuple[int, int]] = set()
     for dl in dead_letters:
         if dl.get("topic", events_topic) != events_topic:
@@ -398,8 +485,8 @@ def check_logs(
             result.dead_letter_duplicates += 1
         dl_at.add(pos)
     result.dead_letters = len(dl_at)
-    for partition, offset, value in events:
-        ok = checker.message(partition, offset, value)
+    for partition, offset, value, *broker in events:
+        ok = checker.message(partition, offset, value, broker[0] if broker else None)
         if ok and (partition, offset) in dl_at:
             result.dead_letters_unexpected += 1
             if result.dead_letters_unexpected <= 3:

@@ -284,6 +284,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
             node_lease_ms=policy.node_lease_ms,
             directive_interval_ms=policy.directive_interval_ms,
             warmup_ms=int(min(cfg.duration_s / 3, 60.0) * 1000),
+            incarnation_grace_ms=policy.incarnation_grace_ms,
         )
         check_s = time.monotonic() - check_start
         report = _report(cfg, result, samples, run_s, drained_s, check_s, accounting, sim_rc)

@@ -24,8 +24,11 @@ A violation is printed and, unless ``--no-alerts``, published to the alerts topi
 topics were quiet that long and exits 1 if it found a violation (0 otherwise), which is how the
 soak, the demo and the tests run it.
 
-Service holds expire on the auditor's own cluster time (the largest ``wall_ms`` it applied): it
-is never ahead of the job's, so a hold is never taken for live after the job let it expire. A
+Service holds expire on the auditor's own cluster time (the largest log time it applied: a record's
+broker time, else its ``wall_ms``, as the job's): it is never ahead of the job's, so a hold is never
+taken for live after the job let it expire. A node restart drops the old process's holds at once
+here (the job keeps them for a grace, and an older process that still speaks keeps its own), so the
+auditor checks fewer holds than the job keeps there, never more. A
 cluster's events wait in memory until a directive reaches them (at most ``max_pending`` per
 cluster: beyond that the oldest are applied, and directives behind them are counted as
 unverified, never checked against a state that is ahead).
@@ -40,6 +43,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.ids import escape, join_id
 from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, validate_event
 
@@ -92,7 +96,7 @@ class _Cluster:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.queue: dict[int, deque[tuple[int, dict[str, Any]]]] = {}
+        self.queue: dict[int, deque[tuple[int, dict[str, Any], int | None]]] = {}
         self.applied_to: dict[int, int] = {}
         """partition -> the offset after the last event applied (or forced) there."""
         self.nodes: dict[str, _Node] = {}
@@ -125,7 +129,8 @@ class _Cluster:
         return int(base) if isinstance(base, int) else int(d["safe_ts"])
 
     # -- the model -----------------------------------------------------------------------------
-    def apply(self, ev: dict[str, Any]) -> None:
+    def apply(self, ev: dict[str, Any], log: int | None = None) -> None:
+        """One event at log time ``log`` (None: its ``wall_ms``)."""
         kind = ev["type"]
         if kind in CONTROL_TYPES:
             self._control(ev)
@@ -134,7 +139,7 @@ class _Cluster:
                 self.topology_version = ev["version"]
                 self.topology = frozenset(ev["nodes"])
         else:
-            self._node_event(ev)
+            self._node_event(ev, ev["wall_ms"] if log is None else log)
 
     def _control(self, ev: dict[str, Any]) -> None:
         holder = ev.get("holder")
@@ -147,7 +152,7 @@ class _Cluster:
             deadline = None if self.time is None else self.time + ev["ttl_ms"]
             self.service[holder] = [ev["ts"], ev["ttl_ms"], deadline]
 
-    def _node_event(self, ev: dict[str, Any]) -> None:
+    def _node_event(self, ev: dict[str, Any], log: int) -> None:
         node = self.nodes.setdefault(ev["node"], _Node())
         inc, seq = ev["incarnation"], ev["seq"]
         if inc < node.incarnation or (inc == node.incarnation and seq <= node.seq):
@@ -156,12 +161,11 @@ class _Cluster:
             node.holds = {k: h for k, h in node.holds.items() if k[0] == "tx" and k[1] in node.prepared}
             node.incarnation = inc
         node.seq = seq
-        wall = ev["wall_ms"]
-        if self.time is None or wall > self.time:
-            self.time = wall
+        if self.time is None or log > self.time:
+            self.time = log
             for hold in self.service.values():
                 if hold[2] is None:  # set before any cluster time: its TTL starts now, as the job's does
-                    hold[2] = wall + int(hold[1] or 0)
+                    hold[2] = log + int(hold[1] or 0)
         t = ev["type"]
         if t in ("reader_open", "tx_begin"):
             kind, hid, ts = ("reader", ev["reader_id"], ev["read_ts"]) if t == "reader_open" else \
@@ -222,17 +226,19 @@ class Auditor:
         return c
 
     # -- input -------------------------------------------------------------------------------
-    def event(self, partition: int, offset: int, value: bytes | str | None) -> list[Violation]:
-        """One message of the events topic (bad ones are skipped: the job dead-letters them)."""
+    def event(self, partition: int, offset: int, value: bytes | str | None, broker_ms: int | None = None
+              ) -> list[Violation]:
+        """One message of the events topic (bad ones are skipped: the job dead-letters them), with its
+        record's broker time where the topic is stamped by the broker."""
         self.read_to[partition] = max(self.read_to.get(partition, 0), offset + 1)
         ev, _why = validate_event(value)
         if ev is not None:
             c = self._cluster(ev.get("cluster", "default"))
             q = c.queue.setdefault(partition, deque())
-            q.append((offset, ev))
+            q.append((offset, ev, broker_ms))
             if len(q) > self.max_pending:  # no directive reached them: apply the oldest, state runs ahead
-                off, old = q.popleft()
-                c.apply(old)
+                off, old, stamp = q.popleft()
+                c.apply(old, stamp)
                 c.applied_to[partition] = off + 1
         return self._ready()
 
@@ -279,8 +285,8 @@ class Auditor:
                     ahead = True  # forced past it: this directive cannot be checked exactly
                 q = c.queue.get(p)
                 while q and q[0][0] < offset:
-                    off, ev = q.popleft()
-                    c.apply(ev)
+                    off, ev, stamp = q.popleft()
+                    c.apply(ev, stamp)
                     c.applied_to[p] = off + 1
             if ahead:
                 self.unverified += 1
@@ -398,7 +404,9 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
                 quiet_since = time.monotonic()
             for m in msgs:
                 if m.topic() == settings.events_topic:
-                    found = auditor.event(m.partition(), m.offset(), m.value())
+                    kind, stamp = m.timestamp()
+                    found = auditor.event(m.partition(), m.offset(), m.value(),
+                                          stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
                 else:
                     found = auditor.directive(m.value())
                 for v in found:

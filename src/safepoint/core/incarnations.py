@@ -1,0 +1,164 @@
+"""The processes that speak for one node id: a newer incarnation does not prove the older one dead.
+
+A node process restarts with a higher ``incarnation``. Most often the old process is gone and its
+readers and unprepared transactions died with it; but a copied configuration or a zombie whose
+replacement started gives two live processes under one node id, and the old one's readers are
+still open. So the job keeps the older incarnation's holds until it has been silent for
+``incarnation_grace_ms`` of log time after the newer one appeared (a real restart still frees
+them within a few heartbeats), and an older incarnation that speaks after the newer one appeared
+(a new ``seq`` of its own) is a second live process: ``duplicate_node`` (critical) names the
+node and both incarnations, the holds of every incarnation count (the node's minimum is the
+lowest of them), and an incarnation silent for ``node_lease_ms`` loses its holds as after a
+restart (prepared transactions excepted: they wait for their decision). One that speaks again
+after its holds were dropped is asked for a snapshot (its holds are unknown).
+
+``Incarnations`` is the node's part that keeps the incarnations besides the newest (``lives``:
+incarnation -> [last seq, log time of its last sign of life, twin: it spoke after a newer one
+appeared]) and the last seq of those it dropped (``gone``, the newest few), to tell a repeated
+message from a process that speaks again. ``NodeState`` keys the holds of an incarnation other
+than the newest ``"<id>@<incarnation>"`` so that two processes' ids never collide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from safepoint.core.ids import join_id
+from safepoint.core.policy import Policy
+
+__all__ = ["GONE_KEPT", "Incarnations", "TWIN", "alt_key"]
+
+GONE_KEPT = 4
+"""Dropped incarnations whose last seq is kept (older ones: their messages are stale)."""
+TWIN = "twin"
+"""``Incarnations.order``'s verdict for a message of a live older incarnation: apply it as that process's."""
+
+
+def alt_key(hid: str, incarnation: int) -> str:
+    """The key of a hold of an incarnation other than the newest."""
+    return f"{hid}@{incarnation}"
+
+
+class Incarnations:
+    """A node's incarnations besides the newest. Stored as ``[lives, gone, raised]`` (absent: one process)."""
+
+    __slots__ = ("node", "lives", "gone", "raised")
+
+    def __init__(self, node: str, stored: list[Any] | None = None) -> None:
+        self.node = node
+        self.lives: dict[int, list[int]] = {}
+        """incarnation -> [last seq, log time of its last sign of life, 1 if it spoke after a newer one
+        appeared (for the newest: if an older one speaks)]."""
+        self.gone: dict[int, int] = {}
+        """incarnation -> its last seq, of the newest few whose holds were dropped."""
+        self.raised = False
+        """``duplicate_node`` is raised."""
+        if stored:
+            self.lives = {int(k): list(v) for k, v in (stored[0] or {}).items()}
+            self.gone = {int(k): int(v) for k, v in (stored[1] or {}).items()}
+            self.raised = bool(stored[2]) if len(stored) > 2 else False
+
+    def __bool__(self) -> bool:
+        return bool(self.lives)
+
+    def to_stored(self) -> list[Any] | None:
+        if not self.lives and not self.gone:
+            return None
+        return [self.lives or None, self.gone or None, 1 if self.raised else 0]
+
+    def order(self, incarnation: int, seq: int) -> str | None:
+        """For a message of an incarnation below the newest: why it is ignored (``stale_incarnation``,
+        ``duplicate``, ``older_seq``), or ``TWIN`` when it is that process's next message."""
+        live = self.lives.get(incarnation)
+        last = live[0] if live is not None else self.gone.get(incarnation)
+        if last is None:
+            return "stale_incarnation"
+        if seq == last:
+            return "duplicate"
+        if seq < last:
+            return "older_seq"
+        return TWIN
+
+    def supersede(self, incarnation: int, seq: int, log: int) -> None:
+        """The newest incarnation ``incarnation`` (its last ``seq``) was just superseded at log time
+        ``log``: its silence is measured from then."""
+        self.lives[incarnation] = [seq, log, 0]
+
+    def dropped(self, incarnation: int) -> bool:
+        """The incarnation's holds were dropped (and it has not spoken since)."""
+        return incarnation in self.gone and incarnation not in self.lives
+
+    def speak(self, incarnation: int, seq: int, log: int, newest: int, newest_seq: int) -> tuple[bool, bool]:
+        """A message that is not simply the one process's next: an older incarnation's, or the newest's
+        after its holds were dropped. Returns (``duplicate_node`` is to be raised now, its holds had been
+        dropped: it must restate them)."""
+        live = self.lives.get(incarnation)
+        was_dropped = live is None
+        if live is None:
+            self.lives[incarnation] = [seq, log, 1]
+            self.gone.pop(incarnation, None)
+        else:
+            live[0] = seq
+            live[1] = max(live[1], log)
+            live[2] = 1
+        if incarnation != newest and newest not in self.lives and newest not in self.gone:
+            self.lives[newest] = [newest_seq, log, 1]  # the newest's silence is measured from now on
+        raise_now = not self.raised and len(self.live(newest)) > 1
+        self.raised = self.raised or raise_now
+        return raise_now, was_dropped
+
+    def heard(self, incarnation: int, seq: int, log: int) -> None:
+        """A message of the newest incarnation while others live."""
+        live = self.lives.get(incarnation)
+        if live is not None:
+            live[0] = seq
+            if log > live[1]:
+                live[1] = log
+
+    def due(self, log: int, policy: Policy, newest: int) -> list[int]:
+        """The incarnations whose holds go at log time ``log``: silent ``incarnation_grace_ms`` after
+        being superseded, or ``node_lease_ms`` as a second live process (the newest too, when an older
+        one speaks); and beyond the ``GONE_KEPT`` newest others, the oldest."""
+        out = []
+        for inc, (_seq, last, twin) in sorted(self.lives.items()):
+            if inc == newest and not twin:
+                continue
+            if log - last >= (policy.node_lease_ms if twin else policy.incarnation_grace_ms):
+                out.append(inc)
+        alive = sorted(k for k in self.lives if k != newest and k not in out)
+        out += alive[:max(0, len(alive) - GONE_KEPT)]
+        return sorted(set(out))
+
+    def drop(self, incarnation: int) -> None:
+        live = self.lives.pop(incarnation, None)
+        if live is not None:
+            self.gone[incarnation] = live[0]
+            for old in sorted(self.gone)[:max(0, len(self.gone) - GONE_KEPT)]:
+                del self.gone[old]
+
+    def live(self, newest: int) -> list[int]:
+        """Every incarnation that still speaks for the node."""
+        return sorted(set(self.lives) | ({newest} if not self.dropped(newest) else set()))
+
+    def settle(self, newest: int, log: int, policy: Policy, signals: list[list[Any]]) -> None:
+        """After drops: clear ``duplicate_node`` once one process is left, and forget the newest's own
+        entry once no other incarnation lives."""
+        if self.raised and len(self.live(newest)) <= 1:
+            self.raised = False
+            signals.append(self.alert("cleared", newest, log, policy))
+        if set(self.lives) <= {newest}:
+            self.lives.clear()
+
+    def alert(self, state: str, newest: int, log: int, policy: Policy) -> list[Any]:
+        live = self.live(newest)
+        if state == "raised":
+            detail = (f"node {self.node} is spoken for by {len(live)} live processes (incarnations "
+                      f"{', '.join(map(str, live))}): a copied configuration, or a process that outlived its "
+                      f"replacement; the holds of each count until it is silent for {policy.node_lease_ms} ms "
+                      "(node_lease_ms); give each process its own node id")
+        else:
+            detail = f"node {self.node} is spoken for by one process again (incarnation {', '.join(map(str, live)) or '-'})"
+        older = [i for i in live if i != newest]
+        return ["alert", {"id": join_id("duplicate_node", self.node), "kind": "duplicate_node", "state": state,
+                          "severity": "critical", "node": self.node, "value": min(older) if older else None,
+                          "threshold": newest, "since": log, "detail": detail}]
