@@ -18,6 +18,16 @@ per task; 0, the default: one task per Kafka partition with messages), and any
 
 Columns: ``topic``, ``partition``, ``offset``, ``timestamp`` (the record's time when the broker set
 it, ``LogAppendTime``, in ms; null when the topic keeps the producers' times), ``key``, ``value``.
+
+Gaps (``core/gaps.py``). Whenever it plans a batch, the reader compares where it stands in each
+partition with the partition's first and last offsets: offsets it had not read that are gone
+(``lost``: retention, deleted records, a truncation), a partition that ends below where it stands
+(``gone_back``: the topic made again; it is read again from its new start), a changed partition
+count (``partitions``). Each gap is logged, numbered (an id that only grows) and kept in the offset
+the checkpoint records (``{"<partition>": offset, ..., "gaps": [...]}``, the newest ``GAPS_KEPT``),
+so every read task of every later batch hands the list on (``gaps_of``) and the job's operator
+gives each cluster the ones it has not taken yet. A record deleted after the batch was planned
+fails the read task with that message; the batch runs again and then takes it as a gap.
 """
 
 from __future__ import annotations
@@ -40,9 +50,11 @@ from pyspark.sql.types import StructType
 
 from safepoint.connectors.kafka_sink import KafkaStreamWriter, client_conf
 from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
+from safepoint.core.gaps import Gap
 from safepoint.gcfreeze import freeze_once
 
-__all__ = ["KafkaDataSource", "KafkaReadTask", "KafkaStreamReader", "SOURCE_SCHEMA", "group_ranges", "plan_offsets"]
+__all__ = ["GAPS", "KafkaDataSource", "KafkaReadTask", "KafkaStreamReader", "SOURCE_SCHEMA", "find_gaps", "gaps_of",
+           "group_ranges", "partition_offsets", "plan_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +70,21 @@ _ARROW_SCHEMA = pa.schema(
     ]
 )
 _READ_CHUNK = 8192
+GAPS = "gaps"
+"""The key of the source offset's gap list (every other key is a partition number)."""
+TOPIC_ID = "topic_id"
+"""The key of the topic's id in the source offset (Kafka 2.8 and later give each topic one): another id
+means the topic was deleted and made again, whatever its offsets say."""
+NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
+"""The id a broker without topic ids reports (all zero): then only offsets below where the job stands tell."""
+TOPIC_ID_EVERY_S = 5.0
+GAPS_KEPT = 64
+"""The newest gaps the offset keeps: a cluster silent through more gaps than this takes them all as one
+of every partition (see ``find_gaps``)."""
 
 # Clients live per Python worker process, keyed by their configuration; never pickled.
 _CONSUMERS: dict[str, Any] = {}
+_ADMINS: dict[str, Any] = {}
 
 
 def _consumer(options: Mapping[str, str]) -> Any:
@@ -94,6 +118,47 @@ def _consumer(options: Mapping[str, str]) -> Any:
     return consumer
 
 
+def partition_offsets(offsets: Mapping[str, Any]) -> dict[str, int]:
+    """The per-partition offsets of a source offset (its gap list left out)."""
+    return {p: int(o) for p, o in offsets.items() if p.isdigit()}
+
+
+def find_gaps(start: Mapping[str, int], marks: Mapping[str, tuple[int, int]], topic: str, last_id: int, now_ms: int,
+              made_again: bool = False) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Where each partition's next batch begins, and the gaps found (``core/gaps.py``) between ``start``
+    (the offsets after the last batch; {}: the first batch) and the partitions' (first, end) offsets
+    ``marks``; ``made_again``: the topic's id changed, so every partition is read from its start again.
+    Ids continue from ``last_id`` and follow the clock (``now_ms``), so they only grow."""
+    begin: dict[str, int] = {}
+    found: list[dict[str, Any]] = []
+
+    def gap(partition: int, first: int, end: int, kind: str) -> None:
+        gid = max(now_ms, last_id + 1) + len(found)
+        found.append({"id": gid, "topic": topic, "partition": partition, "first": first, "end": end, "kind": kind,
+                      "ms": now_ms})
+
+    if start and set(start) != set(marks):
+        gap(-1, -1, -1, "partitions")
+    for p, (lo, hi) in sorted(marks.items(), key=lambda kv: int(kv[0])):
+        s = start.get(p)
+        if s is None:
+            begin[p] = lo  # the first batch, or a partition added: from its start
+        elif s < lo:
+            gap(int(p), s, lo, "lost")
+            begin[p] = lo
+        elif s > hi or (made_again and s > lo):
+            gap(int(p), s, lo, "gone_back")
+            begin[p] = lo
+        else:
+            begin[p] = s
+    return begin, found
+
+
+def gaps_of(partition: InputPartition) -> list[dict[str, Any]]:
+    """The gaps found so far in the topic a read task reads (``core/gaps.py``)."""
+    return list(getattr(partition, "gaps", None) or [])
+
+
 def plan_offsets(start: dict[str, int], latest: dict[str, int], max_rows: int | None) -> dict[str, int]:
     """End offsets for one batch: everything available, or at most ``max_rows`` shared fairly."""
     available = {p: max(0, latest[p] - start.get(p, 0)) for p in latest}
@@ -118,12 +183,14 @@ def plan_offsets(start: dict[str, int], latest: dict[str, int], max_rows: int | 
 
 
 class KafkaInputPartition(InputPartition):
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+    def __init__(self, topic: str, partition: int, start: int, end: int, gaps: list[dict[str, Any]] | None = None) -> None:
         super().__init__((topic, partition, start, end))
         self.topic = topic
         self.partition = partition
         self.start = start
         self.end = end
+        self.gaps = gaps or []
+        """The gaps found in the topic so far (``core/gaps.py``)."""
 
 
 class KafkaReadTask(InputPartition):
@@ -132,6 +199,7 @@ class KafkaReadTask(InputPartition):
     def __init__(self, ranges: list[KafkaInputPartition]) -> None:
         super().__init__(tuple(r.value for r in ranges))
         self.ranges = ranges
+        self.gaps = ranges[0].gaps if ranges else []
 
 
 def group_ranges(ranges: list[KafkaInputPartition], min_rows: int) -> list[InputPartition]:
@@ -179,6 +247,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.min_rows_per_task < 0:
             msg = f"safepoint_kafka source option minRowsPerTask must be >= 0, got {self.min_rows_per_task}"
             raise ValueError(msg)
+        self._id_checked = -TOPIC_ID_EVERY_S
+        self._late: list[dict[str, Any]] = []
+        """Gaps found when a batch's read tasks were made (``partitions``): the next offset records them."""
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -206,27 +277,90 @@ class KafkaStreamReader(DataSourceStreamReader):
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows) if self.max_rows else ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+    def _known_gaps(self, offsets: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The gaps an offset records, with those found since it was planned."""
+        known = list(offsets.get(GAPS) or [])
+        last = known[-1]["id"] if known else 0
+        return known + [g for g in self._late if g["id"] > last]
+
+    def _topic_id(self, known: str | None) -> str | None:
+        """The topic's id (None: the broker gives none), asked at most every ``TOPIC_ID_EVERY_S``
+        while it stays ``known``."""
+        now = time.monotonic()
+        if known is not None and now - self._id_checked < TOPIC_ID_EVERY_S:
+            return known
+        self._id_checked = now
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        try:
+            conf = client_conf(self.options)
+            tag = json.dumps(conf, sort_keys=True, default=str)
+            admin = _ADMINS.get(tag)
+            if admin is None:
+                admin = _ADMINS[tag] = AdminClient(conf)
+            description = admin.describe_topics(TopicCollection([self.topic]))[self.topic].result(10)
+        except Exception:  # noqa: BLE001 - a broker without describe_topics: offsets alone tell
+            return known
+        tid = str(description.topic_id)
+        return None if tid == NO_TOPIC_ID else tid
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         marks = self._watermarks()
-        begin = {p: int(start.get(p, marks[p][0])) for p in marks}
+        known = self._known_gaps(start)
+        was = start.get(TOPIC_ID)
+        tid = self._topic_id(was)
+        begin, found = find_gaps(partition_offsets(start), marks, self.topic, known[-1]["id"] if known else 0,
+                                 int(time.time() * 1000), made_again=was is not None and tid is not None and tid != was)
+        for g in found:
+            log.warning("safepoint_kafka: gap %s: %s; every node whose events were there must restate its holds",
+                        g["id"], Gap.of(g).what())
         latest = {p: max(begin[p], m[1]) for p, m in marks.items()}
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if not self._planned and self.first_max_rows is not None:
             max_rows = self.first_max_rows if max_rows is None else min(max_rows, self.first_max_rows)
-        end = plan_offsets(begin, latest, max_rows)
-        if end != begin:
+        planned = plan_offsets(begin, latest, max_rows)
+        if planned != begin:
             self._planned = True
+        end: dict[str, Any] = dict(planned)
+        gaps = (known + found)[-GAPS_KEPT:]
+        if gaps:
+            end[GAPS] = gaps
+        if tid is not None:
+            end[TOPIC_ID] = tid
         return end
 
     def reportLatestOffset(self) -> dict[str, int] | None:
         return {p: m[1] for p, m in self._watermarks().items()}
 
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        """The batch's read tasks: each partition from where the last batch ended, or past the gaps
+        found since (``latestOffset``), or past records deleted since it was planned (found again
+        here, when the batch is made or run again)."""
+        first = partition_offsets(start)
+        gaps = self._known_gaps(end)
+        seen = max((g["id"] for g in start.get(GAPS) or []), default=0)
+        for g in gaps:
+            if g["id"] > seen and g["partition"] >= 0 and g["kind"] != "partitions":
+                first[str(g["partition"])] = g["end"]
+        ends = partition_offsets(end)
+        marks = self._watermarks() if ends else {}
+        for p in sorted(ends, key=int):
+            lo = marks.get(p, (0, 0))[0]
+            s = first.get(p, lo)
+            if s < lo and s < ends[p]:
+                late = {"id": max(int(time.time() * 1000), (gaps[-1]["id"] if gaps else 0) + 1), "topic": self.topic,
+                        "partition": int(p), "first": s, "end": lo, "kind": "lost", "ms": int(time.time() * 1000)}
+                log.warning("safepoint_kafka: gap %s: %s (deleted after the batch was planned)", late["id"],
+                            Gap.of(late).what())
+                self._late.append(late)
+                gaps.append(late)
+                first[p] = lo
         parts: list[KafkaInputPartition] = []
-        for p in sorted(end, key=int):
-            s, e = int(start.get(p, 0)), int(end[p])
+        for p in sorted(ends, key=int):
+            s, e = int(first.get(p, 0)), ends[p]
             if e > s:
-                parts.append(KafkaInputPartition(self.topic, int(p), s, e))
+                parts.append(KafkaInputPartition(self.topic, int(p), s, e, gaps[-GAPS_KEPT:]))
         return group_ranges(parts, self.min_rows_per_task)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -242,6 +376,13 @@ class KafkaStreamReader(DataSourceStreamReader):
         from confluent_kafka import KafkaError, TopicPartition
 
         consumer = _consumer(self.options)
+        lo, _hi = consumer.get_watermark_offsets(TopicPartition(partition.topic, partition.partition), timeout=30,
+                                                 cached=False)
+        if lo > partition.start:
+            msg = (f"events lost while reading {partition.topic}[{partition.partition}]: offsets {partition.start}.."
+                   f"{lo - 1} were deleted after the batch was planned; the batch fails and, run again, takes them as "
+                   "a gap (every node whose events were there must restate its holds)")
+            raise RuntimeError(msg)
         tp = TopicPartition(partition.topic, partition.partition, partition.start)
         consumer.assign([tp])
         cols: list[list[Any]] = [[], [], [], [], [], []]

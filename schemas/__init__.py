@@ -23,8 +23,8 @@ NODE_EVENT_TYPES = (
     "snapshot",
 )
 CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance", "service_hold", "service_release", "pause",
-                       "resume")
-CONTROL_EVENT_TYPES = ("service_hold", "service_release", "pause", "resume")
+                       "resume", "gap_ack")
+CONTROL_EVENT_TYPES = ("service_hold", "service_release", "pause", "resume", "gap_ack")
 """Cluster events an operator publishes (``core/control.py``): no ``version``, ordered by ``wall_ms``."""
 EVENT_TYPES = NODE_EVENT_TYPES + CLUSTER_EVENT_TYPES
 OUTPUT_NAMES = ("compaction", "members", "expire", "snapshot_request", "band", "alert", "deadletter")

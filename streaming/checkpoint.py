@@ -5,9 +5,11 @@ stack trace from inside a Spark task, or a silent stall.
   and the settings a checkpoint is bound to (``node_buckets``); a start with another value is
   refused before any batch, and so is a checkpoint of an earlier layout: format 1 (two stateful
   operators) and the retired plain path (``fast_path = false``).
-* The newest offsets the checkpoint planned must not be past the end of the events topic: if they
-  are, the topic was deleted and recreated (or truncated) under the checkpoint, and the query
-  would read nothing, forever.
+* With Spark's ``kafka`` format, the newest offsets the checkpoint planned must not be past the end
+  of the events topic: if they are, the topic was deleted and recreated (or truncated) under the
+  checkpoint, and that source would fail or read nothing. The project's own source takes such a
+  partition as a gap instead (``gone_back``, ``core/gaps.py``): it alerts, reads the partition from
+  its new start, and every node whose events were there restates its holds.
 * Whether the checkpoint holds a committed batch at all: a start on empty state seeds the safe
   point from the directives topic (``core/recovery.py``).
 
@@ -118,7 +120,7 @@ def offsets_of(line: str, topic: str) -> dict[int, int] | None:
     if isinstance(data.get(topic), dict):
         data = data[topic]
     try:
-        return {int(p): int(o) for p, o in data.items()}
+        return {int(p): int(o) for p, o in data.items() if p.isdigit()}
     except (TypeError, ValueError):
         return None
 
@@ -156,5 +158,5 @@ def check_checkpoint(spark: Any, settings: Settings, checkpoint: str) -> None:
 
     check_layout(spark, settings, checkpoint)
     newest = newest_offsets(spark, checkpoint, settings.events_topic)
-    if newest is not None:
+    if newest is not None and settings.source_format == "kafka":
         check_offsets(*newest, topic_ends(settings.librdkafka(), settings.events_topic), settings.events_topic, checkpoint)

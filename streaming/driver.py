@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from safepoint.connectors.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
 from safepoint.core import CORE, CORE_WHY
+from safepoint.core.gaps import Gap
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
@@ -31,7 +32,7 @@ class Surface(Protocol):
 
 def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
     """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
-    from safepoint.streaming.job import batch_accounting, build_query, messages_in
+    from safepoint.streaming.job import batch_accounting, build_query, gaps_in, messages_in
     from safepoint.streaming.session import build_session
 
     if not settings.checkpoint:
@@ -59,6 +60,7 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
     last = None
+    told = 0
     try:
         while not stopping.is_set() and query.isActive:
             time.sleep(0.5)
@@ -70,6 +72,12 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
                 took = ((progress.get("durationMs") or {}).get("triggerExecution") or 0) / 1000
                 n = messages_in(progress)
                 print(f"batch {last}: {n} events, {n / took if took else 0:.0f}/s {shown}".rstrip(), flush=True)
+                for gap in gaps_in(progress):
+                    if gap["id"] > told:
+                        told = gap["id"]
+                        print(f"safepoint run: events lost (gap {gap['id']}): {Gap.of(gap).what()}; every node whose "
+                              "events were there must restate its holds, and the alert events_lost says which (operator "
+                              "guide, Lost events)", file=sys.stderr, flush=True)
                 surface.batch(progress, counts, n)
         if not query.isActive and query.exception() is not None:
             print(f"safepoint run: the query failed: {query.exception()}", file=sys.stderr)

@@ -14,6 +14,7 @@ over each cluster's messages in log order.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -24,7 +25,7 @@ from safepoint.settings import Settings
 from safepoint.streaming.checkpoint import check_checkpoint, has_committed_batch
 from safepoint.streaming.processors import OUTPUT_SCHEMA, ROUTED_SCHEMA, SINK_COLUMNS, ClusterJob, Router
 
-__all__ = ["build_query", "batch_accounting", "messages_in", "read_events", "QUERY_NAME", "kafka_connector_missing",
+__all__ = ["build_query", "batch_accounting", "gaps_in", "messages_in", "read_events", "QUERY_NAME", "kafka_connector_missing",
            "kafka_options"]
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,22 @@ def batch_accounting(progress: Any) -> dict[str, int]:
         return {}
     data = row.asDict() if hasattr(row, "asDict") else dict(row)
     return {k: int(v or 0) for k, v in data.items()}
+
+
+def gaps_in(progress: dict[str, Any]) -> list[dict[str, Any]]:
+    """The gaps the source found in the events topic so far (``core/gaps.py``), from a batch's progress:
+    the Python source keeps them in its offset."""
+    out: list[dict[str, Any]] = []
+    for src in progress.get("sources") or []:
+        raw = src.get("endOffset")
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except ValueError:
+                continue
+        if isinstance(raw, dict) and isinstance(raw.get("gaps"), list):
+            out += [g for g in raw["gaps"] if isinstance(g, dict)]
+    return out
 
 
 def messages_in(progress: Any) -> int:

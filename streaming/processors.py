@@ -24,6 +24,7 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, Str
 from safepoint.connectors.kafka_sink import Outbox
 from safepoint.core.batch import METRICS, BucketNodes, Emitted, Routed, pack_routed, route, run_batch, unpack_routed
 from safepoint.core.codec import encode
+from safepoint.core.gaps import Gap
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
@@ -64,15 +65,18 @@ def unpack(rows: Iterator[Row]) -> list[Routed]:
 class Router:
     """Raw Kafka rows (Arrow batches) in, one packed row per cluster and batch out."""
 
-    def __init__(self, policy: dict[str, Any], topic: str) -> None:
+    def __init__(self, policy: dict[str, Any], topic: str, gaps: list[dict[str, Any]] | None = None) -> None:
         self.policy = policy
         self.topic = topic
+        self.gaps = gaps or []
+        """The gaps the source found in the topic so far (``core/gaps.py``), handed to every cluster."""
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         freeze_once()
         policy = Policy.from_dict(self.policy)
+        gaps = [Gap.of(g) for g in self.gaps]
         # nullable, as the Python source's declared schema (``cluster string, blob binary``)
         schema = pa.schema([("cluster", pa.string()), ("blob", pa.binary())])
         for batch in batches:
@@ -81,7 +85,7 @@ class Router:
             with paused():
                 cols = batch.to_pydict()
                 rows = zip(cols["partition"], cols["offset"], cols["key"], cols["value"], cols["timestamp"], strict=True)
-                groups = route(rows, self.topic, policy)
+                groups = route(rows, self.topic, policy, gaps)
                 packed = pa.RecordBatch.from_arrays(
                     [
                         pa.array(list(groups), pa.string()),

@@ -16,7 +16,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from safepoint.connectors.kafka_source import KafkaDataSource, KafkaStreamReader
+from safepoint.connectors.kafka_source import KafkaDataSource, KafkaStreamReader, gaps_of
 from safepoint.streaming.processors import Router
 
 __all__ = ["PackingKafkaDataSource", "PACK_OPTION", "ROUTED_DDL", "pack_options"]
@@ -47,7 +47,7 @@ class PackingStreamReader(KafkaStreamReader):
             raise ValueError(msg) from exc
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        router = Router(self.policy, self.topic)
+        router = Router(self.policy, self.topic, gaps_of(partition))
         yield from router(b.select(["partition", "offset", "key", "value", "timestamp"]) for b in super().read(partition))
 
 

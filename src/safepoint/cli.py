@@ -395,7 +395,7 @@ COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "se
                   "soak": "dev", "bench": "dev", "spark-classes": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
+COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -110,6 +110,7 @@ class Settings:
     retention: int = 0
     node_lease_ms: int = 30_000
     incarnation_grace_ms: int = _P.incarnation_grace_ms
+    max_service_hold_ttl_ms: int = _P.max_service_hold_ttl_ms
     directive_interval_ms: int = 0
     max_message_bytes: int = 1_048_576
     max_clock_skew_ms: int = _P.max_clock_skew_ms

@@ -365,7 +365,7 @@ def _ids(ckpt: Path, kind: str) -> list[int]:
 def batch_end(ckpt: Path, batch: int) -> dict[int, int]:
     """The end offsets of one micro-batch, as the offset log recorded them."""
     lines = (ckpt / "offsets" / str(batch)).read_text().splitlines()
-    return {int(p): int(o) for p, o in json.loads(lines[-1]).items()}
+    return {int(p): int(o) for p, o in json.loads(lines[-1]).items() if p.isdigit()}
 
 
 def in_flight(ckpt: Path) -> int | None:

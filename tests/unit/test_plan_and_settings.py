@@ -31,6 +31,9 @@ class _Marks(KafkaStreamReader):
     def _watermarks(self) -> dict[str, tuple[int, int]]:
         return self.marks
 
+    def _topic_id(self, known: str | None) -> str | None:
+        return None  # a broker without topic ids
+
 
 def test_the_first_batch_of_a_run_takes_its_own_cap_then_the_usual_one() -> None:
     from pyspark.sql.streaming.datasource import ReadMaxRows

@@ -233,14 +233,16 @@ def group_problem(node: str, groups: list[str]) -> Problem:
 
 def awaiting_problem(recovery: Recovery | None, node: str) -> Problem:
     asked = recovery is not None and node in recovery.requested
+    gap = recovery.cause.get(node) if recovery is not None else None
+    since = ("the job started on empty state" if gap is None else
+             f"events of it were lost from the log before the job read them (gap {gap})")
     return Problem(
         "awaiting_snapshot",
         node,
         None,
         None,
-        f"node {node} has not sent a snapshot since the job started on empty state, so the readers and "
-        "transactions it opened before are unknown"
-        + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
+        f"node {node} has not sent a snapshot since {since}, so the readers and transactions it opened before "
+        "are unknown" + ("; a snapshot_request was sent to it" if asked else "; it has not reported since"),
     )
 
 

@@ -29,8 +29,9 @@ from typing import Any, NamedTuple
 import msgspec
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import APPLIED, DEADLETTERED, step
+from safepoint.core.engine import APPLIED, DEADLETTERED, relevant, step
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
+from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.node import NodeState
 from safepoint.core.outputs import DEADLETTER, Output, dead_letter
 from safepoint.core.policy import Policy
@@ -107,12 +108,15 @@ def bucket_of(node: str, buckets: int) -> int:
     return zlib.crc32(node.encode("utf-8")) % buckets
 
 
-def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]], topic: str, policy: Policy
-          ) -> dict[str, list[Routed]]:
+def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]], topic: str, policy: Policy,
+          gaps: Iterable[Gap] = ()) -> dict[str, list[Routed]]:
     """Parse (partition, offset, key, value, broker time) messages and group them by cluster (dead
     letters: ""). Each event's ``log_ms`` is set to its record's broker time (None: the topic keeps the
-    producers' times, and the event's own ``wall_ms`` stands in): whatever the message itself says."""
+    producers' times, and the event's own ``wall_ms`` stands in): whatever the message itself says.
+    Each cluster's group starts with a record of every gap of the topic the source has found so far
+    (``gaps``; ``core/gaps.py``): its operator takes the ones it has not seen before its messages."""
     groups: dict[str, list[Routed]] = {}
+    heads = [Routed(GAP_PARTITION, g.id, -1, g.to_json()) for g in gaps]
     limit = policy.max_message_bytes
     for partition, offset, key, value, broker_ms in rows:
         event = parse(value, limit)
@@ -126,7 +130,7 @@ def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]
             cluster = event["cluster"]
         group = groups.get(cluster)
         if group is None:
-            groups[cluster] = [item]
+            groups[cluster] = [*heads, item] if heads and cluster else [item]
         else:
             group.append(item)
     return groups
@@ -322,13 +326,31 @@ def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: lis
     out = outputs.append if emit is None else emit
     labels: Counter[str] = Counter()
     touched = False
-    for partition, offset, _wall, payload in merge_log_order(items):
+    gaps: dict[int, Gap] = {}
+    for partition, offset, _log, payload in merge_log_order(items):
+        if partition == GAP_PARTITION:  # the source's gaps, ahead of the batch's messages (core/gaps.py)
+            assert isinstance(payload, dict)
+            gap = Gap.of(payload)
+            gaps[gap.id] = gap
+            continue
         if isinstance(payload, DeadLetterPayload):
             label = f"{DEADLETTERED}:{payload.code}"
             emitted = [Output(DEADLETTER, payload.key, payload.value)]
         else:
-            if state is None:
-                state = ClusterState.starting(cluster, start)
+            if state is None or gaps:
+                fresh = state is None
+                if state is None:
+                    state = ClusterState.starting(cluster, start)
+                for gap in sorted(gaps.values()):
+                    if not fresh or relevant(gap, payload["log_ms"], policy):
+                        taken: list[Output] = []
+                        state.take_gap(gap, policy, taken)
+                        for o in taken:
+                            out((o.channel, o.key, o.value))
+                    elif gap.id > state.gaps.seen:
+                        state.gaps.seen = gap.id  # found before this cluster had events: nothing of it was there
+                gaps = {}
+                touched = True
             label, emitted = step(state, nodes, payload, policy, partition, offset)
             touched = True
         labels[label] += 1

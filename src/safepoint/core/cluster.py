@@ -15,7 +15,8 @@ keeps the round's own figures and composes them:
 ``control``               service holds, pause, action outcomes (``core/control.py``)
 ``tenants``               the namespaces' bounds (``core/tenants.py``)
 ``directives``            directive sequences and input positions (``core/directives.py``)
-``recovery``              after a start on empty state: who still owes a snapshot (``core/recovery.py``)
+``recovery``              after a start on empty state or a gap: who still owes a snapshot (``core/recovery.py``)
+``gaps``                  events lost from the log: what each gap means for the cluster (``core/gaps.py``)
 ``emergency``             critical nodes whose debt keeps growing, and the emergency (``core/emergency.py``)
 ========================  ======================================================================
 """
@@ -29,9 +30,10 @@ from safepoint.core.aborts import AbortSync, sync_aborts
 from safepoint.core.alerts import ABORT_KINDS, AlertBook, check_floor, check_horizon, check_join, stall_alert, violation
 from safepoint.core.catalog import Catalog
 from safepoint.core.clock import log_time
-from safepoint.core.control import CONTROL_TYPES, Control
+from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
+from safepoint.core.gaps import Gap, Gaps
 from safepoint.core.ids import join_id
 from safepoint.core.members import Members
 from safepoint.core.node import QUIET_SHAPES, NodeState
@@ -50,7 +52,7 @@ class ClusterState:
     """One cluster's state: the round's figures and its parts."""
 
     __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "emergency",
-                 "versions",
+                 "gaps", "versions",
                  "cluster_time", "first_wall", "topology_wall", "safe_ts", "dirty", "last_advance_wall", "aborts",
                  "settled", "clears", "reference")
 
@@ -64,6 +66,7 @@ class ClusterState:
         self.directives = Directives(name)
         self.recovery: Recovery | None = None
         self.emergency = Emergency()
+        self.gaps = Gaps()
         self.versions: dict[str, int] = {}
         """Cluster event type -> the last version applied (an event at or below it is stale)."""
         self.cluster_time: int | None = None
@@ -137,6 +140,7 @@ class ClusterState:
             **({"control": self.control.to_json()} if self.control else {}),
             **({"tenants": self.tenants.to_json()} if self.tenants else {}),
             **({"emergency": self.emergency.to_json()} if self.emergency else {}),
+            **({"gaps": self.gaps.to_json()} if self.gaps else {}),
         }
 
     @classmethod
@@ -166,6 +170,7 @@ class ClusterState:
         state.tenants = Tenants.from_json(data.get("tenants"))
         state.recovery = Recovery.from_json(data.get("recovery"))
         state.emergency = Emergency.from_json(data.get("emergency"))
+        state.gaps = Gaps(data.get("gaps"))
         state._rebuild_recovery()
         return state
 
@@ -210,11 +215,16 @@ class ClusterState:
         if u.signals:
             self._signals(u.node, u.signals, now, out)
         if self.recovery is not None:
-            step = self.recovery.take(u, member, now, policy.node_lease_ms)
+            step = self.recovery.take(u, member, now, policy.node_lease_ms, fresh, -1 if u.partition is None else u.partition)
             if step == ASK:
-                out.append(self.directives.snapshot_request(u.node, "recovery", now))
+                reason = "recovery" if u.node not in self.recovery.cause else "events_lost"
+                out.append(self.directives.snapshot_request(u.node, reason, now))
             elif step == COMPLETED:
                 self.dirty = True
+                if self.gaps.open:
+                    self.gaps.restated(u.node)
+            if self.recovery.finished(now):
+                self.recovery = None  # the gap's recovery is over: no node owes a snapshot
         elif (self.settled == now and not (fresh or u.signals or self.reference)
               and u.node not in self.aborts.stale):
             if not u.changed:
@@ -235,7 +245,8 @@ class ClusterState:
         lowest = self.members.lowest()
         return lowest is not None and old_min > lowest[0] and u.local_min > lowest[0]
 
-    def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy, out: list[Output]) -> bool:
+    def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy, out: list[Output],
+                   partition: int | None = None) -> bool:
         """The shortcut of the commonest events: a reader or transaction that opens above, or closes
         strictly above, its node's lowest hold, while nothing else moves. True when it took the
         event (``NodeState.apply_quiet`` applied it to the node); False: nothing changed, the full
@@ -257,7 +268,7 @@ class ClusterState:
         name = node.node
         members = self.members
         rec = members.nodes.get(name)
-        if rec is None or rec.ns is not None or name in self.aborts.stale:
+        if rec is None or rec.ns is not None or name in self.aborts.stale or rec.partition != partition:
             return False
         member = name in members.names
         safe = self.safe_ts
@@ -314,14 +325,20 @@ class ClusterState:
         self._rebuild_recovery()
 
     def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output],
-                            holds_of: Callable[[str], list[tuple[str, str, int]]]) -> str | None:
-        """Apply a validated cluster event. Returns why it was ignored, or None. ``holds_of(node)``:
-        the node's open readers and transactions (``NodeState.open_holds``), alerted when a
-        topology makes it a member below the safe point."""
+                            holds_of: Callable[[str], list[tuple[str, str, int]]], partition: int | None = None) -> str | None:
+        """Apply a validated cluster event (from events ``partition``). Returns why it was ignored, or
+        None. ``holds_of(node)``: the node's open readers and transactions (``NodeState.open_holds``),
+        alerted when a topology makes it a member below the safe point."""
         kind = event["type"]
+        if partition is not None and partition != self.gaps.key_partition:
+            self.gaps.key_partition = partition  # where the cluster's own events (control events too) live
+        if kind == GAP_ACK:
+            self._ack_gap(event, out)
+            self.evaluate(policy, out)
+            return None
         if kind in CONTROL_TYPES:
             if self.control.apply(event, lambda: self.tenants.pins_all(self.safe_ts), self.cluster_time, self.alerts,
-                                  out):
+                                  out, policy.max_service_hold_ttl_ms):
                 self.dirty = True
             self.evaluate(policy, out)
             return None
@@ -343,6 +360,40 @@ class ClusterState:
         self.evaluate(policy, out)
         return None
 
+    # -- events lost from the log (core/gaps.py) ------------------------------------------
+    def take_gap(self, gap: Gap, policy: Policy, out: list[Output]) -> None:
+        """A gap in the events topic: the nodes whose events may have been in it owe a snapshot (and so
+        does a node first seen on its partitions within a lease), the safe point holds meanwhile, and
+        while a service hold may have been lost with it, until every such hold would have run out."""
+        if gap.id <= self.gaps.seen:
+            return
+        now = self.cluster_time
+        at = gap.ms if now is None else now
+        owed = sorted(name for name, rec in self.members.nodes.items() if gap.covers(rec.partition))
+        if self.recovery is None:
+            self.recovery = Recovery((), whole=False)
+        self.recovery.owe(owed, gap.partition, at + policy.node_lease_ms, gap.id)
+        self.gaps.take(gap, owed, now, policy.max_service_hold_ttl_ms, self.alerts, out)
+        self.aborts = AbortSync()
+        self._rebuild_recovery()
+        self.dirty = True
+        if now is not None:
+            self.evaluate(policy, out)
+
+    def _ack_gap(self, event: dict[str, Any], out: list[Output]) -> None:
+        """An operator acknowledged a gap (``gap``: its id; absent: every open one): control events lost
+        in it need not hold the safe point any more."""
+        gid = event.get("gap")
+        acked = self.gaps.ack(gid)
+        if acked:
+            self.dirty = True
+            self.control.record(event, "applied", None, f"acknowledged gap(s) {', '.join(map(str, acked))}",
+                                self.cluster_time)
+        else:
+            self.control.count("unknown_gap")
+            self.control.record(event, "ignored", "unknown_gap",
+                                "no open gap" if gid is None else f"no open gap {gid}", self.cluster_time)
+
     # -- the round ----------------------------------------------------------------------
     def evaluate(self, policy: Policy, out: list[Output]) -> None:
         """Run the round at the cluster time; it is settled there after (``settled``)."""
@@ -354,7 +405,11 @@ class ClusterState:
         now = self.cluster_time
         if now is None or self.first_wall is None:
             return
-        if self.control and self.control.expire(now, self.alerts, out):
+        frozen = bool(self.gaps.open) and self.gaps.frozen(now)
+        if self.control and not frozen and self.control.expire(now, self.alerts, out):
+            self.dirty = True  # (while a gap may hide a renewal, no known hold expires)
+        if self.gaps.open and self.gaps.settle(self.members.names if self.members.topology is not None else None, now,
+                                               self.alerts, out):
             self.dirty = True
         emergency_moved = bool(self.emergency) and self.emergency.step(now, policy, self.alerts, out)
         if self.members.topology is None and now < self.first_wall + policy.node_lease_ms:
@@ -374,8 +429,9 @@ class ClusterState:
         self.clears = self._passes(aborted, now, policy)
 
     def _passes(self, aborted: bool, now: int, policy: Policy) -> bool:
-        """The round's gates: not aborted, not paused, and the directive interval over."""
-        if aborted or self.control.paused is not None:
+        """The round's gates: not aborted, not paused, not held by a gap that may hide a service hold,
+        and the directive interval over."""
+        if aborted or self.control.paused is not None or (self.gaps.open and self.gaps.frozen(now)):
             return False
         last = self.directives.last_wall
         return not (policy.directive_interval_ms and last is not None and now - last < policy.directive_interval_ms)

@@ -46,9 +46,11 @@ from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
-__all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control"]
+__all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "GAP_ACK"]
 
 CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
+GAP_ACK = "gap_ack"
+"""An operator's acknowledgement of a gap in the events topic (``core/gaps.py``; the cluster applies it)."""
 ACTIONS_KEPT = 256
 """Outcomes of the most recent actions a cluster keeps (and its status shows)."""
 PAUSED_ID = "paused/-"
@@ -145,10 +147,11 @@ class Control:
 
     # -- control events, in log order ---------------------------------------------------------
     def apply(self, event: dict[str, Any], bound: Callable[[], Bound | None], known: int | None, book: AlertBook,
-              out: list[Output]) -> bool:
+              out: list[Output], max_ttl: int = 0) -> bool:
         """Apply one control event in log order at cluster time ``known`` (None: no node reported
         yet). ``bound()`` is the highest bound already sent that a hold pinning every namespace
-        must respect (``safe_ts``, or a namespace's bound above it). True: the cluster is dirty."""
+        must respect (``safe_ts``, or a namespace's bound above it); ``max_ttl``: the longest TTL a
+        service hold may have (0: any). True: the cluster is dirty."""
         if self.action(event.get("action_id")) is not None:
             self.count("repeated")  # the same action delivered again
             return False
@@ -187,11 +190,21 @@ class Control:
             _clear(book, join_id("service_hold_refused", holder), now, out)
             _clear(book, join_id("service_hold_expired", holder), now, out)
             return dirty
-        return self._set_hold(event, bound(), known, now, book, out)
+        return self._set_hold(event, bound(), known, now, book, out, max_ttl)
 
     def _set_hold(self, event: dict[str, Any], bound: Bound | None, known: int | None, now: int, book: AlertBook,
-                  out: list[Output]) -> bool:
+                  out: list[Output], max_ttl: int = 0) -> bool:
         holder, ts, ttl = event["holder"], event["ts"], event["ttl_ms"]
+        if max_ttl and ttl > max_ttl:
+            # the TTL bounds how long a hold lost with events (core/gaps.py) can matter: it must be bounded
+            self.count("ttl_too_long")
+            detail = (f"service hold {holder} at ts {ts} refused: its ttl_ms {ttl} is above max_service_hold_ttl_ms "
+                      f"{max_ttl}; renew it more often with a shorter TTL")
+            aid = join_id("service_hold_refused", holder)
+            book.raised.pop(aid, None)
+            out.append(book.raise_(_body(aid, "service_hold_refused", ttl, max_ttl, now, detail), now))
+            self.record(event, "refused", "ttl_too_long", detail, known)
+            return False
         if bound is not None and ts < bound[0]:
             reason = "below_safe_ts" if bound[1] == "safe_ts" else "below_namespace_bound"
             self.count(reason)

@@ -14,14 +14,17 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, NamedTuple, Protocol
 
+from safepoint.core.clock import log_time
 from safepoint.core.cluster import ClusterState
 from safepoint.core.events import Rejected, is_node_event, parse
+from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
 
-__all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "step"]
+__all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "relevant",
+           "step"]
 
 APPLIED = "applied"
 IGNORED = "ignored"
@@ -73,16 +76,24 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
     out: list[Output] = []
     if not is_node_event(event):
-        ignored = state.apply_cluster_event(event, policy, out, lambda name: _open_holds(nodes.peek(state.name, name)))
+        ignored = state.apply_cluster_event(event, policy, out, lambda name: _open_holds(nodes.peek(state.name, name)),
+                                            partition)
         return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
     node = nodes.node(state.name, event["node"])
-    if state.take_quiet(node, event, policy, out):
+    if state.take_quiet(node, event, policy, out, partition):
         return APPLIED, out
     update = node.apply(event, policy)
     if isinstance(update, str):
         return f"{IGNORED}:{update}", out
+    update.partition = partition
     state.apply_node_update(update, policy, out)
     return APPLIED, out
+
+
+def relevant(gap: Gap, first_log: int, policy: Policy) -> bool:
+    """A cluster met for the first time takes a gap found at most a lease before its first event (its
+    earlier events may be what was lost); an older gap cannot hide a live node of it."""
+    return first_log <= gap.ms + policy.node_lease_ms
 
 
 class Engine:
@@ -102,6 +113,8 @@ class Engine:
         """Every message's final label -> how many (``labels`` and ``counts`` read it)."""
         self.outcomes: list[tuple[int, int, str]] | None = [] if record else None
         """With ``record``: (partition, offset, label) of every message, in order."""
+        self.gaps: list[Gap] = []
+        """The gaps found in the log so far (``gap``): a cluster met later may take them."""
 
     def node(self, cluster: str, name: str) -> NodeState:
         state = self.nodes.get((cluster, name))
@@ -155,10 +168,28 @@ class Engine:
         """One validated event through ``step`` (its cluster started if it is new)."""
         name = event["cluster"]
         state = self.clusters.get(name)
+        pre: list[Output] = []
         if state is None:
             state = self.clusters[name] = ClusterState.starting(name, self.start)
             state.reference = self.reference
-        return step(state, self, event, self.policy, partition, offset)
+            first = log_time(event)
+            for gap in self.gaps:
+                if relevant(gap, first, self.policy):
+                    state.take_gap(gap, self.policy, pre)
+                else:
+                    state.gaps.seen = max(state.gaps.seen, gap.id)  # found before the cluster had events
+        label, outs = step(state, self, event, self.policy, partition, offset)
+        return label, pre + outs if pre else outs
+
+    def gap(self, gap: Gap) -> list[Output]:
+        """A gap found in the log before the messages that follow (``core/gaps.py``): every cluster
+        known takes it now, and a cluster met within a lease of it takes it when it is met."""
+        self.gaps.append(gap)
+        out: list[Output] = []
+        for _name, state in sorted(self.clusters.items()):
+            if _name:
+                state.take_gap(gap, self.policy, out)
+        return out
 
     def cluster(self, name: str) -> ClusterState | None:
         return self.clusters.get(name)

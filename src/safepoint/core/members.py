@@ -96,7 +96,7 @@ class Members:
         if rec is None:
             groups: list[str] = u.groups if u.groups is not None else []
             rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.log_ms, u.log_ms,
-                             led=u.led or [])
+                             led=u.led or [], partition=u.partition)
             self.nodes[u.node] = rec
             if self.topology is None:
                 self.names.add(u.node)
@@ -118,6 +118,8 @@ class Members:
                 rec.led = u.led or []
             if u.log_ms > rec.last_wall:
                 rec.last_wall = u.log_ms
+            if u.partition is not None:
+                rec.partition = u.partition
             member = u.node in self.names
             if member:
                 self._reindex(u.node, rec, old_min, old_last, old_groups)

@@ -27,6 +27,9 @@ class Policy:
     """History every node keeps regardless of readers, in MVCC units (0: keep none)."""
     node_lease_ms: int = 30_000
     """A node whose last event is older than this, in cluster time, is stale."""
+    max_service_hold_ttl_ms: int = 3_600_000
+    """The longest TTL a service hold may have (longer ones are refused; 0: any). It also bounds how long
+    the safe point holds after a gap in the events topic that may hide a service hold (``core/gaps.py``)."""
     incarnation_grace_ms: int = 5_000
     """After a node's newer incarnation appeared, the older one's readers and transactions stay held
     until it has been silent this long (log time): a restart frees a dead process's holds within a few

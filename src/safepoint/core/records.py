@@ -162,10 +162,12 @@ class NodeRecord:
     hold}] (``core/tenants.py``); None: ``local_min`` pins every namespace."""
     led: list[str] = field(default_factory=list)
     """The groups it says it leads (a group some member reports but none leads aborts the round)."""
+    partition: int | None = None
+    """The events partition of its last event (a gap there may hide its events); None: not known."""
 
     def __init__(self, incarnation: int, seq: int, local_min: int | None, unknown: str | None, blocker: Blocker | None,
                  groups: list[str], last_wall: int, first_wall: int, ns: list[Any] | None = None,
-                 led: list[str] | None = None) -> None:
+                 led: list[str] | None = None, partition: int | None = None) -> None:
         self.incarnation = incarnation
         self.seq = seq
         self.local_min = local_min
@@ -176,11 +178,14 @@ class NodeRecord:
         self.first_wall = first_wall
         self.ns = ns
         self.led = [] if led is None else led
+        self.partition = partition
 
     def to_json(self) -> list[Any]:
         blocker = None if self.blocker is None else self.blocker.to_json()
         out: list[Any] = [self.incarnation, self.seq, self.local_min, self.unknown, blocker, self.groups,
                           self.last_wall, self.first_wall, {}]  # {}: where the node's open holds were once copied
+        if self.partition is not None:
+            return [*out, self.ns, self.led, self.partition]
         if self.led:
             return [*out, self.ns, self.led]
         return out if self.ns is None else [*out, self.ns]
@@ -192,7 +197,7 @@ class NodeRecord:
         # answered for them (ignored); written before ``led`` was kept: none (its groups look
         # leaderless until the node's next heartbeat: the safe side)
         return cls(inc, seq, lmin, unknown, Blocker.of(blocker), groups, last, first,
-                   rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else [])
+                   rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else [], rest[3] if len(rest) > 3 else None)
 
 
 @dataclass(slots=True, init=False)
@@ -221,6 +226,8 @@ class NodeUpdate:
     """With namespaced holds: [the lowest of what pins every namespace, {namespace: its lowest hold}]."""
     led: list[str] | None = None
     """With ``groups``: the groups it says it leads."""
+    partition: int | None = None
+    """The events partition the event came from (set by ``engine.step``)."""
 
     def __init__(self, node: str, log_ms: int, incarnation: int, seq: int, local_min: int | None, unknown: str | None,
                  blocker: Blocker | None, groups: list[str] | None, opened: list[OpenedHold], closed: list[HoldRef],
@@ -242,3 +249,4 @@ class NodeUpdate:
         self.floor = floor
         self.ns = ns
         self.led = led
+        self.partition: int | None = None

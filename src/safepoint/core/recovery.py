@@ -1,4 +1,5 @@
-"""A start on empty state: the floor that must not go back, and the picture each node must give again.
+"""A start on empty state, or a gap in the log: the floor that must not go back, and the picture each
+node must give again.
 
 The job's state lives in its checkpoint. When a job starts without one (a wiped volume, a
 redeployment, a recreated topic), two things would go wrong if it simply started over:
@@ -141,31 +142,55 @@ class StartPlan:
 
 
 class Recovery:
-    """A cluster's part after a start on empty state: which nodes still owe a snapshot.
+    """A cluster's part while nodes owe a snapshot: after a start on empty state (``whole``: every
+    node does), or after a gap in the events topic (``core/gaps.py``: the nodes whose events may have
+    been in it, and any node first seen on its partitions within a lease after it).
 
-    ``expected``: the nodes of the last directive's member set; ``complete``: the nodes that sent a
-    snapshot since; ``requested``: node -> the cluster time of its last snapshot request;
-    ``awaiting`` (derived): the members (and, without a topology, the expected nodes) that are
-    not complete. The round aborts while ``awaiting`` is not empty."""
+    ``expected``: the nodes known to owe one (after a start on empty state, those of the last
+    directive's member set); ``complete``: the nodes that sent a snapshot since; ``requested``: node
+    -> the cluster time of its last snapshot request; ``windows``: [partition (-1: every one), until
+    (cluster time)] of each gap, during which a node first seen there owes one too; ``cause``: node
+    -> the gap that made it owe one (absent: the start on empty state); ``awaiting`` (derived): the
+    members (and, without a topology, the expected nodes) that are not complete. The round aborts
+    while ``awaiting`` is not empty."""
 
-    __slots__ = ("expected", "complete", "requested", "awaiting")
+    __slots__ = ("expected", "complete", "requested", "whole", "windows", "cause", "awaiting")
 
     def __init__(self, expected: Iterable[str], complete: Iterable[str] = (),
-                 requested: Mapping[str, int] | None = None) -> None:
+                 requested: Mapping[str, int] | None = None, whole: bool = True,
+                 windows: Iterable[list[int]] = (), cause: Mapping[str, int] | None = None) -> None:
         self.expected = set(expected)
         self.complete = set(complete)
         self.requested: dict[str, int] = dict(requested or {})
+        self.whole = whole
+        self.windows: list[list[int]] = [list(w) for w in windows]
+        self.cause: dict[str, int] = dict(cause or {})
         self.awaiting: set[str] = set()
 
     def rebuild(self, members: set[str], topology_known: bool) -> None:
         """Recompute ``awaiting`` for the member set ``members``."""
-        needed = members | (self.expected if not topology_known else set())
+        if self.whole:
+            needed = members | (self.expected if not topology_known else set())
+        else:
+            needed = self.expected & members if topology_known else set(self.expected)
         self.awaiting = needed - self.complete
 
-    def take(self, u: NodeUpdate, member: bool, now: int, lease_ms: int) -> str | None:
+    def owe(self, nodes: Iterable[str], partition: int, until: int, gap: int) -> None:
+        """A gap: ``nodes`` owe a snapshot again (asked at their next event), and so does any node first
+        seen on ``partition`` (-1: any) up to cluster time ``until``."""
+        for node in nodes:
+            self.expected.add(node)
+            self.complete.discard(node)
+            self.requested.pop(node, None)
+            self.cause[node] = gap
+        self.windows.append([partition, until, gap])
+
+    def take(self, u: NodeUpdate, member: bool, now: int, lease_ms: int, fresh: bool = False,
+             partition: int = -1) -> str | None:
         """A snapshot completes a node's picture (``COMPLETED``: the round may pass now); any other
         event of an incomplete node that the round needs asks it for one, again after a lease
-        without an answer (``ASK``: a ``snapshot_request`` must go to the node now)."""
+        without an answer (``ASK``: a ``snapshot_request`` must go to the node now). ``fresh``: the
+        node's first event, on ``partition``."""
         if u.snapshot:
             if u.node in self.complete:
                 return None
@@ -175,6 +200,13 @@ class Recovery:
             return COMPLETED
         if u.node in self.complete:
             return None
+        if not self.whole and u.node not in self.expected:
+            window = next((w for w in self.windows if w[0] in (-1, partition) and now <= w[1]), None) if fresh else None
+            if window is None:
+                return None  # its events were never in a gap
+            self.expected.add(u.node)
+            if len(window) > 2:
+                self.cause[u.node] = window[2]
         if member:
             self.awaiting.add(u.node)
         if u.node not in self.awaiting:
@@ -185,11 +217,21 @@ class Recovery:
         self.requested[u.node] = now
         return ASK
 
+    def finished(self, now: int) -> bool:
+        """A gap's recovery is over: no node owes a snapshot and no window is open (a start on empty
+        state never ends: every node the job meets must restate)."""
+        return not self.whole and not self.awaiting and all(now > w[1] for w in self.windows)
+
     def to_json(self) -> dict[str, Any]:
-        return {"expected": sorted(self.expected), "complete": sorted(self.complete), "requested": self.requested}
+        data: dict[str, Any] = {"expected": sorted(self.expected), "complete": sorted(self.complete),
+                                "requested": self.requested}
+        if not self.whole:
+            data.update(whole=False, windows=self.windows, cause=self.cause)
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Recovery | None:
         if data is None:
             return None
-        return cls(data["expected"], data["complete"], data["requested"])
+        return cls(data["expected"], data["complete"], data["requested"], bool(data.get("whole", True)),
+                   data.get("windows") or (), data.get("cause"))

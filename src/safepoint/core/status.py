@@ -142,6 +142,12 @@ def _round(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     found = sorted(problems(cs.members, cs.recovery, now, policy).items())
     reasons = [{"kind": p.kind, "node": p.node, "value": p.value, "threshold": p.threshold, "detail": p.detail}
                for _, p in found[:LISTED]]
+    if cs.gaps.open and cs.gaps.frozen(now):
+        until = max(g["until"] for g in cs.gaps.open.values() if g["until"] is not None and not g["acked"])
+        reasons.insert(0, {"kind": "control_lost", "node": None, "value": until - now, "threshold": None,
+                           "detail": "events lost from the log may have held control events (a service hold): the "
+                                     f"safe point holds for {until - now} ms more of cluster time, or until an "
+                                     "operator acknowledges the gap (safepoint ack-gap)"})
     if not reasons and not cs.members.names:
         reasons.append({"kind": "no_nodes", "node": None, "value": None, "threshold": None,
                         "detail": "no node of the cluster is live"})
@@ -240,6 +246,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         **({"unlisted_trouble": unlisted_trouble} if unlisted_trouble else {}),
         "nodes": nodes,
         "alerts": alerts,
+        **({"gaps": cs.gaps.status()} if cs.gaps.open else {}),
         **cut,
     }
 

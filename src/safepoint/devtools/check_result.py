@@ -35,6 +35,9 @@ class CheckResult:
     clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
     holds_checked: int = 0
     excused_late_holds: int = 0
+    unsure_checks: int = 0
+    """Directive checks of nodes whose events this checker missed (offsets skipped: records deleted before
+    it read them), not made until the node restated its holds."""
     basis_checked: int = 0
     basis_unverified: int = 0
     basis_min_mismatches: int = 0
@@ -100,6 +103,7 @@ class CheckResult:
             "clusters": self.clusters,
             "holds_checked": self.holds_checked,
             "excused_late_holds": self.excused_late_holds,
+            "unsure_checks": self.unsure_checks,
             "basis_checked": self.basis_checked,
             "basis_unverified": self.basis_unverified,
             "basis_min_mismatches": self.basis_min_mismatches,

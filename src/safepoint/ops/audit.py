@@ -26,7 +26,11 @@ soak, the demo and the tests run it.
 
 Service holds expire on the auditor's own cluster time (the largest log time it applied: a record's
 broker time, else its ``wall_ms``, as the job's): it is never ahead of the job's, so a hold is never
-taken for live after the job let it expire. A node restart drops the old process's holds at once
+taken for live after the job let it expire. Events the auditor missed (a partition's offsets skip:
+records deleted before it read them) make it unsure of the holds of every node and service hold
+whose events live in that partition, since a lost close would leave a hold here that the job no
+longer has: those are not checked (counted) until the node's next snapshot or the hold's renewal,
+so a gap never makes it report a violation the job could not have seen. A node restart drops the old process's holds at once
 here (the job keeps them for a grace, and an older process that still speaks keeps its own), so the
 auditor checks fewer holds than the job keeps there, never more. A
 cluster's events wait in memory until a directive reaches them (at most ``max_pending`` per
@@ -70,6 +74,10 @@ class _Node:
     prepared: set[str] = field(default_factory=set)
     mvcc_now: int | None = None
     groups: dict[str, int | None] = field(default_factory=dict)
+    partition: int | None = None
+    unsure: bool = False
+    """Events of it may have been lost before the auditor read them: its holds are not checked until its
+    next snapshot."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,8 @@ class _Cluster:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.queue: dict[int, deque[tuple[int, dict[str, Any], int | None]]] = {}
+        self.queue: dict[int, deque[tuple[int, dict[str, Any] | None, int | None]]] = {}
+        """partition -> (offset, event (None: messages lost before it), broker time), waiting for a directive."""
         self.applied_to: dict[int, int] = {}
         """partition -> the offset after the last event applied (or forced) there."""
         self.nodes: dict[str, _Node] = {}
@@ -109,6 +118,10 @@ class _Cluster:
         """The last compaction directive checked (its bounds are in force)."""
         self.waiting: deque[dict[str, Any]] = deque()
         """Directives whose positions the events read so far do not reach yet."""
+        self.key_partition: int | None = None
+        """The partition of the cluster's own events (its control events)."""
+        self.unsure: set[str] = set()
+        """Service holders whose release may have been lost (not checked until they set their hold again)."""
 
     def pins_all(self) -> int | None:
         """The highest bound in force (what a hold of every namespace must respect)."""
@@ -129,9 +142,23 @@ class _Cluster:
         return int(base) if isinstance(base, int) else int(d["safe_ts"])
 
     # -- the model -----------------------------------------------------------------------------
-    def apply(self, ev: dict[str, Any], log: int | None = None) -> None:
-        """One event at log time ``log`` (None: its ``wall_ms``)."""
+    def lost(self, partition: int) -> None:
+        """Messages of ``partition`` were lost before the auditor read them."""
+        for node in self.nodes.values():
+            if node.partition == partition:
+                node.unsure = True
+        if self.key_partition in (None, partition):
+            self.unsure |= set(self.service)
+
+    def apply(self, ev: dict[str, Any] | None, log: int | None = None, partition: int | None = None) -> None:
+        """One event at log time ``log`` (None: its ``wall_ms``) from ``partition``; None: a gap there."""
+        if ev is None:
+            if partition is not None:
+                self.lost(partition)
+            return
         kind = ev["type"]
+        if kind in CONTROL_TYPES or kind in CLUSTER_TYPES:
+            self.key_partition = partition if partition is not None else self.key_partition
         if kind in CONTROL_TYPES:
             self._control(ev)
         elif kind in CLUSTER_TYPES:
@@ -139,10 +166,12 @@ class _Cluster:
                 self.topology_version = ev["version"]
                 self.topology = frozenset(ev["nodes"])
         else:
-            self._node_event(ev, ev["wall_ms"] if log is None else log)
+            self._node_event(ev, ev["wall_ms"] if log is None else log, partition)
 
     def _control(self, ev: dict[str, Any]) -> None:
         holder = ev.get("holder")
+        if isinstance(holder, str):
+            self.unsure.discard(holder)
         if ev["type"] == "service_release" and isinstance(holder, str):
             self.service.pop(holder, None)
         elif ev["type"] == "service_hold" and isinstance(holder, str):
@@ -152,8 +181,10 @@ class _Cluster:
             deadline = None if self.time is None else self.time + ev["ttl_ms"]
             self.service[holder] = [ev["ts"], ev["ttl_ms"], deadline]
 
-    def _node_event(self, ev: dict[str, Any], log: int) -> None:
+    def _node_event(self, ev: dict[str, Any], log: int, partition: int | None = None) -> None:
         node = self.nodes.setdefault(ev["node"], _Node())
+        if partition is not None:
+            node.partition = partition
         inc, seq = ev["incarnation"], ev["seq"]
         if inc < node.incarnation or (inc == node.incarnation and seq <= node.seq):
             return  # stale or a duplicate: the job ignores it too
@@ -183,6 +214,7 @@ class _Cluster:
             if "groups" in ev:
                 node.groups = {g["group"]: g.get("published_min_tx_time") for g in ev["groups"]}
         elif t == "snapshot":
+            node.unsure = False  # its complete set again
             old = node.holds
             node.holds = {}
             for kind, items, id_key, ts_key in (("reader", ev["readers"], "reader_id", "read_ts"),
@@ -218,6 +250,8 @@ class Auditor:
         self.excused = 0
         self.unverified = 0
         self.duplicates = 0
+        self.unsure_holds = 0
+        """Holds not checked because events of them may have been lost before the auditor read them."""
 
     def _cluster(self, name: str) -> _Cluster:
         c = self.clusters.get(name)
@@ -230,6 +264,11 @@ class Auditor:
               ) -> list[Violation]:
         """One message of the events topic (bad ones are skipped: the job dead-letters them), with its
         record's broker time where the topic is stamped by the broker."""
+        before = self.read_to.get(partition)
+        if before is not None and offset > before:  # offsets skipped: records deleted before they were read
+            for c in self.clusters.values():
+                if partition in c.queue:
+                    c.queue[partition].append((offset - 1, None, None))
         self.read_to[partition] = max(self.read_to.get(partition, 0), offset + 1)
         ev, _why = validate_event(value)
         if ev is not None:
@@ -238,7 +277,7 @@ class Auditor:
             q.append((offset, ev, broker_ms))
             if len(q) > self.max_pending:  # no directive reached them: apply the oldest, state runs ahead
                 off, old, stamp = q.popleft()
-                c.apply(old, stamp)
+                c.apply(old, stamp, partition)
                 c.applied_to[partition] = off + 1
         return self._ready()
 
@@ -286,7 +325,7 @@ class Auditor:
                 q = c.queue.get(p)
                 while q and q[0][0] < offset:
                     off, ev, stamp = q.popleft()
-                    c.apply(ev, stamp)
+                    c.apply(ev, stamp, p)
                     c.applied_to[p] = off + 1
             if ahead:
                 self.unverified += 1
@@ -343,6 +382,9 @@ class Auditor:
                     continue
                 found.append(Violation(c.name, d["seq"], name, what.replace(" ", ":"), ts, pins_all,
                                        f"{where} passed node {name}'s {what} bound {ts}"))
+            if node.unsure:
+                self.unsure_holds += len(node.holds)
+                continue
             for (kind, hid), hold in sorted(node.holds.items()):
                 self.holds_checked += 1
                 bound = c.bound_of(d, hold.namespace)
@@ -361,6 +403,9 @@ class Auditor:
             assert sts is not None
             if deadline is not None and isinstance(now, int) and now > deadline:
                 continue  # its TTL ran out (on a cluster time never ahead of the job's)
+            if holder in c.unsure:
+                self.unsure_holds += 1
+                continue
             self.holds_checked += 1
             if sts < pins_all:
                 found.append(Violation(c.name, d["seq"], None, f"service:{holder}", sts, pins_all,
@@ -370,6 +415,7 @@ class Auditor:
     def summary(self) -> str:
         return (f"audit: {self.checked} directives checked ({self.unverified} unverified, {self.duplicates} repeated), "
                 f"{self.holds_checked} holds checked, {self.excused} excused (late holds the job alerts), "
+                f"{self.unsure_holds} not checked after events lost before the auditor read them, "
                 f"{len(self.violations)} violation(s)")
 
 

@@ -1,4 +1,5 @@
-"""Pull the levers from a shell: ``safepoint hold set|release|list`` and ``safepoint pause|resume``.
+"""Pull the levers from a shell: ``safepoint hold set|release|list``, ``safepoint pause|resume`` and
+``safepoint ack-gap`` (an operator's acknowledgement of a gap in the events topic, ``core/gaps.py``).
 
 Every action is a control event with an ``action_id`` of its own, published to the events topic
 (key: the cluster id) through ``connectors/control.py``'s ``ControlPublisher``, so it is audited,
@@ -118,7 +119,14 @@ def add_parsers(sub: Any, bootstrap_flag: Any) -> None:
     q = sub.add_parser("resume", help="resume a paused CLUSTER")
     q.add_argument("cluster")
     bootstrap_flag(q)
-    for action in (s, r, p, q):
+    g = sub.add_parser("ack-gap", help="acknowledge a gap of the events topic (events lost before the job read them) "
+                                       "once checked: control events that may have been lost in it stop holding "
+                                       "the safe point")
+    g.add_argument("cluster")
+    g.add_argument("--gap", type=int, default=None, help="the gap's id (the status lists the open gaps); "
+                                                         "default: every open gap of the cluster")
+    bootstrap_flag(g)
+    for action in (s, r, p, q, g):
         action.add_argument("--wait-timeout", type=float, default=60.0,
                             help="seconds to wait for the job's outcome (default 60; exit 3 when none came)")
         action.add_argument("--no-wait", action="store_true", help="publish and exit without waiting for the outcome")
@@ -134,6 +142,8 @@ def run(command: str, args: Any, settings: Settings) -> int:
     wait_s = None if getattr(args, "no_wait", False) else getattr(args, "wait_timeout", None)
     if command in ("pause", "resume"):
         return act(settings, ControlPublisher.event(command, args.cluster, reason=getattr(args, "reason", None)), wait_s)
+    if command == "ack-gap":
+        return act(settings, ControlPublisher.event("gap_ack", args.cluster, gap=args.gap), wait_s)
     if args.hold_action == "set":
         event = ControlPublisher.event("service_hold", args.cluster, holder=args.holder, ts=args.ts,
                                        ttl_ms=parse_duration_ms(args.ttl), label=args.label)

@@ -15,8 +15,12 @@ from typing import Any
 from safepoint.connectors.producer import ProducerSlot, is_fatal_exception
 from safepoint.core.codec import encode
 from safepoint.ops.status_store import JOB_KEY, StatusStore
+from safepoint.streaming.job import gaps_in
 
-__all__ = ["JobStatus", "input_lag"]
+__all__ = ["GAPS_SHOWN", "JobStatus", "input_lag"]
+
+GAPS_SHOWN = 10
+"""The newest gaps of the events topic the job's status shows (``/healthz``)."""
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +63,9 @@ class JobStatus:
         self.store = store
         self.record: dict[str, Any] = {"v": 1, "type": "job_status", "active": True, "batches": 0, "batch_id": None,
                                        "batch_duration_ms": None, "input_rows": 0, "input_lag_messages": None,
-                                       "messages_total": {}, "wall_ms": int(time.time() * 1000)}
+                                       "messages_total": {}, "gaps": [], "gaps_total": {},
+                                       "wall_ms": int(time.time() * 1000)}
+        self._gap_ids: set[int] = set()
 
     def batch(self, progress: dict[str, Any], counts: dict[str, int], rows: int) -> None:
         r = self.record
@@ -68,6 +74,13 @@ class JobStatus:
         r["batch_duration_ms"] = (progress.get("durationMs") or {}).get("triggerExecution")
         r["input_rows"] = rows
         r["input_lag_messages"] = input_lag(progress)
+        gaps = gaps_in(progress)
+        if gaps:
+            r["gaps"] = gaps[-GAPS_SHOWN:]
+            for gap in gaps:
+                if gap["id"] not in self._gap_ids:
+                    self._gap_ids.add(gap["id"])
+                    r["gaps_total"][gap["kind"]] = r["gaps_total"].get(gap["kind"], 0) + 1
         totals = r["messages_total"]
         for outcome in ("applied", "ignored", "deadlettered"):
             totals[outcome] = totals.get(outcome, 0) + counts.get(outcome, 0)

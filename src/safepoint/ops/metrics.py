@@ -20,7 +20,7 @@ from safepoint.ops.status_store import StatusStore
 __all__ = ["REASONS", "StatusCollector"]
 
 REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_min", "missing_group", "leaderless_group",
-           "awaiting_snapshot")
+           "awaiting_snapshot", "control_lost")
 """Every reason kind a round can abort for (the label values of ``safepoint_round_aborted``)."""
 HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group", "service")
 TOP_HOLDS = 10
@@ -61,6 +61,8 @@ class StatusCollector(Collector):
                      ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
+        gaps = _gauge("safepoint_gaps_open", "Gaps of the events topic (events lost before the job read them) the "
+                                            "cluster has not closed: nodes still owe a snapshot, or it is unacknowledged", c)
         ns_safe = _gauge("safepoint_namespace_safe_ts", "Bound of a namespace without holds of its own (MVCC units)", c)
         ns_bound = _gauge("safepoint_namespace_bound", "Bound of a namespace with holds of its own (at most "
                           "max_namespaces per cluster)", ["cluster", "namespace"])
@@ -129,6 +131,7 @@ class StatusCollector(Collector):
             for (kind, severity), count in sorted(active.items()):
                 alerts.add_metric([name, kind, severity], count)
             paused_.add_metric([name], 1 if st.get("paused") else 0)
+            gaps.add_metric([name], len(st.get("gaps") or []))
             if st.get("namespace_safe_ts") is not None:
                 ns_safe.add_metric([name], st["namespace_safe_ts"])
             for ns, b in sorted((st.get("namespaces") or {}).items()):
@@ -136,7 +139,7 @@ class StatusCollector(Collector):
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
         yield from (safe, floor, seq, wall, lag, age, blocker_cost, hold_cost, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
-                    paused_, ignored, ns_safe, ns_bound)
+                    paused_, gaps, ignored, ns_safe, ns_bound)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:
@@ -146,7 +149,11 @@ class StatusCollector(Collector):
         lag = _gauge("safepoint_input_lag_messages", "Messages of the events topic not yet read by the job", [])
         active = _gauge("safepoint_query_active", "1 while the job's streaming query runs", [])
         batches = CounterMetricFamily("safepoint_batches", "Micro-batches the job finished since it started", labels=[])
+        found = CounterMetricFamily("safepoint_events_topic_gaps", "Gaps the job found in the events topic since it "
+                                    "started (events lost before it read them), by kind", labels=["kind"])
         if job is not None:
+            for kind, n in sorted((job.get("gaps_total") or {}).items()):
+                found.add_metric([kind], n)
             for outcome, n in sorted((job.get("messages_total") or {}).items()):
                 messages.add_metric([outcome], n)
             if job.get("batch_duration_ms") is not None:
@@ -155,4 +162,4 @@ class StatusCollector(Collector):
                 lag.add_metric([], job["input_lag_messages"])
             active.add_metric([], 1 if job.get("active") else 0)
             batches.add_metric([], job.get("batches", 0))
-        yield from (messages, batch, lag, active, batches)
+        yield from (messages, batch, lag, active, batches, found)
