@@ -31,6 +31,7 @@ side (seq, delivery, repair) in ``connectors/sender.py``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -75,6 +76,28 @@ log = logging.getLogger("safepoint.reporter")
 
 DEFAULT_EVENTS_TOPIC = "safepoint.events"
 
+SNAPSHOT_PART_BYTES = 500_000
+"""A snapshot part's size: half of the broker's default message limit (1 MB) and of the job's
+``max_message_bytes``, with room for the event's own fields."""
+
+
+def snapshot_parts(readers: list[dict[str, Any]], txs: list[dict[str, Any]], part_bytes: int
+                   ) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """The snapshot's readers and transactions cut into parts of at most about ``part_bytes`` of JSON
+    each (one part when they fit: the usual snapshot)."""
+    parts: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = [([], [])]
+    size = 0
+    for index, entries in ((0, readers), (1, txs)):
+        for entry in entries:
+            n = len(json.dumps(entry, separators=(",", ":"), ensure_ascii=False).encode("utf-8")) + 1
+            if size + n > part_bytes and (parts[-1][0] or parts[-1][1]):
+                parts.append(([], []))
+                size = 0
+            parts[-1][index].append(entry)
+            size += n
+    return parts
+
+
 class Reporter(ExpiryMixin, HoldsMixin):
     """Publishes one database node's events. Thread-safe; see the module docstring."""
 
@@ -98,6 +121,7 @@ class Reporter(ExpiryMixin, HoldsMixin):
         retention: int | None = None,
         long_per_s: float = 1.0,
         long_read_after: int | None = None,
+        snapshot_part_bytes: int = SNAPSHOT_PART_BYTES,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -120,7 +144,13 @@ class Reporter(ExpiryMixin, HoldsMixin):
         tune the admission control of long snapshots under pressure (``connectors/admission.py``):
         how many a second the ``warning`` band admits, and how far below ``mvcc_now`` (MVCC units)
         a reader or transaction not declared long counts as long (None: only declared ones).
+        ``snapshot_part_bytes``: a snapshot larger than this goes out in parts of about this size
+        (below the broker's and the job's message limits), which the job applies as one.
         """
+        if snapshot_part_bytes < 10_000:
+            msg = f"snapshot_part_bytes must be at least 10000, got {snapshot_part_bytes}"
+            raise ValueError(msg)
+        self._part_bytes = snapshot_part_bytes
         self.node = check_id("node", node)
         self.cluster = check_id("cluster", cluster)
         self.topic = topic
@@ -365,14 +395,19 @@ class Reporter(ExpiryMixin, HoldsMixin):
             raise ClientClosed(msg)
 
     def _publish_snapshot(self) -> int:
-        """Publish the active set; call with the lock held."""
+        """Publish the active set, in parts when it is larger than ``snapshot_part_bytes`` (each part
+        takes the next seq, under the lock, so nothing comes between them); call with the lock held.
+        Returns the seq of its last part."""
         cut = check_ts("mvcc_clock()", self._mvcc_clock())
-        event = {
-            "cut": cut,
-            "readers": [r._entry() for r in self._readers.values()],
-            "txs": [t._entry() for t in self._txs.values()],
-        }
-        seq = self._send("snapshot", event)
+        readers = [r._entry() for r in self._readers.values()]
+        txs = [t._entry() for t in self._txs.values()]
+        parts = snapshot_parts(readers, txs, self._part_bytes)
+        seq = -1
+        for k, (part_readers, part_txs) in enumerate(parts):
+            event: dict[str, Any] = {"cut": cut, "readers": part_readers, "txs": part_txs}
+            if len(parts) > 1:
+                event.update(part=k, parts=len(parts))
+            seq = self._send("snapshot", event)
         self._sender.needs_snapshot = False
         for h in (*self._readers.values(), *self._txs.values()):
             h._published = True  # named in the snapshot: its end is published from now on

@@ -28,7 +28,9 @@ What is checked (the operator guide, "Publishing from another language", says wh
   flag, the job's retention announced on the cluster's newest directive, else 0: every hold
   must be published);
 * ``leader_never_publishes``: a group the node leads whose ``published_min_tx_time`` stayed null in
-  every heartbeat read: the job cannot know the node's minimum.
+  every heartbeat read: the job cannot know the node's minimum;
+* ``snapshot_parts``: a snapshot sent in parts whose parts do not follow one another (a part skipped,
+  another event between two parts, another ``cut``): the job applies none of it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from safepoint.core.policy import Policy
 __all__ = ["Finding", "NodeCheck", "announced_retention", "read_node", "CHECKS"]
 
 CHECKS = ("invalid", "key", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "two_processes", "heartbeat_sparse",
-          "close_unknown", "unpublished_hold", "leader_never_publishes")
+          "close_unknown", "unpublished_hold", "leader_never_publishes", "snapshot_parts")
 
 
 @dataclass(slots=True)
@@ -82,6 +84,8 @@ class _Node:
     """group the node leads -> whether it ever published a time."""
     older: dict[int, int] = field(default_factory=dict)
     """Each earlier incarnation -> its last seq (an older process that still speaks)."""
+    parts: dict[str, Any] | None = None
+    """A snapshot sent in parts, received so far: {cut, parts, next, readers, txs}."""
 
 
 class NodeCheck:
@@ -151,7 +155,37 @@ class NodeCheck:
             n.seq = seq
         return True
 
+    def _parts(self, event: dict[str, Any], where: str) -> dict[str, Any] | None:
+        """The whole snapshot once its last part is read (None before, and for parts that do not follow)."""
+        n = self.state
+        if event["type"] != "snapshot" or event.get("parts", 1) == 1:
+            if n.parts is not None:
+                self._found("snapshot_parts", f"an event between the parts of a snapshot ({n.parts['next']} of "
+                            f"{n.parts['parts']} read): the job applies none of it", where)
+                n.parts = None
+            return event
+        part, parts = event.get("part", 0), event["parts"]
+        if part == 0:
+            n.parts = {"cut": event["cut"], "parts": parts, "next": 0, "readers": [], "txs": []}
+        p = n.parts
+        if p is None or (p["cut"], p["parts"], p["next"]) != (event["cut"], parts, part):
+            self._found("snapshot_parts", f"part {part} of {parts} of a snapshot does not follow the parts read: the "
+                        "job applies none of it", where)
+            n.parts = None
+            return None
+        p["next"] += 1
+        p["readers"] += event["readers"]
+        p["txs"] += event["txs"]
+        if p["next"] < parts:
+            return None
+        n.parts = None
+        return {**event, "readers": p["readers"], "txs": p["txs"]}
+
     def _holds(self, event: dict[str, Any], where: str) -> None:
+        whole = self._parts(event, where)
+        if whole is None:
+            return
+        event = whole
         n, kind, wall = self.state, event["type"], event["wall_ms"]
         if kind == "reader_open":
             n.readers[event["reader_id"]] = event["read_ts"]

@@ -196,8 +196,12 @@ class RunningQuery:
 
 
 def test_node_restart_mid_transaction(broker: Any, spark: Any, tmp_path: Path) -> None:
+    """A node restarts with a reader, an unprepared and a prepared transaction open: the old process's
+    reader and unprepared transaction stay held for the grace (a newer incarnation does not prove the
+    older one dead), then go; the prepared transaction stays until its decision. A close the old
+    process sent before the restart, delivered late, is its last word (applied, no second process)."""
     settings = make_settings(broker.bootstrap, "restart", 2, retention=100, node_lease_ms=10_000,
-                             in_doubt_timeout_ms=2_000, trigger_ms=100)
+                             in_doubt_timeout_ms=2_000, trigger_ms=100, incarnation_grace_ms=500)
     n1, n2 = Node("n1", "c1", 0), Node("n2", "c1", 1)
     phases: list[list[Message]] = [
         [cluster_event("c1", "topology", 999, 1, nodes={"n1": [], "n2": []}),
@@ -208,14 +212,15 @@ def test_node_restart_mid_transaction(broker: Any, spark: Any, tmp_path: Path) -
          n1.event("tx_prepare", 1_005, tx_id="t2", coordinator="n2", participants=["n1", "n2"]),  # in doubt: kept
          n1.heartbeat(2_000, 2_000), n2.heartbeat(2_001, 2_000)],                      # seq 2: safe 950 (r1)
     ]
-    stale = n1.event("reader_close", 3_500, reader_id="r1")  # sent by the old process, delivered late
+    late = n1.event("reader_close", 3_500, reader_id="r1")  # sent by the old process before it died, delivered late
     n1.restart()
     restart_beat = n1.heartbeat(4_000, 3_000)
-    phases.append([restart_beat,                             # incarnation 2: r1, t1 dropped, t2 (prepared) kept
-                   stale,                                    # stale incarnation: ignored
+    phases.append([restart_beat,                             # incarnation 2: r1, t1 kept for the grace, t2 passes on
+                   late,                                     # the old process's last word: r1 closes
                    restart_beat,                             # a duplicate delivery: ignored
-                   n2.heartbeat(4_001, 3_000)])              # seq 3: safe 970, blocker prepared_tx t2
-    phases.append([n1.event("tx_end", 5_000, tx_id="t2", outcome="commit", commit_ts=2_990),  # seq 4: safe 2900
+                   n2.heartbeat(4_001, 3_000)])              # seq 3: safe 960, blocker tx t1@1 (the grace)
+    phases.append([n1.heartbeat(4_600, 3_000), n2.heartbeat(4_601, 3_000)])  # seq 4: past the grace: safe 970 (t2)
+    phases.append([n1.event("tx_end", 5_000, tx_id="t2", outcome="commit", commit_ts=2_990),  # seq 5: safe 2900
                    n1.heartbeat(5_001, 3_000), n2.heartbeat(5_002, 3_000)])
     log = [m for phase in phases for m in phase]
     seen: list[tuple[int, int, str | None, str | None]] = []
@@ -227,17 +232,20 @@ def test_node_restart_mid_transaction(broker: Any, spark: Any, tmp_path: Path) -
                     for d in node_view(read_topic(broker.bootstrap, settings.directives_topic))[0]
                     if d["type"] == "compaction"]
             if phase is phases[1]:
-                assert seen[-1] == (3, 970, "prepared_tx", "t2"), "after the restart only the prepared t2 holds"
+                assert seen[-1] == (3, 960, "tx", "t1@1"), "within the grace the old process's transaction holds"
+            if phase is phases[2]:
+                assert seen[-1] == (4, 970, "prepared_tx", "t2"), "after the grace only the prepared t2 holds"
     assert run.consumed == len(log)
     v = verify(broker.bootstrap, settings, tmp_path / "ckpt")
-    assert seen == [(1, 900, "retention", None), (2, 950, "reader", "r1"), (3, 970, "prepared_tx", "t2"),
-                    (4, 2_900, "retention", None)]
-    assert v.directives["c1"][2]["basis"]["n1"] == {"incarnation": 2, "seq": 1, "local_min": 970}
-    assert v.directives["c1"][3]["basis"]["n1"] == {"incarnation": 2, "seq": 2, "local_min": 2_900}
+    assert seen == [(1, 900, "retention", None), (2, 950, "reader", "r1"), (3, 960, "tx", "t1@1"),
+                    (4, 970, "prepared_tx", "t2"), (5, 2_900, "retention", None)]
+    assert v.directives["c1"][3]["basis"]["n1"] == {"incarnation": 2, "seq": 2, "local_min": 970}
+    assert v.directives["c1"][4]["basis"]["n1"] == {"incarnation": 2, "seq": 3, "local_min": 2_900}
     in_doubt = [(a["state"], a["node"]) for a in v.alerts["c1"] if a["kind"] == "in_doubt_tx"]
     assert in_doubt == [("raised", "n1"), ("cleared", "n1")]
+    assert not [a for a in v.alerts["c1"] if a["kind"] == "duplicate_node"], "a late word is no second process"
     labels = v.replay.engine.labels
-    assert labels["ignored:stale_incarnation"] == 1 and labels["ignored:duplicate"] == 1
+    assert labels["ignored:duplicate"] == 1 and labels.get("ignored:stale_incarnation", 0) == 0
     assert v.replay.engine.clusters["c1"].safe_ts == 2_900 == file_order_safe_ts(log, settings, "c1")
 
 

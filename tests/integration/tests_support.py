@@ -40,7 +40,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from safepoint.connectors.topics import ensure_topics, topic_specs
-from safepoint.core import Engine, Position
+from safepoint.core import Engine, Policy, Position
 from safepoint.core.batch import BY_NAME, merge_log_order, route
 from safepoint.core.codec import encode
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -173,7 +173,9 @@ def simulated_log(seed: int, duration_ms: int) -> tuple[list[Message], Message]:
             else:
                 out.append((spread[node], node, {**base, "type": "tx_end", "tx_id": hid, "outcome": "commit"}))
         last[node] = (inc, seq)
-    for _ in range(2):
+    for round_ in range(2):
+        # the second round after the grace: the holds of a process that restarted last have gone by then
+        wall += round_ * Policy().incarnation_grace_ms
         for node, (inc, seq) in sorted(last.items()):
             seq, wall = seq + 1, wall + 1
             beat = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": node, "incarnation": inc, "seq": seq,

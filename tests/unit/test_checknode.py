@@ -95,3 +95,16 @@ def test_no_event_or_no_heartbeat() -> None:
     n = NodeClient("n1")
     assert names(run([(b"n1", n.open("r", 5, 0))])) == ["heartbeat_sparse"]
     assert set(CHECKS) >= {"invalid", "key"}
+
+
+def test_a_snapshot_in_parts_is_judged_whole_and_broken_parts_are_named() -> None:
+    n, msgs = good()
+    readers = [{"reader_id": f"r{i}", "read_ts": 1_300 + i} for i in range(4)]
+    whole = [(b"n1", {**n.snapshot(2_100, readers=readers[k:k + 2], txs=[]), "part": k // 2, "parts": 2})
+             for k in (0, 2)]
+    check = run([*msgs, *whole])
+    assert check.findings() == []
+    n, msgs = good()
+    broken = [(b"n1", {**n.snapshot(2_100, readers=readers[:2], txs=[]), "part": 0, "parts": 2}),
+              (b"n1", n.hb(2_150, 1_300))]
+    assert names(run([*msgs, *broken])) == ["snapshot_parts"]

@@ -71,7 +71,7 @@ def test_a_reader_whose_open_was_lost_is_never_passed_while_open() -> None:
     (raised,) = [o.value for o in out if o.value["kind"] == "events_lost"]
     assert "events of it were lost" in [o.value for o in out if o.value["kind"] == "awaiting_snapshot"][0]["detail"]
     assert (raised["kind"], raised["state"], raised["severity"]) == ("events_lost", "raised", "critical")
-    assert "n1" in raised["detail"] and "n2" not in raised["detail"] and "control events" not in raised["detail"]
+    assert "n1" in raised["detail"] and "n2" not in raised["detail"] and "own events" not in raised["detail"]
     log.feed(n2.hb(T0 + 3_000, 5_000))
     out = log.feed(n1.hb(T0 + 3_001, 5_000))
     assert log.safe() == 1_000, "n1 owes a snapshot: the round holds"
@@ -93,7 +93,7 @@ def test_a_gap_where_control_events_live_holds_the_safe_point_until_its_ttl_or_a
     log.lose({"v": 1, "type": "service_hold", "cluster": "c1", "holder": "backup", "ts": 1_100, "ttl_ms": 50_000,
               "wall_ms": T0 + 20})
     (raised,) = [o.value for o in log.gap(1, PARTITION["c1"], T0 + 1_000) if o.value["kind"] == "events_lost"]
-    assert "control events" in raised["detail"] and "ack-gap" in raised["detail"]
+    assert "the cluster's own events" in raised["detail"] and "ack-gap" in raised["detail"]
     for k in range(1, 6):  # nodes move on for 50 s: the cdc hold (5 s TTL) does not expire, nothing advances
         log.feed(n1.hb(T0 + k * 10_000, 1_000 + k * 1_000), n2.hb(T0 + k * 10_000 + 1, 1_000 + k * 1_000))
     assert log.safe() == 1_000 and log.alerts("service_hold_expired") == []

@@ -498,3 +498,49 @@ def test_a_hold_listed_twice_keeps_the_lower_entry() -> None:
     run.feed(n1.hb(WALL + 1, 3_000, groups=groups))
     assert run.last_safe_ts() == 100
     assert [a["kind"] for a in run.alerts(state="raised")] == ["unknown_node_min"]
+
+
+# -- a snapshot too big for one message --------------------------------------------------------------
+
+
+def parts_of(n1: NodeClient, wall: int, readers: list[dict[str, object]], size: int, cut: int = 0
+             ) -> list[dict[str, object]]:
+    chunks = [readers[i:i + size] for i in range(0, len(readers), size)]
+    return [{**n1.snapshot(wall, readers=chunk, txs=[], cut=cut), "part": k, "parts": len(chunks)}
+            for k, chunk in enumerate(chunks)]
+
+
+def test_a_snapshot_in_parts_is_applied_as_one_when_its_last_part_arrives() -> None:
+    run = Run()
+    n1 = single(run)
+    run.feed(n1.open("old", 100, WALL), n1.hb(WALL, 1_000))
+    readers = [{"reader_id": f"r{i}", "read_ts": 500 + i} for i in range(10)]
+    parts = parts_of(n1, WALL + 1, readers, 4)
+    assert len(parts) == 3
+    run.feed(*parts[:2])
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == {"old"}, "nothing applied before the last part"
+    run.restore()  # a micro-batch ends between two parts: the parts received are in the node's stored state
+    run.feed(parts[2])
+    state = run.engine.nodes[("default", "n1")]
+    assert set(state.readers) == {f"r{i}" for i in range(10)} and state.parts is None
+    run.feed(n1.hb(WALL + 2, 1_000))
+    assert run.last_safe_ts() == 500
+
+
+def test_a_snapshot_whose_parts_are_broken_is_not_applied() -> None:
+    readers = [{"reader_id": f"r{i}", "read_ts": 500 + i} for i in range(6)]
+    for broken in ("interleaved", "skipped", "other cut"):
+        run = Run()
+        n1 = single(run)
+        run.feed(n1.open("old", 100, WALL), n1.hb(WALL, 1_000))
+        parts = parts_of(n1, WALL + 1, readers, 2)
+        if broken == "interleaved":  # a heartbeat sent between the first part and the others
+            beat = n1.hb(WALL + 1, 1_000)
+            parts = [parts[0], beat, *({**p, "seq": beat["seq"] + k} for k, p in enumerate(parts[1:], 1))]
+        elif broken == "skipped":
+            del parts[1]
+        else:
+            parts[2] = {**parts[2], "cut": 7}
+        run.feed(*parts)
+        assert set(run.engine.nodes[("default", "n1")].readers) == {"old"}, broken

@@ -329,8 +329,8 @@ class ModelNode:
     incarnation: int = -1
     seq: int = -1
     holds: dict[tuple[str, str], list[Any]] = field(default_factory=dict)  # (kind, id) -> [ts, prepared, excluded, inc]
-    others: dict[int, list[Any]] = field(default_factory=dict)  # inc -> [last seq, last log time, spoke after a newer one]
-    gone: dict[int, int] = field(default_factory=dict)  # inc -> last seq, of the incarnations whose holds went
+    others: dict[int, list[Any]] = field(default_factory=dict)  # inc -> [last seq, last log, spoke after, newer's first wall]
+    gone: dict[int, list[Any]] = field(default_factory=dict)  # inc -> [last seq, newer's first wall], holds gone
 
 
 class HoldModel:
@@ -431,22 +431,27 @@ class HoldModel:
         inc, seq, log = msg["incarnation"], msg["seq"], msg.get("log_ms", msg["wall_ms"])
         if inc < node.incarnation:
             entry = node.others.get(inc)
-            last = entry[0] if entry is not None else node.gone.get(inc)
+            last, since = (entry[0], entry[3]) if entry is not None else node.gone.get(inc, (None, None))
             if last is None or seq <= last:
                 return None
+            if since is not None and msg["wall_ms"] <= since:  # sent before the newer process started
+                if entry is None:
+                    return None
+                entry[0] = seq
+                return True
             if entry is None:
-                entry = node.others[inc] = [seq, log, True]
+                entry = node.others[inc] = [seq, log, True, since]
                 del node.gone[inc]
             entry[0], entry[1], entry[2] = seq, max(entry[1], log), True
             if node.incarnation not in node.others and node.incarnation not in node.gone:
-                node.others[node.incarnation] = [node.seq, log, True]
+                node.others[node.incarnation] = [node.seq, log, True, None]
             return True
         if inc == node.incarnation and seq <= node.seq:
             return None
         if inc > node.incarnation:
             if node.incarnation >= 0:
                 old = node.incarnation
-                node.others[old] = [node.seq, log, False]
+                node.others[old] = [node.seq, log, False, msg["wall_ms"]]
                 safe = self.safe.get(msg.get("cluster", "default"))
                 for k in [k for k, h in node.holds.items() if h[3] == old and not h[1]]:
                     hold = node.holds[(k[0], f"{k[1]}@{old}")] = node.holds.pop(k)
@@ -454,8 +459,7 @@ class HoldModel:
                         hold[2] = True  # renamed, it arrives again below the safe point: alerted so
             node.incarnation = inc
         elif inc in node.gone and inc not in node.others:
-            node.others[inc] = [seq, log, True]
-            del node.gone[inc]
+            node.others[inc] = [seq, log, True, node.gone.pop(inc)[1]]
         node.seq = seq
         if inc in node.others:
             node.others[inc][0] = seq
@@ -465,7 +469,7 @@ class HoldModel:
     def silent(self, node: ModelNode, log: int) -> None:
         """An incarnation silent for the grace after being superseded, or a lease as a second live
         process, loses its readers and unprepared transactions (the four newest others are kept)."""
-        due = [inc for inc, (_s, last, spoke) in node.others.items()
+        due = [inc for inc, (_s, last, spoke, _since) in node.others.items()
                if not (inc == node.incarnation and not spoke)
                and log - last >= (self.policy.node_lease_ms if spoke else self.policy.incarnation_grace_ms)]
         alive = sorted(k for k in node.others if k != node.incarnation and k not in due)
@@ -475,7 +479,8 @@ class HoldModel:
                     del node.holds[k]
                 elif inc != node.incarnation and k[1].endswith(f"@{inc}") and (k[0], k[1][: -len(f"@{inc}")]) not in node.holds:
                     node.holds[(k[0], k[1][: -len(f"@{inc}")])] = node.holds.pop(k)
-            node.gone[inc] = node.others.pop(inc)[0]
+            dropped = node.others.pop(inc)
+            node.gone[inc] = [dropped[0], dropped[3]]
             for old in sorted(node.gone)[:max(0, len(node.gone) - 4)]:
                 del node.gone[old]
         if set(node.others) <= {node.incarnation}:

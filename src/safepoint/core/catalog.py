@@ -17,13 +17,16 @@ class Catalog:
     """Activation times of the catalog versions, the unfinished index builds and rebalances, and
     the floor already sent (``floor``: it only goes forward)."""
 
-    __slots__ = ("activated", "index_builds", "rebalances", "floor")
+    __slots__ = ("activated", "index_builds", "rebalances", "floor", "held")
 
     def __init__(self) -> None:
         self.activated: dict[int, int] = {}  # catalog version -> activated_at
         self.index_builds: dict[str, int] = {}  # index -> the catalog version it started under
         self.rebalances: dict[str, int] = {}  # group -> the catalog version it started under
         self.floor: int | None = None
+        self.held = False
+        """Catalog events may have been lost (a gap in the events topic, ``core/gaps.py``): the floor
+        stays where it is until an operator acknowledges the gap."""
 
     def apply(self, event: dict[str, Any]) -> None:
         """Take a ``catalog``, ``index_build`` or ``rebalance`` event (past its version gate)."""
@@ -42,7 +45,9 @@ class Catalog:
                 self.rebalances.pop(event["group"], None)
 
     def floor_at(self, safe: int) -> int | None:
-        """The catalog floor for ``safe`` (drops the versions below it)."""
+        """The catalog floor for ``safe`` (drops the versions below it); the floor sent while ``held``."""
+        if self.held:
+            return self.floor
         eligible = [v for v, at in self.activated.items() if at <= safe]
         if not eligible:
             return self.floor

@@ -136,6 +136,8 @@ class ClusterState:
             "last_advance_wall": self.last_advance_wall,
             "positions": [[p, o] for p, o in sorted(d.positions.items())],
             "members_announced": m.announced,
+            **({"members_extra": sorted(m.extra)} if m.extra is not None else {}),
+            **({"catalog_held": True} if c.held else {}),
             "recovery": None if self.recovery is None else self.recovery.to_json(),
             **({"control": self.control.to_json()} if self.control else {}),
             **({"tenants": self.tenants.to_json()} if self.tenants else {}),
@@ -148,12 +150,16 @@ class ClusterState:
         state = cls(data["name"])
         state.members = Members({n: NodeRecord.from_json(rec) for n, rec in data["nodes"].items()}, data["topology"])
         state.members.announced = bool(data.get("members_announced"))  # a state from before: announce them again
+        if data.get("members_extra") is not None:
+            state.members.extra = set(data["members_extra"])
+            state.members.rebuild()
         state.versions = data["versions"]
         c = state.catalog
         c.activated = {v: a for v, a in data["catalogs"]}
         c.index_builds = data["index_builds"]
         c.rebalances = data["rebalances"]
         c.floor = data["catalog_floor"]
+        c.held = bool(data.get("catalog_held"))
         state.cluster_time = data["cluster_time"]
         state.first_wall = data["first_wall"]
         state.safe_ts = data["safe_ts"]
@@ -373,6 +379,9 @@ class ClusterState:
         if self.recovery is None:
             self.recovery = Recovery((), whole=False)
         self.recovery.owe(owed, gap.partition, at + policy.node_lease_ms, gap.id)
+        if gap.covers(self.gaps.key_partition):  # the cluster's own events may be in it: a topology, a catalog event
+            self.members.loosen({n for n, rec in self.members.nodes.items() if at - rec.last_wall <= policy.node_lease_ms})
+            self.catalog.held = True
         self.gaps.take(gap, owed, now, policy.max_service_hold_ttl_ms, self.alerts, out)
         self.aborts = AbortSync()
         self._rebuild_recovery()
@@ -387,6 +396,11 @@ class ClusterState:
         acked = self.gaps.ack(gid)
         if acked:
             self.dirty = True
+            if not any(g["control"] and not g["acked"] for g in self.gaps.open.values()):
+                self.members.tighten()  # the operator checked the topology and the catalog too
+                self.catalog.held = False
+                self.aborts = AbortSync()
+                self._rebuild_recovery()
             self.control.record(event, "applied", None, f"acknowledged gap(s) {', '.join(map(str, acked))}",
                                 self.cluster_time)
         else:

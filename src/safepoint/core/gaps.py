@@ -139,10 +139,14 @@ class Gaps:
         detail = gap.what() + (f"; nodes whose events live there must restate their holds (a snapshot): {nodes}"
                                if owed else "; no known node's events live there")
         if entry["control"]:
-            detail += ("; control events (service holds, pause, resume) may have been lost: the safe point holds until "
-                       f"cluster time {entry['until']} (max_service_hold_ttl_ms after the gap) or until an operator "
+            detail += ("; the cluster's own events (service holds, pause, resume, topology, catalog) may have been lost: "
+                       "every node live then or seen since counts as a member until the next topology, the catalog "
+                       "floor holds, and the safe point holds until "
+                       f"cluster time {entry['until']} (max_service_hold_ttl_ms after the gap), each until an operator "
                        "acknowledges the gap (safepoint ack-gap)") if entry["until"] is not None else (
-                       "; control events may have been lost: acknowledge the gap once checked (safepoint ack-gap)")
+                       "; the cluster's own events (control events, topology, catalog) may have been lost: every node "
+                       "live then or seen since counts as a member until the next topology, and the catalog floor "
+                       "holds, until an operator acknowledges the gap (safepoint ack-gap)")
         return {"id": join_id("events_lost", str(gid)), "kind": "events_lost", "node": None, "severity": "critical",
                 "value": max(gap.end - gap.first, 0) if gap.kind == "lost" else None, "threshold": None, "since": now,
                 "detail": detail}

@@ -6,7 +6,9 @@ replacement started gives two live processes under one node id, and the old one'
 still open. So the job keeps the older incarnation's holds until it has been silent for
 ``incarnation_grace_ms`` of log time after the newer one appeared (a real restart still frees
 them within a few heartbeats), and an older incarnation that speaks after the newer one appeared
-(a new ``seq`` of its own) is a second live process: ``duplicate_node`` (critical) names the
+(a new ``seq`` of its own, sent after it: a ``wall_ms`` later than the newer one's first event) is a
+second live process (a message sent before, only delivered late, is applied as the old process's
+last word, no more): ``duplicate_node`` (critical) names the
 node and both incarnations, the holds of every incarnation count (the node's minimum is the
 lowest of them), and an incarnation silent for ``node_lease_ms`` loses its holds as after a
 restart (prepared transactions excepted: they wait for their decision). One that speaks again
@@ -26,12 +28,15 @@ from typing import Any
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 
-__all__ = ["GONE_KEPT", "Incarnations", "TWIN", "alt_key"]
+__all__ = ["GONE_KEPT", "Incarnations", "LATE", "TWIN", "alt_key"]
 
 GONE_KEPT = 4
 """Dropped incarnations whose last seq is kept (older ones: their messages are stale)."""
 TWIN = "twin"
 """``Incarnations.order``'s verdict for a message of a live older incarnation: apply it as that process's."""
+LATE = "late"
+"""``Incarnations.order``'s verdict for a message the older process sent before the newer one started,
+delivered late: apply it as that process's, but it is no sign of a second live process."""
 
 
 def alt_key(hid: str, incarnation: int) -> str:
@@ -46,16 +51,18 @@ class Incarnations:
 
     def __init__(self, node: str, stored: list[Any] | None = None) -> None:
         self.node = node
-        self.lives: dict[int, list[int]] = {}
+        self.lives: dict[int, list[Any]] = {}
         """incarnation -> [last seq, log time of its last sign of life, 1 if it spoke after a newer one
-        appeared (for the newest: if an older one speaks)]."""
-        self.gone: dict[int, int] = {}
-        """incarnation -> its last seq, of the newest few whose holds were dropped."""
+        appeared (for the newest: if an older one speaks), the wall_ms of the newer one's first event
+        (None: not known)]."""
+        self.gone: dict[int, list[Any]] = {}
+        """incarnation -> [its last seq, the wall_ms of the newer one's first event], of the newest few
+        whose holds were dropped."""
         self.raised = False
         """``duplicate_node`` is raised."""
         if stored:
-            self.lives = {int(k): list(v) for k, v in (stored[0] or {}).items()}
-            self.gone = {int(k): int(v) for k, v in (stored[1] or {}).items()}
+            self.lives = {int(k): [*v, None][:4] for k, v in (stored[0] or {}).items()}
+            self.gone = {int(k): list(v) for k, v in (stored[1] or {}).items()}
             self.raised = bool(stored[2]) if len(stored) > 2 else False
 
     def __bool__(self) -> bool:
@@ -66,23 +73,30 @@ class Incarnations:
             return None
         return [self.lives or None, self.gone or None, 1 if self.raised else 0]
 
-    def order(self, incarnation: int, seq: int) -> str | None:
+    def order(self, incarnation: int, seq: int, wall: int) -> str:
         """For a message of an incarnation below the newest: why it is ignored (``stale_incarnation``,
-        ``duplicate``, ``older_seq``), or ``TWIN`` when it is that process's next message."""
+        ``duplicate``, ``older_seq``), ``LATE`` when the process sent it before the newer one started
+        (``wall``: its ``wall_ms``), or ``TWIN`` when it is that live process's next message."""
         live = self.lives.get(incarnation)
-        last = live[0] if live is not None else self.gone.get(incarnation)
-        if last is None:
+        entry = [live[0], live[3]] if live is not None else self.gone.get(incarnation)
+        if entry is None:
             return "stale_incarnation"
+        last, since = entry
         if seq == last:
             return "duplicate"
         if seq < last:
             return "older_seq"
+        if since is not None and wall <= since:
+            if live is None:
+                return "stale_incarnation"  # its holds are gone already: a late word changes nothing
+            live[0] = seq
+            return LATE
         return TWIN
 
-    def supersede(self, incarnation: int, seq: int, log: int) -> None:
+    def supersede(self, incarnation: int, seq: int, log: int, wall: int) -> None:
         """The newest incarnation ``incarnation`` (its last ``seq``) was just superseded at log time
-        ``log``: its silence is measured from then."""
-        self.lives[incarnation] = [seq, log, 0]
+        ``log`` by an event sent at ``wall``: its silence is measured from then."""
+        self.lives[incarnation] = [seq, log, 0, wall]
 
     def dropped(self, incarnation: int) -> bool:
         """The incarnation's holds were dropped (and it has not spoken since)."""
@@ -95,14 +109,14 @@ class Incarnations:
         live = self.lives.get(incarnation)
         was_dropped = live is None
         if live is None:
-            self.lives[incarnation] = [seq, log, 1]
-            self.gone.pop(incarnation, None)
+            gone = self.gone.pop(incarnation, None)
+            self.lives[incarnation] = [seq, log, 1, None if gone is None else gone[1]]
         else:
             live[0] = seq
             live[1] = max(live[1], log)
             live[2] = 1
         if incarnation != newest and newest not in self.lives and newest not in self.gone:
-            self.lives[newest] = [newest_seq, log, 1]  # the newest's silence is measured from now on
+            self.lives[newest] = [newest_seq, log, 1, None]  # the newest's silence is measured from now on
         raise_now = not self.raised and len(self.live(newest)) > 1
         self.raised = self.raised or raise_now
         return raise_now, was_dropped
@@ -120,7 +134,7 @@ class Incarnations:
         being superseded, or ``node_lease_ms`` as a second live process (the newest too, when an older
         one speaks); and beyond the ``GONE_KEPT`` newest others, the oldest."""
         out = []
-        for inc, (_seq, last, twin) in sorted(self.lives.items()):
+        for inc, (_seq, last, twin, _since) in sorted(self.lives.items()):
             if inc == newest and not twin:
                 continue
             if log - last >= (policy.node_lease_ms if twin else policy.incarnation_grace_ms):
@@ -132,7 +146,7 @@ class Incarnations:
     def drop(self, incarnation: int) -> None:
         live = self.lives.pop(incarnation, None)
         if live is not None:
-            self.gone[incarnation] = live[0]
+            self.gone[incarnation] = [live[0], live[3]]
             for old in sorted(self.gone)[:max(0, len(self.gone) - GONE_KEPT)]:
                 del self.gone[old]
 

@@ -31,7 +31,7 @@ class Members:
     """The nodes of one cluster, their records, the topology and the round's indexes."""
 
     __slots__ = ("nodes", "topology", "names", "mins", "walls", "unknown", "missing_groups", "never", "ns_nodes",
-                 "group_members", "group_leaders", "leaderless", "announced")
+                 "group_members", "group_leaders", "leaderless", "announced", "extra")
 
     def __init__(self, nodes: dict[str, NodeRecord] | None = None,
                  topology: dict[str, list[str]] | None = None) -> None:
@@ -39,11 +39,16 @@ class Members:
         self.topology = topology
         self.announced = False
         """The member set went out on the directives topic (a ``members`` record) since it last changed."""
+        self.extra: set[str] | None = None
+        """Nodes that count beside the topology's while a topology may have been lost with events the job
+        never read (``core/gaps.py``): the nodes live then, and any seen since; None: the topology alone."""
         self.rebuild()
 
     def rebuild(self) -> None:
         """Recompute every index from the records and the topology."""
         self.names: set[str] = set(self.topology) if self.topology is not None else set(self.nodes)
+        if self.topology is not None and self.extra is not None:
+            self.names |= self.extra
         self.unknown: dict[str, str] = {}
         self.missing_groups: dict[str, list[str]] = {}
         self.never: set[str] = {n for n in self.names if n not in self.nodes}
@@ -78,10 +83,28 @@ class Members:
         return bool(self.never or self.unknown or self.missing_groups or self.leaderless)
 
     # -- changes ------------------------------------------------------------------------
+    def loosen(self, live: set[str]) -> None:
+        """A topology may have been lost: the nodes ``live`` now (and every node seen from now on) count
+        too, until the next topology or an operator's acknowledgement (``tighten``)."""
+        if self.topology is None:
+            return
+        self.extra = set(live) | (self.extra or set())
+        before = set(self.names)
+        self.rebuild()
+        if self.names != before:
+            self.announced = False
+
+    def tighten(self) -> None:
+        if self.extra is not None:
+            self.extra = None
+            self.rebuild()
+            self.announced = False
+
     def set_topology(self, topology: dict[str, list[str]]) -> set[str]:
         """Take a new topology; returns the nodes that joined the member set."""
         before = set(self.names)
         self.topology = topology
+        self.extra = None
         self.rebuild()
         if self.names != before:
             self.announced = False
@@ -98,9 +121,11 @@ class Members:
             rec = NodeRecord(u.incarnation, u.seq, u.local_min, u.unknown, u.blocker, groups, u.log_ms, u.log_ms,
                              led=u.led or [], partition=u.partition)
             self.nodes[u.node] = rec
-            if self.topology is None:
+            if self.topology is None or self.extra is not None:
                 self.names.add(u.node)
                 self.announced = False
+                if self.extra is not None:
+                    self.extra.add(u.node)
             self.never.discard(u.node)
             member = u.node in self.names
             if member:

@@ -11,7 +11,7 @@ from typing import Any
 
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
-from safepoint.core.incarnations import TWIN, Incarnations, alt_key
+from safepoint.core.incarnations import LATE, TWIN, Incarnations, alt_key
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import NEVER, Holds, Pressure
@@ -41,7 +41,7 @@ Quiet = tuple[()] | tuple[str, str, int | None]
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
-    "admission", "history", "clock", "incarnations",
+    "admission", "history", "clock", "incarnations", "parts",
 )
 """The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
 ones as null, trailing ones left out; the cluster is the state value's own (its key)."""
@@ -71,6 +71,7 @@ class NodeState:
         "history",
         "clock",
         "incs",
+        "parts",
         "_low",
         "_restored",
         "_since",
@@ -102,6 +103,9 @@ class NodeState:
         """Its clock's offset against the log's time, and the skew band (``core/clock.py``)."""
         self.incs = Incarnations(node) if incs is None else incs
         """Its incarnations besides the newest that may still speak (``core/incarnations.py``)."""
+        self.parts: list[Any] | None = None
+        """A snapshot sent in parts, received so far: [incarnation, cut, parts, next part, readers, txs]
+        (``_collect``); None: none under way."""
         self.admission: list[int] | None = None
         """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self.history: History | None = None
@@ -149,7 +153,7 @@ class NodeState:
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
                   None if history is None else history.to_json() or None,
-                  self.clock.to_stored(), self.incs.to_stored()]
+                  self.clock.to_stored(), self.incs.to_stored(), self.parts]
         while stored[-1] is None:
             stored.pop()
         return stored
@@ -160,7 +164,7 @@ class NodeState:
         value; fields past ``STORED_FIELDS``, from a newer layout, are not read)."""
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
-         leak, admission, history, clock, incs) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
+         leak, admission, history, clock, incs, parts) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
         state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
@@ -177,6 +181,7 @@ class NodeState:
         state._summary = None if summary is None else tuple(summary)
         state.admission = admission
         state.history = None if history is None else History(history)
+        state.parts = parts
         state._restored = True
         return state
 
@@ -204,25 +209,31 @@ class NodeState:
         """Apply one validated node event. Returns the update, or the reason it was ignored."""
         incarnation = event["incarnation"]
         twin = incarnation < self.incarnation  # an older process that still speaks (core/incarnations.py)
-        ignored = self.incs.order(incarnation, event["seq"]) if twin else self.check_order(event)
-        if ignored is not None and ignored != TWIN:
-            return ignored
+        verdict = self.incs.order(incarnation, event["seq"], event["wall_ms"]) if twin else self.check_order(event)
+        if verdict is not None and verdict != TWIN and verdict != LATE:
+            return verdict
         self._since = None
+        kind = event["type"]
+        if self.parts is not None and not (kind == "snapshot" and event.get("part", 0) > 0):
+            self.parts = None  # another event between a snapshot's parts: they are not one set any more
         opened: list[OpenedHold] = []
         closed: list[HoldRef] = []
         said: list[list[Any]] = []
         log = log_time(event)
-        restarted = self._identity(event, twin, log, opened, closed, said, policy)
+        restarted = self._identity(event, verdict == TWIN or not twin, log, opened, closed, said, policy) or twin
         wall = event["wall_ms"]
         if wall > self.last_wall_ms:
             self.last_wall_ms = wall
-        kind = event["type"]
         groups_changed = False
         quiet = False  # the event cannot change the node's lowest holds (see _update)
+        whole = True
         if kind == "heartbeat":
             groups_changed = self._heartbeat(event)
         elif kind == "snapshot":
-            self._replace(event, wall, incarnation, twin, opened, closed)
+            full = self._collect(event) if event.get("parts", 1) > 1 else event
+            whole = full is not None
+            if full is not None:
+                self._replace(full, wall, incarnation, twin, opened, closed)
         elif kind == "tx_prepare":
             self._prepare(event, wall, self._key(self.txs, event["tx_id"], incarnation, twin))
         else:
@@ -233,13 +244,16 @@ class NodeState:
                 self.incs.drop(inc)
             self.incs.settle(self.incarnation, log, policy, said)
         update = self._update(log, opened, closed, groups_changed, policy, quiet)
-        update.snapshot = kind == "snapshot"
+        update.snapshot = kind == "snapshot" and whole
+        update.sender = incarnation
+        if self.incs:
+            update.lives = self.incs.live(self.incarnation)
         update.signals += said
         self.clock.take(wall, log, policy, update.signals)
         held = Holds(self.node, self.readers, self.txs, self.pinned_bytes, self.incarnation)
         self.pressure.step(held, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
                            update.signals, self.debt_bytes)
-        if self.leak or kind in ("heartbeat", "snapshot"):
+        if (self.leak or kind in ("heartbeat", "snapshot")) and whole:
             readers, txs = self.readers, self.txs
             if self.incs:  # each process counts its own
                 readers = {k: h for k, h in readers.items() if h.incarnation == incarnation}
@@ -247,17 +261,20 @@ class NodeState:
             self.leak.check(readers, txs, event, self.last_wall_ms, policy, update.signals)
         return update
 
-    def _identity(self, event: dict[str, Any], twin: bool, log: int, opened: list[OpenedHold], closed: list[HoldRef],
-                  said: list[list[Any]], policy: Policy) -> bool:
+    def _identity(self, event: dict[str, Any], speaks: bool, log: int, opened: list[OpenedHold],
+                  closed: list[HoldRef], said: list[list[Any]], policy: Policy) -> bool:
         """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
-        that speaks (or the newest after its holds went) is a second live process; the newest's ``seq``
-        moves on. True when the incarnations changed or others live (no shortcut for this event)."""
+        that speaks after it (``speaks``; or the newest after its holds went) is a second live process;
+        the newest's ``seq`` moves on. True when the incarnations changed or others live (no shortcut)."""
         incarnation = event["incarnation"]
+        twin = incarnation < self.incarnation
+        if twin and not speaks:
+            return True  # the older process's late word (``Incarnations.order`` took its seq)
         others = bool(self.incs)
         restarted = others
         if incarnation > self.incarnation:
             if self.incarnation >= 0:
-                self._supersede(log, opened, closed)
+                self._supersede(log, event["wall_ms"], opened, closed)
                 restarted = True
             self.incarnation = incarnation
             self.seq = -1
@@ -297,6 +314,26 @@ class NodeState:
             closed.append(HoldRef(hkind, key))
         return gone is None or (gone.namespace is None and self._above(gone.ts))
 
+    def _collect(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """A part of a snapshot sent in several messages: kept until the last, which gives the whole
+        snapshot (its readers and transactions, all parts'); None until then, or when the part does not
+        continue the parts received (another cut, a part skipped: nothing is applied, and the node is
+        asked again where a snapshot is owed)."""
+        part, parts, cut = event["part"], event["parts"], event["cut"]
+        pending = self.parts
+        if part == 0:
+            pending = self.parts = [event["incarnation"], cut, parts, 0, [], []]
+        elif pending is None or pending[:4] != [event["incarnation"], cut, parts, part]:
+            self.parts = None
+            return None
+        pending[3] = part + 1
+        pending[4] += event["readers"]
+        pending[5] += event["txs"]
+        if pending[3] < parts:
+            return None
+        self.parts = None
+        return {**event, "readers": pending[4], "txs": pending[5]}
+
     def _key(self, holds: dict[str, Hold], hid: str, incarnation: int, twin: bool) -> str:
         """The key of hold ``hid`` of ``incarnation``: its own id for the newest process; for an older
         one that still speaks, ``id@incarnation``, or its own id where that is one of its prepared
@@ -310,12 +347,12 @@ class NodeState:
                 return hid
         return key
 
-    def _supersede(self, log: int, opened: list[OpenedHold], closed: list[HoldRef]) -> None:
+    def _supersede(self, log: int, wall: int, opened: list[OpenedHold], closed: list[HoldRef]) -> None:
         """A newer incarnation appeared: the newest one's readers and unprepared transactions stay held,
         under ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``); its
         prepared transactions pass to the new process, which must learn their decision."""
         old = self.incarnation
-        self.incs.supersede(old, self.seq, log)
+        self.incs.supersede(old, self.seq, log, wall)
         for kind, holds in (("reader", self.readers), ("tx", self.txs)):
             mine = [k for k, h in holds.items() if h.incarnation == old and not h.prepared]
             for hid in mine:
@@ -354,7 +391,7 @@ class NodeState:
         log = log_time(event)
         if (self.history is not None or self.leak.state is not None or self.reference
                 or event["incarnation"] != self.incarnation or event["seq"] <= self.seq
-                or self.incs.lives or self.incarnation in self.incs.gone
+                or self.incs.lives or self.incarnation in self.incs.gone or self.parts is not None
                 or not self.clock.quiet(wall, log, policy)):
             return None
         low = self._low

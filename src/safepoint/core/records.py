@@ -228,6 +228,10 @@ class NodeUpdate:
     """With ``groups``: the groups it says it leads."""
     partition: int | None = None
     """The events partition the event came from (set by ``engine.step``)."""
+    sender: int = 0
+    """The incarnation that sent the event (``incarnation`` is the node's newest)."""
+    lives: list[int] | None = None
+    """Every incarnation of the node that may still speak, when there is more than one (None: just the newest)."""
 
     def __init__(self, node: str, log_ms: int, incarnation: int, seq: int, local_min: int | None, unknown: str | None,
                  blocker: Blocker | None, groups: list[str] | None, opened: list[OpenedHold], closed: list[HoldRef],
@@ -250,3 +254,5 @@ class NodeUpdate:
         self.ns = ns
         self.led = led
         self.partition: int | None = None
+        self.sender = incarnation
+        self.lives: list[int] | None = None

@@ -154,17 +154,21 @@ class Recovery:
     members (and, without a topology, the expected nodes) that are not complete. The round aborts
     while ``awaiting`` is not empty."""
 
-    __slots__ = ("expected", "complete", "requested", "whole", "windows", "cause", "awaiting")
+    __slots__ = ("expected", "complete", "requested", "whole", "windows", "cause", "restated", "awaiting")
 
     def __init__(self, expected: Iterable[str], complete: Iterable[str] = (),
                  requested: Mapping[str, int] | None = None, whole: bool = True,
-                 windows: Iterable[list[int]] = (), cause: Mapping[str, int] | None = None) -> None:
+                 windows: Iterable[list[int]] = (), cause: Mapping[str, int] | None = None,
+                 restated: Mapping[str, Iterable[int]] | None = None) -> None:
         self.expected = set(expected)
         self.complete = set(complete)
         self.requested: dict[str, int] = dict(requested or {})
         self.whole = whole
         self.windows: list[list[int]] = [list(w) for w in windows]
         self.cause: dict[str, int] = dict(cause or {})
+        self.restated: dict[str, set[int]] = {n: set(incs) for n, incs in (restated or {}).items()}
+        """node -> the incarnations that sent a snapshot since it owed one: it is complete once every
+        process that may still speak for it did (an older one within its grace may hold what was lost)."""
         self.awaiting: set[str] = set()
 
     def rebuild(self, members: set[str], topology_known: bool) -> None:
@@ -182,6 +186,7 @@ class Recovery:
             self.expected.add(node)
             self.complete.discard(node)
             self.requested.pop(node, None)
+            self.restated.pop(node, None)
             self.cause[node] = gap
         self.windows.append([partition, until, gap])
 
@@ -191,15 +196,17 @@ class Recovery:
         event of an incomplete node that the round needs asks it for one, again after a lease
         without an answer (``ASK``: a ``snapshot_request`` must go to the node now). ``fresh``: the
         node's first event, on ``partition``."""
-        if u.snapshot:
-            if u.node in self.complete:
-                return None
-            self.complete.add(u.node)
-            self.requested.pop(u.node, None)
-            self.awaiting.discard(u.node)
-            return COMPLETED
         if u.node in self.complete:
             return None
+        if u.snapshot:
+            self.restated.setdefault(u.node, set()).add(u.sender)
+        done = self.restated.get(u.node)
+        if done is not None and set(u.lives or (u.incarnation,)) <= done:
+            self.complete.add(u.node)
+            self.requested.pop(u.node, None)
+            self.restated.pop(u.node, None)
+            self.awaiting.discard(u.node)
+            return COMPLETED
         if not self.whole and u.node not in self.expected:
             window = next((w for w in self.windows if w[0] in (-1, partition) and now <= w[1]), None) if fresh else None
             if window is None:
@@ -225,6 +232,8 @@ class Recovery:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"expected": sorted(self.expected), "complete": sorted(self.complete),
                                 "requested": self.requested}
+        if self.restated:
+            data["restated"] = {n: sorted(incs) for n, incs in self.restated.items()}
         if not self.whole:
             data.update(whole=False, windows=self.windows, cause=self.cause)
         return data
@@ -234,4 +243,4 @@ class Recovery:
         if data is None:
             return None
         return cls(data["expected"], data["complete"], data["requested"], bool(data.get("whole", True)),
-                   data.get("windows") or (), data.get("cause"))
+                   data.get("windows") or (), data.get("cause"), data.get("restated"))

@@ -98,7 +98,7 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
         status["admission"] = {"throttled": ns.admission[0], "refused": ns.admission[1]}
     if ns.incs:  # other processes of the node whose holds are still kept (core/incarnations.py)
         status["incarnations"] = [{"incarnation": inc, "seq": seq, "last_log_ms": last, "twin": bool(twin)}
-                                  for inc, (seq, last, twin) in sorted(ns.incs.lives.items())]
+                                  for inc, (seq, last, twin, _since) in sorted(ns.incs.lives.items())]
     status["open"] = open_counts
     floors: list[dict[str, Any]] = []
     if ns.mvcc_now is not None:

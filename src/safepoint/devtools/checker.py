@@ -40,7 +40,7 @@ from typing import Any
 
 from safepoint.core.ids import join_id
 from safepoint.devtools.check_result import CheckResult
-from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, is_int, validate_event
+from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, SnapshotParts, is_int, validate_event
 
 __all__ = ["CheckResult", "check_logs", "validate_event"]
 
@@ -67,11 +67,13 @@ class _Node:
     groups: dict[str, tuple[bool, int | None]] = field(default_factory=dict)
     last_wall: int = -1
     others: dict[int, list[Any]] = field(default_factory=dict)
-    """Incarnations besides the newest whose holds are kept: inc -> [last seq, last log time, spoke after a newer one]."""
-    gone: dict[int, int] = field(default_factory=dict)
-    """Incarnations whose holds went: inc -> last seq (the newest four)."""
+    """Incarnations besides the newest whose holds are kept: inc -> [last seq, last log time, spoke after a
+    newer one, the wall_ms of the newer one's first event (None: not known)]."""
+    gone: dict[int, list[Any]] = field(default_factory=dict)
+    """Incarnations whose holds went: inc -> [last seq, the wall_ms of the newer one's first event] (the newest four)."""
     unsure: bool = False
     """Events of it were in offsets this checker never read (deleted first): not checked until its snapshot."""
+    parts: SnapshotParts = field(default_factory=SnapshotParts)
 
 
 class _Checker:
@@ -251,6 +253,11 @@ class _Checker:
         older = self._process(node, ev, log)
         if older is None:
             return False  # stale or duplicate: ignored
+        whole = node.parts.take(ev)
+        if whole is None:
+            self._silent(node, log, ev["wall_ms"])
+            return True  # a part of a snapshot sent in several messages: applied with its last
+        ev = whole
         inc, wall = ev["incarnation"], ev["wall_ms"]
 
         def key(kind: str, hid: str) -> tuple[str, str]:
@@ -289,28 +296,32 @@ class _Checker:
         inc, seq = ev["incarnation"], ev["seq"]
         if inc < node.incarnation:
             entry = node.others.get(inc)
-            last = entry[0] if entry is not None else node.gone.get(inc)
+            last, since = (entry[0], entry[3]) if entry is not None else node.gone.get(inc, (None, None))
             if last is None or seq <= last:
                 return None
+            if since is not None and ev["wall_ms"] <= since:  # sent before the newer process started: late
+                if entry is None:
+                    return None  # its holds went already
+                entry[0] = seq
+                return True
             if entry is None:
-                entry = node.others[inc] = [seq, log, True]
+                entry = node.others[inc] = [seq, log, True, since]
                 node.gone.pop(inc)
             entry[0], entry[1], entry[2] = seq, max(entry[1], log), True
             if node.incarnation not in node.others and node.incarnation not in node.gone:
-                node.others[node.incarnation] = [node.seq, log, True]
+                node.others[node.incarnation] = [node.seq, log, True, None]
             return True
         if inc == node.incarnation and seq <= node.seq:
             return None
         if inc > node.incarnation:
             if node.incarnation >= 0:  # superseded: its holds wait for its silence
                 old = node.incarnation
-                node.others[old] = [node.seq, log, False]
+                node.others[old] = [node.seq, log, False, ev["wall_ms"]]
                 for k in [k for k, h in node.holds.items() if h.incarnation == old and not h.prepared]:
                     node.holds[(k[0], f"{k[1]}@{old}")] = node.holds.pop(k)
             node.incarnation = inc
         elif inc in node.gone and inc not in node.others:  # its holds went, and it speaks again
-            node.others[inc] = [seq, log, True]
-            node.gone.pop(inc)
+            node.others[inc] = [seq, log, True, node.gone.pop(inc)[1]]
         node.seq = seq
         if inc in node.others:
             node.others[inc][0] = seq
@@ -345,7 +356,7 @@ class _Checker:
     def _silent(self, node: _Node, log: int, wall: int) -> None:
         """Drop the holds of the incarnations silent too long (prepared ones stay, under their own id)."""
         due = []
-        for inc, (_seq, last, spoke) in sorted(node.others.items()):
+        for inc, (_seq, last, spoke, _since) in sorted(node.others.items()):
             if inc == node.incarnation and not spoke:
                 continue
             if log - last >= (self.lease if spoke else self.grace):
@@ -359,7 +370,8 @@ class _Checker:
                     self._close(node, k, wall)
                 elif inc != node.incarnation and k[1].endswith(f"@{inc}") and (k[0], k[1][: -len(f"@{inc}")]) not in node.holds:
                     node.holds[(k[0], k[1][: -len(f"@{inc}")])] = node.holds.pop(k)
-            node.gone[inc] = node.others.pop(inc)[0]
+            dropped = node.others.pop(inc)
+            node.gone[inc] = [dropped[0], dropped[3]]
             for old in sorted(node.gone)[:max(0, len(node.gone) - 4)]:
                 del node.gone[old]
         if set(node.others) <= {node.incarnation}:

@@ -49,7 +49,7 @@ from typing import Any
 
 from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.ids import escape, join_id
-from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, validate_event
+from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, SnapshotParts, validate_event
 
 __all__ = ["AUDIT_KIND", "Auditor", "Violation", "follow_and_audit", "run_audit"]
 
@@ -75,6 +75,7 @@ class _Node:
     mvcc_now: int | None = None
     groups: dict[str, int | None] = field(default_factory=dict)
     partition: int | None = None
+    parts: SnapshotParts = field(default_factory=SnapshotParts)
     unsure: bool = False
     """Events of it may have been lost before the auditor read them: its holds are not checked until its
     next snapshot."""
@@ -192,6 +193,10 @@ class _Cluster:
             node.holds = {k: h for k, h in node.holds.items() if k[0] == "tx" and k[1] in node.prepared}
             node.incarnation = inc
         node.seq = seq
+        whole = node.parts.take(ev)
+        if whole is None:
+            return  # a part of a snapshot sent in several messages: applied with its last
+        ev = whole
         if self.time is None or log > self.time:
             self.time = log
             for hold in self.service.values():
@@ -214,20 +219,24 @@ class _Cluster:
             if "groups" in ev:
                 node.groups = {g["group"]: g.get("published_min_tx_time") for g in ev["groups"]}
         elif t == "snapshot":
-            node.unsure = False  # its complete set again
-            old = node.holds
-            node.holds = {}
-            for kind, items, id_key, ts_key in (("reader", ev["readers"], "reader_id", "read_ts"),
-                                                ("tx", ev["txs"], "tx_id", "begin_ts")):
-                for item in items:
-                    key = (kind, item[id_key])
-                    kept = old.get(key)
-                    if kept is not None and kept.ts == item[ts_key]:
-                        node.holds[key] = kept
-                    else:
-                        self._open(node, key, item[ts_key], item.get("namespace"))
-                    if kind == "tx" and item.get("prepared"):
-                        node.prepared.add(item[id_key])
+            self._snapshot(node, ev)
+
+    def _snapshot(self, node: _Node, ev: dict[str, Any]) -> None:
+        """The node's complete set replaces its holds (a hold kept with its ts stays the same hold)."""
+        node.unsure = False  # its complete set again
+        old = node.holds
+        node.holds = {}
+        for kind, items, id_key, ts_key in (("reader", ev["readers"], "reader_id", "read_ts"),
+                                            ("tx", ev["txs"], "tx_id", "begin_ts")):
+            for item in items:
+                key = (kind, item[id_key])
+                kept = old.get(key)
+                if kept is not None and kept.ts == item[ts_key]:
+                    node.holds[key] = kept
+                else:
+                    self._open(node, key, item[ts_key], item.get("namespace"))
+                if kind == "tx" and item.get("prepared"):
+                    node.prepared.add(item[id_key])
 
     def _open(self, node: _Node, key: tuple[str, str], ts: int, namespace: str | None) -> None:
         bound = None if self.last is None else self.bound_of(self.last, namespace)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["CLUSTER_TYPES", "CONTROL_TYPES", "INT64_MIN", "NODE_TYPES", "is_int", "validate_event"]
+__all__ = ["SnapshotParts", "CLUSTER_TYPES", "CONTROL_TYPES", "INT64_MIN", "NODE_TYPES", "is_int", "validate_event"]
 
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
@@ -154,3 +154,37 @@ def _deep_errors(kind: str, obj: dict[str, Any]) -> str | None:
             if not name or not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
                 return "topology nodes must map node ids to lists of group ids"
     return None
+
+
+class SnapshotParts:
+    """A snapshot sent in several messages (``part``, ``parts``), read as the contract says: whole once
+    its last part arrives, none of it when its parts do not follow one another (a part skipped,
+    another event of the node between two parts, another ``cut``)."""
+
+    __slots__ = ("pending",)
+
+    def __init__(self) -> None:
+        self.pending: list[Any] | None = None
+        """[cut, parts, next part, readers, txs] received so far."""
+
+    def take(self, ev: dict[str, Any]) -> dict[str, Any] | None:
+        """The event to apply for ``ev`` (the whole snapshot at its last part), or None (a part kept, or
+        dropped)."""
+        parts = ev.get("parts", 1) if ev["type"] == "snapshot" else 1
+        if parts == 1:
+            self.pending = None
+            return ev
+        part = ev.get("part", 0)
+        if part == 0:
+            self.pending = [ev["cut"], parts, 0, [], []]
+        p = self.pending
+        if p is None or p[:3] != [ev["cut"], parts, part]:
+            self.pending = None
+            return None
+        p[2] += 1
+        p[3] += ev["readers"]
+        p[4] += ev["txs"]
+        if p[2] < parts:
+            return None
+        self.pending = None
+        return {**ev, "readers": p[3], "txs": p[4]}
