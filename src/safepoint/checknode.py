@@ -11,7 +11,8 @@ What is checked (the operator guide, "Publishing from another language", says wh
 * ``invalid``: an event the job would dead-letter (the job's own parser decides, with its class);
 * ``key``: an event of the node keyed by something else than the node id (its order is then not kept);
 * ``seq_repeat`` / ``seq_back`` / ``seq_gap``: ``seq`` repeated, going back, or skipping within one
-  incarnation (a gap is an event lost on the way);
+  incarnation (a gap is an event lost on the way; not when the topic's offsets skipped there too:
+  records deleted before they were read are not the node's doing, the report counts them);
 * ``incarnation_back``: an incarnation lower than one already seen (and not a process that still speaks);
 * ``two_processes``: an older incarnation sends new events after a newer one appeared: two live
   processes speak as one node id (a copied configuration, a process that outlived its replacement);
@@ -86,6 +87,8 @@ class _Node:
     """Each earlier incarnation -> its last seq (an older process that still speaks)."""
     parts: dict[str, Any] | None = None
     """A snapshot sent in parts, received so far: {cut, parts, next, readers, txs}."""
+    lost: bool = False
+    """Offsets of the topic skipped since its last event read (records deleted before they were read)."""
 
 
 class NodeCheck:
@@ -95,6 +98,9 @@ class NodeCheck:
         self.cluster, self.node, self.policy = cluster, node, policy
         self.events = 0
         self.state = _Node(readers_known=from_first_event, txs_known=from_first_event)
+        self.next_offset: dict[int, int] = {}
+        self.skipped = 0
+        """Offsets of the topic that were gone when read (records deleted before they were read)."""
         self._findings: dict[str, Finding] = {}
 
     def _found(self, check: str, what: str, where: str) -> None:
@@ -107,6 +113,11 @@ class NodeCheck:
     def feed(self, key: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
         """One message of the events topic (any node's: others are skipped)."""
         where = f"partition {partition} offset {offset}"
+        expected = self.next_offset.get(partition)
+        if expected is not None and offset > expected:
+            self.skipped += offset - expected
+            self.state.lost = True
+        self.next_offset[partition] = offset + 1
         event = parse(value, self.policy.max_message_bytes)
         if isinstance(event, Rejected):
             if key == self.node.encode():
@@ -150,9 +161,10 @@ class NodeCheck:
         elif seq < n.seq:
             self._found("seq_back", f"seq {seq} after {n.seq} in incarnation {inc}: the job ignores it", where)
         else:
-            if seq > n.seq + 1:
+            if seq > n.seq + 1 and not n.lost:
                 self._found("seq_gap", f"seq jumps from {n.seq} to {seq} in incarnation {inc}: events lost on the way?", where)
             n.seq = seq
+            n.lost = False
         return True
 
     def _parts(self, event: dict[str, Any], where: str) -> dict[str, Any] | None:
@@ -238,6 +250,7 @@ class NodeCheck:
 
     def report(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "node": self.node, "events": self.events, "retention": self.policy.retention,
+                "skipped_offsets": self.skipped,
                 "conforms": bool(self.events) and not self.findings(), "findings": [asdict(f) for f in self.findings()]}
 
 

@@ -188,9 +188,9 @@ def simulated_log(seed: int, duration_ms: int) -> tuple[list[Message], Message]:
 def check_labels(labels: dict[str, int], log: list[Message], extra_applied: int, resent: int) -> None:
     """What every message of a ``simulated_log`` must come to: applied, a repeated delivery
     ignored as a duplicate, junk dead-lettered; and the ``resent`` extra copies the feeder's new
-    producer sent after a fatal error, ignored (as a duplicate, an older seq, or, for a copy of a
-    message from before its node's restart that lands after the restart's first event, a stale
-    incarnation). Every message of the log itself must be applied, so an ignored label cannot
+    producer sent after a fatal error, ignored (as a duplicate, an older seq, a stale version for a
+    copy of a cluster event, or, for a copy of a message from before its node's restart that lands
+    after the restart's first event, a stale incarnation). Every message of the log itself must be applied, so an ignored label cannot
     hide a lost one."""
     junk = sum(1 for m in log if not isinstance(m[2], dict))
     repeats = sum(1 for a, b in zip(log, log[1:], strict=False) if isinstance(b[2], dict) and a[2] == b[2])
@@ -198,6 +198,8 @@ def check_labels(labels: dict[str, int], log: list[Message], extra_applied: int,
     allowed = {"ignored:duplicate", "ignored:older_seq"}
     if resent and restarted(log):
         allowed.add("ignored:stale_incarnation")
+    if resent:
+        allowed.add("ignored:stale_version")
     assert set(ignored) <= allowed, labels
     assert labels["applied"] == len(log) - junk - repeats + extra_applied, labels
     assert labels["deadlettered:not_json"] == junk and sum(ignored.values()) == repeats + resent, labels

@@ -220,3 +220,49 @@ def test_no_directive_passes_a_hold_whose_events_were_lost(sc: Any, cut: float, 
             for node, kind, hid, ts in model.live_holds(d["cluster"]):
                 assert d["safe_ts"] <= ts, f"directive {d['seq']} passes live {kind} {hid} at {ts} on {node} (lost: {dropped})"
             model.safe[d["cluster"]] = d["safe_ts"]
+
+
+def test_the_jobs_batches_take_a_gap_as_replay_does() -> None:
+    """The job's operators (the real Router and ClusterJob on an in-memory state store) over two batches
+    with a gap handed to the second, against ``Engine.gap`` at the batch boundary: the same outputs."""
+    from test_batch import TOPICS, by_topic, messages
+
+    from local_job import LocalJob
+
+    policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, stall_ms=3_000)
+    msgs = messages(7, partitions=3, clusters=2)
+    half = len(msgs) // 2
+    lost_partition = 1
+    kept = [m for m in msgs[half:] if not (m[0] == lost_partition and m[1] < min(x[1] for x in msgs[half:] if x[0] == 1) + 5)]
+    first_kept = min(m[1] for m in kept if m[0] == lost_partition)
+    gap = Gap(1, "ev", lost_partition, first_kept - 5, first_kept, "lost", int(json.loads(msgs[half][3])["wall_ms"]))
+    job = LocalJob(policy.to_dict(), TOPICS)
+    written = job.run_batch(msgs[:half])
+    job.router.gaps = [gap.to_json()]
+    written += job.run_batch(kept)
+    got = by_topic(written)
+    got.pop("st", None)
+
+    engine = Engine(policy, record=True)
+    expected: list[tuple[str, str | None, str]] = []
+    channel = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
+    from safepoint.core.batch import merge_log_order, route
+
+    def replay(batch: list[Any], gaps: list[Gap]) -> None:
+        for o in [o for g in gaps for o in engine.gap(g)]:
+            expected.append((channel[o.channel], o.key, json.dumps(o.value)))
+        groups: dict[str, list[Any]] = {}
+        for m in batch:
+            ((cluster, (routed,)),) = route([(*m[:4], None)], "ev", policy).items()
+            groups.setdefault(cluster, []).append((m[0], m[1], routed.log_ms, m[2], m[3]))
+        for cluster in groups:
+            for p, o, _w, k, v in merge_log_order(groups[cluster]):
+                for out in engine.process(v, Position("ev", p, o, k)):
+                    expected.append((channel[out.channel], out.key, json.dumps(out.value)))
+                expected.append(("acct", f"{p}:{o}", ""))
+
+    replay(msgs[:half], [])
+    replay(kept, [gap])
+    want = by_topic([e for e in expected if e[0] != "acct"])
+    assert any(a[1]["kind"] == "events_lost" for a in want.get("al", [])), "the gap reached a cluster"
+    assert got.get("dir") == want.get("dir") and got.get("al") == want.get("al")
