@@ -346,16 +346,21 @@ class KafkaStreamReader(DataSourceStreamReader):
         ends = partition_offsets(end)
         marks = self._watermarks() if ends else {}
         for p in sorted(ends, key=int):
-            lo = marks.get(p, (0, 0))[0]
+            lo, hi = marks.get(p, (0, 0))
             s = first.get(p, lo)
-            if s < lo and s < ends[p]:
-                late = {"id": max(int(time.time() * 1000), (gaps[-1]["id"] if gaps else 0) + 1), "topic": self.topic,
-                        "partition": int(p), "first": s, "end": lo, "kind": "lost", "ms": int(time.time() * 1000)}
-                log.warning("safepoint_kafka: gap %s: %s (deleted after the batch was planned)", late["id"],
-                            Gap.of(late).what())
-                self._late.append(late)
-                gaps.append(late)
-                first[p] = lo
+            kind = "gone_back" if ends[p] > hi else "lost" if s < lo and s < ends[p] else None
+            if kind is None:
+                continue
+            now_ms = int(time.time() * 1000)
+            late = {"id": max(now_ms, (gaps[-1]["id"] if gaps else 0) + 1), "topic": self.topic, "partition": int(p),
+                    "first": s, "end": lo, "kind": kind, "ms": now_ms}
+            log.warning("safepoint_kafka: gap %s: %s (found when the batch was made: after it was planned)", late["id"],
+                        Gap.of(late).what())
+            self._late.append(late)
+            gaps.append(late)
+            first[p] = lo
+            if kind == "gone_back":
+                ends[p] = min(ends[p], hi)  # a batch planned on the topic before it was made again: what is there
         parts: list[KafkaInputPartition] = []
         for p in sorted(ends, key=int):
             s, e = int(first.get(p, 0)), ends[p]

@@ -21,7 +21,7 @@ from safepoint.connectors.topics import ensure_topics, topic_ends, topic_specs
 
 from doc_blocks import block
 from kafka_util import produce, read_topic
-from tests_support import QueryJob, make_settings, wait_for
+from tests_support import QueryJob, _ids, make_settings, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -64,6 +64,7 @@ def test_a_reader_whose_open_was_deleted_is_never_passed_while_open(broker: Any,
     try:
         job = QueryJob(spark, settings, ckpt)
         wait_for(lambda: bool(compactions(broker.bootstrap, settings.directives_topic)), 90, "a first directive", job)
+        wait_for(lambda: len(_ids(ckpt, "commits")) >= 2, 60, "a committed batch after it", job)
         job.stop()
         reader = reporters[0].reader(label="long report").open()  # at the node's MVCC time now
         time.sleep(1.0)
@@ -117,6 +118,7 @@ def test_a_topic_made_again_is_read_from_its_new_start_and_a_lost_service_hold_h
     job = QueryJob(spark, settings, ckpt)
     try:
         wait_for(lambda: bool(compactions(bootstrap, settings.directives_topic)), 90, "a first directive", job)
+        wait_for(lambda: bool(_ids(ckpt, "commits")), 60, "the batch committed", job)
     finally:
         job.stop()
     # while the job is down: a backup's hold and a reader, then the topic is deleted and made again

@@ -481,3 +481,18 @@ def test_sparks_own_daemon_also_ends_a_dropped_worker_quietly() -> None:
     assert "Traceback" not in _dropped_worker_stderr(spark_zips=True)
     unhooked = _dropped_worker_stderr(spark_zips=False)
     assert "Traceback" in unhooked and "EOFError" in unhooked, unhooked[-2000:]
+
+
+def test_a_batch_planned_before_records_went_takes_them_as_a_gap_when_it_is_made() -> None:
+    """``partitions`` (a batch made, or made again after a failure) finds records deleted, or a topic made
+    again, since the batch was planned: it reads what is there and hands the gap to the read tasks."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    reader = _Marks({}, {"0": (5, 10), "1": (0, 2)})
+    tasks = reader.partitions({"0": 2, "1": 6}, {"0": 10, "1": 9})
+    ranges = sorted((t.partition, t.start, t.end) for t in tasks)  # type: ignore[attr-defined]
+    assert ranges == [(0, 5, 10), (1, 0, 2)]
+    kinds = [(g["partition"], g["kind"]) for g in tasks[0].gaps]  # type: ignore[attr-defined]
+    assert kinds == [(0, "lost"), (1, "gone_back")]
+    end = reader.latestOffset({"0": 10, "1": 9}, ReadMaxRows(100))
+    assert [g["kind"] for g in end["gaps"]][:2] == ["lost", "gone_back"], "the next offset records them"
