@@ -33,8 +33,8 @@ _specs: dict[tuple[int, int], BandSpec] = {}
 
 def log_time(event: dict[str, Any]) -> int:
     """An event's log time: its ``log_ms`` (set where the message was read), else its ``wall_ms``."""
-    log = event.get("log_ms")
-    return event["wall_ms"] if log is None else int(log)
+    log: int | None = event.get("log_ms")
+    return event["wall_ms"] if log is None else log
 
 
 def _spec(policy: Policy) -> BandSpec:
@@ -49,7 +49,7 @@ class ClockWatch:
     """A node's clock offset against the log and its skew band. Stored as ``[offset]`` or
     ``[offset, band]`` (a band that is not quiet); absent: no event yet, or offset 0 and quiet."""
 
-    __slots__ = ("node", "offset", "band")
+    __slots__ = ("node", "offset", "band", "calm")
 
     def __init__(self, node: str, stored: list[Any] | None = None) -> None:
         self.node = node
@@ -60,16 +60,13 @@ class ClockWatch:
             self.offset = stored[0]
             if len(stored) > 1:
                 self.band = Band.from_json(stored[1])
+        self.calm = self.band.quiet
+        """The band is quiet (normal, nothing breaching): kept with it, read on every event's shortcut."""
 
     def to_stored(self) -> list[Any] | None:
         if self.band.quiet:
             return None if not self.offset else [self.offset]
         return [self.offset, self.band.to_json()]
-
-    def quiet(self, wall: int, log: int, policy: Policy) -> bool:
-        """An event at (``wall``, ``log``) leaves the band as it is (nothing breaching, and the offset
-        within the limit): ``take`` would only set the offset."""
-        return self.band.quiet and (not policy.max_clock_skew_ms or abs(wall - log) < policy.max_clock_skew_ms)
 
     def take(self, wall: int, log: int, policy: Policy, signals: list[list[Any]]) -> None:
         """One applied event of the node: its offset, and the alert raised or cleared when the band moves."""
@@ -77,6 +74,7 @@ class ClockWatch:
         if not policy.max_clock_skew_ms:
             return
         moved = band_step(self.band, _spec(policy), log, abs(offset))
+        self.calm = self.band.quiet
         if moved is None:
             return
         old, new, since = moved

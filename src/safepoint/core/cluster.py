@@ -281,7 +281,7 @@ class ClusterState:
         book = self.alerts
         if member and (name in book.floor or (safe is not None and rec.local_min is not None and rec.local_min < safe)):
             return False
-        change = node.apply_quiet(event, policy, safe, member)
+        change = node.apply_quiet(event, policy, safe, member, log)
         if change is None:
             return False
         rec.incarnation = node.incarnation

@@ -377,7 +377,8 @@ class NodeState:
                         del holds[key]
                         holds[plain] = hold
 
-    def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool) -> Quiet | None:
+    def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool,
+                    log: int) -> Quiet | None:
         """Apply a reader or transaction opening or closing that changes nothing but the node's holds,
         ``seq`` and clock; None when it might (nothing is changed then: ``apply`` takes the event).
 
@@ -388,12 +389,13 @@ class NodeState:
         the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
         state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
         wall = event["wall_ms"]
-        log = log_time(event)
+        incs = self.incs
+        skew = policy.max_clock_skew_ms
         if (self.history is not None or self.leak.state is not None or self.reference
                 or event["incarnation"] != self.incarnation or event["seq"] <= self.seq
-                or self.incs.lives or self.incarnation in self.incs.gone or self.parts is not None
-                or not self.clock.quiet(wall, log, policy)):
-            return None
+                or incs.lives or (incs.gone and self.incarnation in incs.gone) or self.parts is not None
+                or not self.clock.calm or (skew and abs(wall - log) >= skew)):
+            return None  # (a clock that is calm, and an offset within the limit: ClockWatch.take would only set it)
         low = self._low
         if low is None:
             if not self._restored:
