@@ -229,7 +229,7 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
     if not checkpoint:
         msg = "the job needs a checkpoint directory (--checkpoint)"
         raise ValueError(msg)
-    policy = settings.policy().to_dict()
+    policy = settings.policies().to_dict()
     check_checkpoint(spark, settings, checkpoint)
     plan = start_plan(spark, settings, checkpoint)
     start = plan.to_json() if plan is not None else None

@@ -26,7 +26,7 @@ from safepoint.core.batch import METRICS, BucketNodes, Emitted, Routed, pack_rou
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
-from safepoint.core.policy import Policy
+from safepoint.core.policy import Policies
 from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
@@ -75,7 +75,7 @@ class Router:
         import pyarrow as pa
 
         freeze_once()
-        policy = Policy.from_dict(self.policy)
+        policy = Policies.from_dict(self.policy).default  # a message's size limit: before its cluster is known
         gaps = [Gap.of(g) for g in self.gaps]
         # nullable, as the Python source's declared schema (``cluster string, blob binary``)
         schema = pa.schema([("cluster", pa.string()), ("blob", pa.binary())])
@@ -114,7 +114,7 @@ class ClusterJob(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_once()
-        self.policy = Policy.from_dict(self.policy_dict)
+        self.policies = Policies.from_dict(self.policy_dict)
         self.start = StartPlan.from_json(self.start_dict)
         self.cluster = handle.getValueState("cluster", _VALUE)
         self.nodes = handle.getMapState("nodes", _BUCKET, _VALUE)
@@ -134,7 +134,7 @@ class ClusterJob(StatefulProcessor):
             items = unpack(rows)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
             result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
-                               items, self.policy, bool(self.accounting_topic), self.start, self.emit)
+                               items, self.policies.of(key[0]), bool(self.accounting_topic), self.start, self.emit)
             del items
         for bucket, value in result.buckets.items():
             self.nodes.updateValue((bucket,), (value,))

@@ -64,6 +64,8 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/integration/test_submit.py::test_the_readmes_spark_submit_command",
     ("README.md", ".venv/bin/safepoint bench"): "tests/integration/test_submit.py::test_the_readmes_bench_command",
     ("docs/operations.md", "nodes --(safepoint.events"): "shown: the data flow diagram",
+    ("docs/operations.md", "retention = 20000000"):
+        "tests/unit/test_policies.py::test_the_guides_clusters_of_several_engines",
     ("docs/operations.md", "safepoint ack-gap c1"):
         "tests/integration/test_gaps_e2e.py::test_a_topic_made_again_is_read_from_its_new_start_and_a_lost_service_hold_"
         "holds_until_acknowledged",

@@ -228,7 +228,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     dl = open(args.deadletter_output, "w", encoding="utf-8") if args.deadletter_output else None  # noqa: SIM115
     try:
         with replay_progress(args.input) as progress:
-            engine = replay_file(args.input, out, settings.policy(), dl, progress)
+            engine = replay_file(args.input, out, settings.policies(), dl, progress)
     except FileNotFoundError as exc:
         msg = f"input file not found: {exc.filename}"
         raise SafepointError(msg) from exc

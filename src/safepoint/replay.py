@@ -15,7 +15,7 @@ from safepoint.core.cluster import ClusterState
 from safepoint.core.codec import encode
 from safepoint.core.engine import Engine
 from safepoint.core.outputs import DEADLETTER
-from safepoint.core.policy import Policy
+from safepoint.core.policy import Policies, Policy
 from safepoint.core.status import assemble, cluster_status, node_status
 
 __all__ = ["replay_progress", "replay_file", "why_no_safe_point", "summary_lines", "final_status"]
@@ -24,7 +24,7 @@ __all__ = ["replay_progress", "replay_file", "why_no_safe_point", "summary_lines
 def replay_file(
     input_path: str,
     output: IO[str] | None,
-    policy: Policy,
+    policy: Policy | Policies,
     deadletter: IO[str] | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Engine:
@@ -56,11 +56,11 @@ def replay_file(
 def final_status(engine: Engine) -> dict[str, Any]:
     """Every cluster's status at the end of the log, as ``GET /api/v1/clusters`` shows the job's
     (``{"clusters": [...]}`` by name): the same parts the job publishes, joined the same way."""
-    policy = engine.policy
+    policies = engine.policies
     by_cluster: dict[str, list[dict[str, Any]]] = {}
     for (cluster, _node), ns in sorted(engine.nodes.items()):
-        by_cluster.setdefault(cluster, []).append(node_status(ns, policy))
-    return {"clusters": [assemble(cluster_status(cs, policy), by_cluster.get(name, []))
+        by_cluster.setdefault(cluster, []).append(node_status(ns, policies.of(cluster)))
+    return {"clusters": [assemble(cluster_status(cs, policies.of(name)), by_cluster.get(name, []))
                          for name, cs in sorted(engine.clusters.items())]}
 
 
@@ -87,7 +87,7 @@ def summary_lines(engine: Engine) -> list[str]:
     safe = {name: c.safe_ts for name, c in sorted(engine.clusters.items()) if name}
     lines = [f"replay: {sum(counts.values())} messages {counts}; final safe_ts {safe}"]
     for name, c in sorted(engine.clusters.items()):
-        why = why_no_safe_point(c, engine.policy) if name else None
+        why = why_no_safe_point(c, engine.policies.of(name)) if name else None
         if why:
             lines.append(f"replay: cluster {name} has no safe point: {why}")
     dead = {label.split(":", 1)[1]: n for label, n in sorted(engine.labels.items()) if label.startswith("deadlettered:")}

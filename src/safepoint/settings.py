@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from safepoint.core.policy import Policy
+from safepoint.core.policy import MVCC_UNITS, Policies, Policy
 from safepoint.errors import ConfigError
 
 __all__ = ["Settings", "Secret", "JvmChoices", "ENV_PREFIX", "load_settings", "env_name"]
@@ -154,12 +154,28 @@ class Settings:
     kafka-python (pure Python, for nodes without librdkafka's wheel). The job always uses confluent-kafka."""
     kafka: dict[str, Any] = field(default_factory=dict)
     """Extra librdkafka settings (security.protocol, sasl.*, ssl.*), passed to every client."""
+    clusters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per-cluster policy: ``[clusters.NAME]`` tables of the TOML file, with the policy keys of the top
+    level (``retention``, ``mvcc_unit``, thresholds, windows); the top level is every other cluster's."""
 
     def policy(self) -> Policy:
+        """The default policy: every cluster's that has no ``[clusters.NAME]`` table."""
         values = {name: getattr(self, name) for name in POLICY_KEYS}
         if not self.status_topic:
             values["status_holds"] = 0  # no status topic: the stages build no status
         return Policy(**values)
+
+    def policies(self) -> Policies:
+        """Each cluster's policy: the default, and a cluster's own table over it."""
+        default = self.policy()
+        clusters = {}
+        for name, table in self.clusters.items():
+            try:
+                clusters[name] = replace(default, **table)
+            except ValueError as exc:
+                msg = f"[clusters.{name}]: {exc}"
+                raise ValueError(msg) from exc
+        return Policies(default, clusters)
 
     def jvm(self) -> JvmChoices:
         """The JVM choices of ``build_session`` (``streaming/session.py``) for the JVM a command
@@ -200,6 +216,19 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     for flags: a wrong type or an unknown word is an error naming the key and where it came from."""
     default = getattr(Settings(), name)
     where = f"{name} ({source})" if source else name
+    if name == "clusters":
+        if not isinstance(raw, dict) or not all(isinstance(t, dict) for t in raw.values()):
+            msg = f'setting {where} must be tables of policy keys, e.g. [clusters.etcd-main] mvcc_unit = "revision"'
+            raise ConfigError(msg)
+        out: dict[str, dict[str, Any]] = {}
+        for cluster, table in raw.items():
+            unknown = sorted(set(table) - set(POLICY_KEYS))
+            if unknown:
+                msg = (f"[clusters.{cluster}] ({source}) sets {', '.join(unknown)}, which a cluster cannot have of its own; "
+                       f"its keys are the policy's: {', '.join(sorted(POLICY_KEYS))}")
+                raise ConfigError(msg)
+            out[cluster] = {k: _coerce(k, v, f"[clusters.{cluster}] {source}".strip()) for k, v in table.items()}
+        return out
     if name == "kafka":
         if not isinstance(raw, dict):
             msg = f'setting {where} must be a table of librdkafka keys, e.g. [kafka] "security.protocol" = "SASL_SSL"'
@@ -244,7 +273,7 @@ def load_settings(
     config = config or env.get(env_name("config")) or None
     values: dict[str, Any] = _from_toml(Path(config)) if config else {}
     for name in _FIELDS:
-        if name == "kafka":
+        if name in ("kafka", "clusters"):
             continue
         raw = env.get(env_name(name))
         if raw is not None and raw != "":
@@ -254,7 +283,7 @@ def load_settings(
             values[name] = _coerce(name, raw, f"flag --{name.replace('_', '-')}")
     try:
         settings = Settings(**values)
-        settings.policy()
+        settings.policies()
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     _check_choices(settings)
@@ -308,6 +337,6 @@ def _check_choices(settings: Settings) -> None:
     if not re.fullmatch(r"[1-9][0-9]*[kmgt]?", settings.driver_memory.lower()):
         msg = f"driver_memory must be a JVM memory size such as 1g or 1536m, got {settings.driver_memory!r}"
         raise ConfigError(msg)
-    if settings.mvcc_unit not in ("none", "counter", "ns", "us", "ms", "s"):
-        msg = f"mvcc_unit must be one of counter (or none), ns, us, ms, s, got {settings.mvcc_unit!r}"
+    if settings.mvcc_unit not in MVCC_UNITS:
+        msg = f"mvcc_unit must be one of {', '.join(MVCC_UNITS)}, got {settings.mvcc_unit!r}"
         raise ConfigError(msg)

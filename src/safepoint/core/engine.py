@@ -20,7 +20,7 @@ from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
 from safepoint.core.outputs import Output, dead_letter
-from safepoint.core.policy import Policy
+from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
 
 __all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "relevant",
@@ -99,9 +99,12 @@ def relevant(gap: Gap, first_log: int, policy: Policy) -> bool:
 class Engine:
     """Every message of a log through ``step``, in order, with the accounting of every message."""
 
-    def __init__(self, policy: Policy | None = None, record: bool = False, start: StartPlan | None = None,
+    def __init__(self, policy: Policy | Policies | None = None, record: bool = False, start: StartPlan | None = None,
                  reference: bool = False) -> None:
-        self.policy = policy or Policy()
+        self.policies = Policies.of_policy(policy)
+        """Each cluster's policy (``Policies.of``)."""
+        self.policy = self.policies.default
+        """The default policy (a message's size limit: it is checked before its cluster is known)."""
         self.reference = reference
         """Run the reference algorithms (every node's holds and every member's abort problems
         walked after every event): slow, the outputs the fast paths are tested against."""
@@ -174,11 +177,11 @@ class Engine:
             state.reference = self.reference
             first = log_time(event)
             for gap in self.gaps:
-                if relevant(gap, first, self.policy):
-                    state.take_gap(gap, self.policy, pre)
+                if relevant(gap, first, self.policies.of(name)):
+                    state.take_gap(gap, self.policies.of(name), pre)
                 else:
                     state.gaps.seen = max(state.gaps.seen, gap.id)  # found before the cluster had events
-        label, outs = step(state, self, event, self.policy, partition, offset)
+        label, outs = step(state, self, event, self.policies.of(name), partition, offset)
         return label, pre + outs if pre else outs
 
     def gap(self, gap: Gap) -> list[Output]:
@@ -188,7 +191,7 @@ class Engine:
         out: list[Output] = []
         for _name, state in sorted(self.clusters.items()):
             if _name:
-                state.take_gap(gap, self.policy, out)
+                state.take_gap(gap, self.policies.of(_name), out)
         return out
 
     def cluster(self, name: str) -> ClusterState | None:

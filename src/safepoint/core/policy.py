@@ -13,10 +13,14 @@ from typing import Any
 
 from safepoint.core.bands import BandSpec
 
-__all__ = ["Policy"]
+__all__ = ["MVCC_UNITS", "Policies", "Policy"]
 
 GIB = 1 << 30
 _BOOL_FIELDS = frozenset({"expire_enabled"})
+_STR_FIELDS = frozenset({"mvcc_unit"})
+MVCC_UNITS = ("none", "counter", "revision", "xid", "ns", "us", "ms", "s")
+"""What a cluster's MVCC timestamps count: an opaque counter (``none``, ``counter``), etcd's store
+``revision``, PostgreSQL's 64-bit ``xid``, or a clock (``ns``, ``us``, ``ms``, ``s``: shown as times)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +104,18 @@ class Policy:
     """Nodes whose lease and minimum the cluster's status record lists: those with a problem first,
     then the lowest minimums (the rest are filled in from their own records); bounds its size. The
     record goes out every micro-batch: at 1,000 nodes, listing all took 160 ms of a 1,076 ms batch."""
+    mvcc_unit: str = "none"
+    """What the cluster's MVCC timestamps count (``MVCC_UNITS``): its status says so, and every screen
+    shows its safe point and lags in it."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _STR_FIELDS:
+                if value not in MVCC_UNITS:
+                    msg = f"policy key {f.name} must be one of {', '.join(MVCC_UNITS)}, got {value!r}"
+                    raise ValueError(msg)
+                continue
             if f.name in _BOOL_FIELDS:
                 if not isinstance(value, bool):
                     msg = f"policy key {f.name} must be true or false, got {value!r}"
@@ -169,3 +181,34 @@ class Policy:
 def _band(*spec: int) -> BandSpec:
     """One BandSpec per distinct thresholds (asked for on every node event)."""
     return BandSpec(*spec)
+
+
+class Policies:
+    """The policy of each cluster a job serves: one job serves clusters of several engines, each with
+    its own retention, unit, thresholds and windows (``[clusters.NAME]`` tables of the settings), and
+    every other cluster the default."""
+
+    __slots__ = ("default", "clusters")
+
+    def __init__(self, default: Policy | None = None, clusters: dict[str, Policy] | None = None) -> None:
+        self.default = default or Policy()
+        self.clusters: dict[str, Policy] = dict(clusters or {})
+
+    def of(self, cluster: str) -> Policy:
+        """The policy cluster ``cluster`` runs on."""
+        return self.clusters.get(cluster, self.default) if self.clusters else self.default
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"default": self.default.to_dict(), "clusters": {c: p.to_dict() for c, p in sorted(self.clusters.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Policies:
+        """From ``to_dict`` (or a single policy's dict: the default of every cluster)."""
+        if "default" not in data:
+            return cls(Policy.from_dict(data))
+        return cls(Policy.from_dict(data["default"]),
+                   {c: Policy.from_dict(p) for c, p in (data.get("clusters") or {}).items()})
+
+    @classmethod
+    def of_policy(cls, policy: Policy | Policies | None) -> Policies:
+        return policy if isinstance(policy, Policies) else cls(policy)

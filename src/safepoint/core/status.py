@@ -229,6 +229,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         "catalog_floor": cs.catalog_floor,
         "seq": cs.dseq,
         "cluster_wall_ms": now,
+        "mvcc_unit": policy.mvcc_unit,
         "paused": pause is not None,
         "pause": pause,
         "service_holds": [{"holder": holder, "ts": h["ts"], "ttl_ms": h["ttl_ms"], "label": h.get("label"),

@@ -61,6 +61,8 @@ class StatusCollector(Collector):
                      ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
+        info = _gauge("safepoint_cluster_info", "1 per cluster, with what its MVCC timestamps count (its policy's "
+                                                "mvcc_unit): every MVCC figure of the cluster is in that unit", ["cluster", "mvcc_unit"])
         gaps = _gauge("safepoint_gaps_open", "Gaps of the events topic (events lost before the job read them) the "
                                             "cluster has not closed: nodes still owe a snapshot, or it is unacknowledged", c)
         ns_safe = _gauge("safepoint_namespace_safe_ts", "Bound of a namespace without holds of its own (MVCC units)", c)
@@ -132,6 +134,7 @@ class StatusCollector(Collector):
                 alerts.add_metric([name, kind, severity], count)
             paused_.add_metric([name], 1 if st.get("paused") else 0)
             gaps.add_metric([name], len(st.get("gaps") or []))
+            info.add_metric([name, str(st.get("mvcc_unit") or "none")], 1)
             if st.get("namespace_safe_ts") is not None:
                 ns_safe.add_metric([name], st["namespace_safe_ts"])
             for ns, b in sorted((st.get("namespaces") or {}).items()):
@@ -139,7 +142,7 @@ class StatusCollector(Collector):
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
         yield from (safe, floor, seq, wall, lag, age, blocker_cost, hold_cost, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
-                    paused_, gaps, ignored, ns_safe, ns_bound)
+                    paused_, gaps, info, ignored, ns_safe, ns_bound)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:
