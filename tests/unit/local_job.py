@@ -136,3 +136,29 @@ class LocalJob:
     def state_calls(self) -> int:
         """State calls so far, over every state variable."""
         return sum(s.calls for s in self.handle.states.values())
+
+
+def replay_in_batches(engine: Any, batches: list[list[Message]], gaps: dict[int, list[Any]] | None = None
+                      ) -> list[tuple[str, str | None, str]]:
+    """What ``engine`` (replay) emits over ``batches`` taken in the job's order (per cluster, each
+    batch's partitions merged by log time), as (topic, key, value) rows like ``LocalJob.run_batch``'s;
+    ``gaps``: batch index -> the gaps the source hands that batch (``Engine.gap`` before it)."""
+    import json
+
+    from safepoint.core import Position
+    from safepoint.core.batch import merge_log_order, route
+
+    channel = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
+    rows: list[tuple[str, str | None, str]] = []
+    for i, batch in enumerate(batches):
+        for gap in (gaps or {}).get(i, []):
+            rows += [(channel[o.channel], o.key, json.dumps(o.value)) for o in engine.gap(gap)]
+        groups: dict[str, list[Any]] = {}
+        for m in batch:
+            ((cluster, (routed,)),) = route([(*m[:4], broker_time(m))], "ev", engine.policy).items()
+            groups.setdefault(cluster, []).append((m[0], m[1], routed.log_ms, m[2], m[3], broker_time(m)))
+        for cluster in groups:
+            for p, o, _log, k, v, b in merge_log_order(groups[cluster]):
+                rows += [(channel[out.channel], out.key, json.dumps(out.value))
+                         for out in engine.process(v, Position("ev", p, o, k), b)]
+    return rows

@@ -227,7 +227,7 @@ def test_the_jobs_batches_take_a_gap_as_replay_does() -> None:
     with a gap handed to the second, against ``Engine.gap`` at the batch boundary: the same outputs."""
     from test_batch import TOPICS, by_topic, messages
 
-    from local_job import LocalJob
+    from local_job import LocalJob, replay_in_batches
 
     policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, stall_ms=3_000)
     msgs = messages(7, partitions=3, clusters=2)
@@ -243,26 +243,7 @@ def test_the_jobs_batches_take_a_gap_as_replay_does() -> None:
     got = by_topic(written)
     got.pop("st", None)
 
-    engine = Engine(policy, record=True)
-    expected: list[tuple[str, str | None, str]] = []
-    channel = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
-    from safepoint.core.batch import merge_log_order, route
-
-    def replay(batch: list[Any], gaps: list[Gap]) -> None:
-        for o in [o for g in gaps for o in engine.gap(g)]:
-            expected.append((channel[o.channel], o.key, json.dumps(o.value)))
-        groups: dict[str, list[Any]] = {}
-        for m in batch:
-            ((cluster, (routed,)),) = route([(*m[:4], None)], "ev", policy).items()
-            groups.setdefault(cluster, []).append((m[0], m[1], routed.log_ms, m[2], m[3]))
-        for cluster in groups:
-            for p, o, _w, k, v in merge_log_order(groups[cluster]):
-                for out in engine.process(v, Position("ev", p, o, k)):
-                    expected.append((channel[out.channel], out.key, json.dumps(out.value)))
-                expected.append(("acct", f"{p}:{o}", ""))
-
-    replay(msgs[:half], [])
-    replay(kept, [gap])
-    want = by_topic([e for e in expected if e[0] != "acct"])
+    expected = replay_in_batches(Engine(policy), [msgs[:half], kept], {1: [gap]})
+    want = by_topic(expected)
     assert any(a[1]["kind"] == "events_lost" for a in want.get("al", [])), "the gap reached a cluster"
     assert got.get("dir") == want.get("dir") and got.get("al") == want.get("al")

@@ -11,14 +11,13 @@ from typing import Any
 import pytest
 from test_batch import TOPICS, by_topic, messages
 
-from safepoint.core import Engine, Position
-from safepoint.core.batch import merge_log_order, route
+from safepoint.core import Engine
 from safepoint.core.policy import Policies, Policy
 from safepoint.errors import ConfigError
 from safepoint.replay import final_status, replay_file
 from safepoint.settings import load_settings
 
-from local_job import LocalJob
+from local_job import LocalJob, replay_in_batches
 
 
 def config(tmp_path: Path, text: str) -> Any:
@@ -77,18 +76,7 @@ def test_the_jobs_batches_apply_each_clusters_policy_as_replay_does() -> None:
         written += job.run_batch(batch)
     got = by_topic(written)
     got.pop("st", None)
-    engine = Engine(policies)
-    expected: list[tuple[str, str | None, str]] = []
-    channel = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
-    for batch in batches:  # in the job's order: per cluster, partitions merged by log time
-        groups: dict[str, list[Any]] = {}
-        for m in batch:
-            ((cluster, (routed,)),) = route([(*m[:4], None)], "ev", default).items()
-            groups.setdefault(cluster, []).append((m[0], m[1], routed.log_ms, m[2], m[3]))
-        for cluster in groups:
-            for p, o, _log, k, v in merge_log_order(groups[cluster]):
-                for out in engine.process(v, Position("ev", p, o, k)):
-                    expected.append((channel[out.channel], out.key, json.dumps(out.value)))
+    expected = replay_in_batches(Engine(policies), batches)
     want = by_topic(expected)
     by_cluster = {c: [d for _k, d in want["dir"] if d["cluster"] == c and d["type"] == "compaction"] for c in ("c0", "c1")}
     assert by_cluster["c0"] and by_cluster["c1"], "both clusters advance"
