@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import APPLIED, DEADLETTERED, relevant, step
+from safepoint.core.engine import APPLIED, DEADLETTERED, step
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
 from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.node import NodeState
@@ -341,14 +341,10 @@ def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: lis
                 fresh = state is None
                 if state is None:
                     state = ClusterState.starting(cluster, start)
-                for gap in sorted(gaps.values()):
-                    if not fresh or relevant(gap, payload["log_ms"], policy):
-                        taken: list[Output] = []
-                        state.take_gap(gap, policy, taken)
-                        for o in taken:
-                            out((o.channel, o.key, o.value))
-                    elif gap.id > state.gaps.seen:
-                        state.gaps.seen = gap.id  # found before this cluster had events: nothing of it was there
+                taken: list[Output] = []
+                state.meet_gaps(sorted(gaps.values()), payload["log_ms"] if fresh else None, policy, taken)
+                for o in taken:
+                    out((o.channel, o.key, o.value))
                 gaps = {}
                 touched = True
             label, emitted = step(state, nodes, payload, policy, partition, offset)

@@ -23,7 +23,7 @@ keeps the round's own figures and composes them:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from safepoint.core.aborts import AbortSync, sync_aborts
@@ -339,7 +339,7 @@ class ClusterState:
         if partition is not None and partition != self.gaps.key_partition:
             self.gaps.key_partition = partition  # where the cluster's own events (control events too) live
         if kind == GAP_ACK:
-            self._ack_gap(event, out)
+            self._ack_gap(event)
             self.evaluate(policy, out)
             return None
         if kind in CONTROL_TYPES:
@@ -367,6 +367,17 @@ class ClusterState:
         return None
 
     # -- events lost from the log (core/gaps.py) ------------------------------------------
+    def meet_gaps(self, gaps: Iterable[Gap], first_log: int | None, policy: Policy, out: list[Output]) -> None:
+        """The gaps found so far, handed to the cluster before its next message; ``first_log``: the log
+        time of its first event when it is met for the first time now (None: met before). A cluster met
+        for the first time takes a gap found at most a lease before its first event (its earlier events
+        may be what was lost); an older gap cannot hide a live node of it, and is only marked seen."""
+        for gap in gaps:
+            if first_log is None or first_log <= gap.ms + policy.node_lease_ms:
+                self.take_gap(gap, policy, out)
+            elif gap.id > self.gaps.seen:
+                self.gaps.seen = gap.id
+
     def take_gap(self, gap: Gap, policy: Policy, out: list[Output]) -> None:
         """A gap in the events topic: the nodes whose events may have been in it owe a snapshot (and so
         does a node first seen on its partitions within a lease), the safe point holds meanwhile, and
@@ -389,7 +400,7 @@ class ClusterState:
         if now is not None:
             self.evaluate(policy, out)
 
-    def _ack_gap(self, event: dict[str, Any], out: list[Output]) -> None:
+    def _ack_gap(self, event: dict[str, Any]) -> None:
         """An operator acknowledged a gap (``gap``: its id; absent: every open one): control events lost
         in it need not hold the safe point any more."""
         gid = event.get("gap")

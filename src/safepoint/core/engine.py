@@ -23,8 +23,7 @@ from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
 
-__all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "relevant",
-           "step"]
+__all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "step"]
 
 APPLIED = "applied"
 IGNORED = "ignored"
@@ -89,11 +88,6 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     state.apply_node_update(update, policy, out)
     return APPLIED, out
 
-
-def relevant(gap: Gap, first_log: int, policy: Policy) -> bool:
-    """A cluster met for the first time takes a gap found at most a lease before its first event (its
-    earlier events may be what was lost); an older gap cannot hide a live node of it."""
-    return first_log <= gap.ms + policy.node_lease_ms
 
 
 class Engine:
@@ -175,12 +169,7 @@ class Engine:
         if state is None:
             state = self.clusters[name] = ClusterState.starting(name, self.start)
             state.reference = self.reference
-            first = log_time(event)
-            for gap in self.gaps:
-                if relevant(gap, first, self.policies.of(name)):
-                    state.take_gap(gap, self.policies.of(name), pre)
-                else:
-                    state.gaps.seen = max(state.gaps.seen, gap.id)  # found before the cluster had events
+            state.meet_gaps(self.gaps, log_time(event), self.policies.of(name), pre)
         label, outs = step(state, self, event, self.policies.of(name), partition, offset)
         return label, pre + outs if pre else outs
 

@@ -162,21 +162,19 @@ class Gaps:
             self.open[i]["acked"] = True
         return ids
 
-    def settle(self, members: set[str] | None, now: int | None, book: AlertBook, out: list[Output]) -> bool:
+    def settle(self, members: set[str] | None, now: int, book: AlertBook, out: list[Output]) -> bool:
         """Close the gaps that are resolved (their alert cleared); ``members``: the member set when a
-        topology names it (a node that left it owes nothing). True when a gap closed or a freeze ended."""
+        topology names it (a node that left it owes nothing). True when a gap closed. (A freeze that
+        ends needs no word: the round it held kept the cluster dirty.)"""
         moved = False
         for gid in sorted(self.open):
             entry = self.open[gid]
             if members is not None and entry["owed"]:
                 entry["owed"] &= members
-            if entry["until"] is not None and now is not None and now >= entry["until"] and not entry.get("thawed"):
-                entry["thawed"] = True
-                moved = True
             if entry["owed"] or (entry["control"] and not entry["acked"]):
                 continue
             del self.open[gid]
-            cleared = book.clear(join_id("events_lost", str(gid)), gap_now(now, entry))
+            cleared = book.clear(join_id("events_lost", str(gid)), now)
             if cleared is not None:
                 out.append(cleared)
             moved = True
@@ -191,6 +189,3 @@ class Gaps:
                         "holds_until": entry["until"], "acknowledged": entry["acked"]})
         return out
 
-
-def gap_now(now: int | None, entry: dict[str, Any]) -> int:
-    return int(entry["gap"]["ms"]) if now is None else now

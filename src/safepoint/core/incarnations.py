@@ -28,7 +28,7 @@ from typing import Any
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 
-__all__ = ["GONE_KEPT", "Incarnations", "LATE", "TWIN", "alt_key"]
+__all__ = ["GONE_KEPT", "Incarnations", "LATE", "TWIN", "alt_key", "own_id"]
 
 GONE_KEPT = 4
 """Dropped incarnations whose last seq is kept (older ones: their messages are stale)."""
@@ -42,6 +42,12 @@ delivered late: apply it as that process's, but it is no sign of a second live p
 def alt_key(hid: str, incarnation: int) -> str:
     """The key of a hold of an incarnation other than the newest."""
     return f"{hid}@{incarnation}"
+
+
+def own_id(key: str, incarnation: int) -> str | None:
+    """The hold's own id when ``key`` is its ``alt_key`` for ``incarnation`` (None: it is not)."""
+    suffix = f"@{incarnation}"
+    return key[: -len(suffix)] if key.endswith(suffix) else None
 
 
 class Incarnations:

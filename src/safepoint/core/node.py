@@ -11,7 +11,7 @@ from typing import Any
 
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
-from safepoint.core.incarnations import LATE, TWIN, Incarnations, alt_key
+from safepoint.core.incarnations import LATE, TWIN, Incarnations, alt_key, own_id
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import NEVER, Holds, Pressure
@@ -371,9 +371,9 @@ class NodeState:
                 if not hold.prepared:
                     del holds[key]
                     closed.append(HoldRef(kind, key))
-                elif incarnation != self.incarnation and key.endswith(f"@{incarnation}"):
-                    plain = key[: -len(f"@{incarnation}")]
-                    if plain not in holds:
+                elif incarnation != self.incarnation:
+                    plain = own_id(key, incarnation)
+                    if plain is not None and plain not in holds:
                         del holds[key]
                         holds[plain] = hold
 
@@ -506,7 +506,7 @@ class NodeState:
 
     def _theirs(self, key: str, hold: Hold) -> bool:
         """The hold is another incarnation's than the newest (kept under ``id@incarnation``)."""
-        return hold.incarnation != self.incarnation and key.endswith(f"@{hold.incarnation}")
+        return hold.incarnation != self.incarnation and own_id(key, hold.incarnation) is not None
 
     def _replace(
         self,
