@@ -110,6 +110,25 @@ def test_a_gap_where_control_events_live_holds_the_safe_point_until_its_ttl_or_a
     assert actions[-1]["outcome"] == "applied" and "gap" in actions[-1]["detail"]
 
 
+def test_a_node_outside_the_topology_whose_events_were_lost_restates_before_it_joins() -> None:
+    """The node's reader was lost while the topology left it out: its recovery outlives the gap's
+    window, so the topology that makes it a member later does not count it before its snapshot."""
+    log = Log()
+    n1, n2 = start(log)
+    log.feed(cluster_event("topology", 2, T0 + 10, "c1", nodes={"n2": []}), n1.hb(T0 + 20, 1_000))
+    log.lose(n1.open("r", 2_500, T0 + 30))
+    log.gap(1, PARTITION["n1"], T0 + 40)
+    for i in range(1, 4):  # past the gap's window: a lease of cluster time goes by
+        log.feed(n1.hb(T0 + i * LEASE, 2_000), n2.hb(T0 + i * LEASE, 2_000))
+    assert log.safe() == 2_000, "n1 is no member: the round does not wait for it"
+    log.feed(cluster_event("topology", 3, T0 + 3 * LEASE + 1, "c1", nodes={"n1": [], "n2": []}))
+    log.feed(n1.hb(T0 + 4 * LEASE, 3_000), n2.hb(T0 + 4 * LEASE, 3_000))
+    assert log.safe() == 2_000, "a member now, but it owes its snapshot: the lost reader at 2_500 may be open"
+    log.feed(n1.snapshot(T0 + 4 * LEASE + 1, readers=[{"reader_id": "r", "read_ts": 2_500}], txs=[]))
+    log.feed(n1.hb(T0 + 4 * LEASE + 2, 3_000), n2.hb(T0 + 4 * LEASE + 2, 3_000))
+    assert log.safe() == 2_500 and log.engine.clusters["c1"].recovery is None, "restated: its reader holds"
+
+
 def test_without_an_acknowledgement_the_hold_ends_when_every_lost_hold_would_have_run_out() -> None:
     log = Log(max_service_hold_ttl_ms=30_000)
     n1, n2 = start(log)

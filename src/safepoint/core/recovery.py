@@ -225,9 +225,11 @@ class Recovery:
         return ASK
 
     def finished(self, now: int) -> bool:
-        """A gap's recovery is over: no node owes a snapshot and no window is open (a start on empty
+        """A gap's recovery is over: no node owes a snapshot (a member or not: one that joins the
+        topology later must still restate before it counts) and no window is open (a start on empty
         state never ends: every node the job meets must restate)."""
-        return not self.whole and not self.awaiting and all(now > w[1] for w in self.windows)
+        return (not self.whole and not self.awaiting and self.expected <= self.complete
+                and all(now > w[1] for w in self.windows))
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"expected": sorted(self.expected), "complete": sorted(self.complete),
