@@ -3,7 +3,7 @@
 A heartbeat carries ``mvcc_now`` and the figures the node's ``figures()`` callable returns
 (``pinned_bytes``, ``debt_bytes``, ``groups``, ``history_above``: the node's history curve, as
 ``(ts, bytes)`` pairs or ``{"ts", "bytes"}`` objects, from which the job tells what each hold
-costs), and lets the reporter publish a repair snapshot
+costs; ``compacted_ts``: what the store itself has compacted, as an etcd agent says), and lets the reporter publish a repair snapshot
 first when a delivery failed.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["FIGURE_KEYS", "Figures", "start_heartbeats"]
 
 log = logging.getLogger("safepoint.reporter")
 
-FIGURE_KEYS = ("groups", "pinned_bytes", "debt_bytes", "active_readers", "active_txs", "history_above")
+FIGURE_KEYS = ("groups", "pinned_bytes", "debt_bytes", "active_readers", "active_txs", "history_above", "compacted_ts")
 MAX_HISTORY_POINTS = 64
 """Points of ``history_above`` a heartbeat carries (the contract's limit): more are thinned evenly."""
 

@@ -89,6 +89,12 @@ def _control_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
 
+def _agent_flags(p: argparse.ArgumentParser) -> None:
+    for name, text in (("bootstrap", "Kafka bootstrap servers HOST:PORT"), ("events-topic", "input topic")):
+        _flag(p, name, text)
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="safepoint", description="MVCC safe-point service for distributed databases.")
     parser.add_argument("--version", action="version", version=f"safepoint {__version__}")
@@ -192,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     from safepoint.ops.control_cli import add_parsers
 
     add_parsers(sub, _control_flags)
+    from safepoint.ops.agent_cli import add_parsers as add_agent_parsers
+
+    add_agent_parsers(sub, _agent_flags)
 
     # everything after "bench" goes to benchmarks/bench.py as is ("+" prefix: no "-" flag is taken here)
     p = sub.add_parser("bench", help="benchmark: raw consume, plain consumer and the job (see README, Benchmark)",
@@ -389,13 +398,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 EXTRAS = {"pyspark": "job", "pyarrow": "job", "pandas": "job", "fastapi": "serve", "uvicorn": "serve",
           "prometheus_client": "serve", "starlette": "serve", "pydantic": "serve", "rich": "serve", "noida_db": "broker",
-          "psutil": "dev", "kafka": "kafka-python"}
+          "psutil": "dev", "kafka": "kafka-python", "httpx": "etcd"}
 """The extra that brings a module a command needs (pyproject.toml: the bare install is the node client)."""
 COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "serve", "broker": "broker", "demo": "dev",
-                  "soak": "dev", "bench": "dev", "spark-classes": "dev"}
+                  "soak": "dev", "bench": "dev", "spark-classes": "dev", "agent": "etcd"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
+COMMANDS = {"agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -342,3 +342,43 @@ def test_a_resume_is_carried_too_so_a_later_loss_does_not_pause_again() -> None:
     assert "paused" not in run.directives()[-1], "the resume was announced at the same safe point"
     seeds = seeds_from_directives(o.value for o in run.outputs if o.channel == "directives")
     assert seeds["c1"].paused is None
+
+
+def test_a_hold_below_what_the_store_compacted_is_refused_and_the_status_counts_compactions() -> None:
+    """An etcd agent's heartbeat says its store's compacted revision (``compacted_ts``): a hold below
+    it would protect history that is gone already, even above every bound the job sent."""
+    run = Run(node_lease_ms=10_000, retention=100)
+    agent = NodeClient("etcd-agent", "c1")
+    run.feed(topology(1, T0, {"etcd-agent": []}, cluster="c1"), agent.hb(T0, 1_000, compacted_ts=0))
+    assert run.last_safe_ts() == 900
+    run.feed(agent.hb(T0 + 1_000, 1_200, compacted_ts=900))  # it compacted at the directive's safe_ts
+    run.feed(agent.hb(T0 + 2_000, 1_300, compacted_ts=1_250))  # something else compacted past safe_ts 1_200
+    run.feed({**hold("backup", 1_220, 60_000, T0 + 2_001), "action_id": "a-1"})
+    assert ignored(run) == {"below_compacted_ts": 1}, "above the safe_ts sent, below what the store compacted"
+    [refused] = run.alerts("service_hold_refused", "raised")
+    assert "below compacted_ts 1250" in refused["detail"] and "compacted that history already" in refused["detail"]
+    run.feed(hold("backup", 1_250, 60_000, T0 + 2_002))  # at it: that revision is still readable
+    assert run.alerts("service_hold_refused", "cleared")
+    run.feed(agent.hb(T0 + 3_000, 2_000, compacted_ts=1_250))  # the same figure again: no new compaction
+    [st] = final_status(run.engine)["clusters"]
+    assert (st["compacted_ts"], st["compactions"]) == (1_250, 2)
+    assert [(a["id"], a["outcome"], a["reason"]) for a in st["actions"]] == [("a-1", "refused", "below_compacted_ts")]
+    assert run.last_safe_ts() == 1_250
+
+
+def test_the_jobs_batches_give_replays_outputs_with_compacted_revisions() -> None:
+    from test_batch import job_equals_replay
+
+    msgs = []
+    rev = 1_000
+    for i in range(120):
+        wall = T0 + i * 500
+        rev += 7
+        ev: dict[str, Any] = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "agent", "incarnation": 1,
+                              "seq": i + 1, "wall_ms": wall, "mvcc_now": rev, "compacted_ts": rev - 40 - (i % 5) * 3}
+        msgs.append((0, 2 * i, b"agent", json.dumps(ev).encode()))
+        below = i % 3 == 0
+        held = hold("h", rev - 60 if below else rev - 10, 2_000, wall + 1)
+        msgs.append((0, 2 * i + 1, b"c1", json.dumps(held).encode()))
+    got = job_equals_replay(msgs, list(range(17, len(msgs), 29)), Policy(node_lease_ms=5_000, retention=30), buckets=4)
+    assert any(a["kind"] == "service_hold_refused" for _, a in got["al"])

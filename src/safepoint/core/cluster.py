@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from safepoint.core.aborts import AbortSync, sync_aborts
-from safepoint.core.alerts import ABORT_KINDS, AlertBook, check_floor, check_horizon, check_join, stall_alert, violation
+from safepoint.core.alerts import ABORT_KINDS, AlertBook, Bound, check_floor, check_horizon, check_join, stall_alert, violation
 from safepoint.core.catalog import Catalog
 from safepoint.core.clock import log_time
 from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
@@ -54,7 +54,7 @@ class ClusterState:
     __slots__ = ("name", "members", "catalog", "alerts", "control", "tenants", "directives", "recovery", "emergency",
                  "gaps", "versions",
                  "cluster_time", "first_wall", "topology_wall", "safe_ts", "dirty", "last_advance_wall", "aborts",
-                 "settled", "clears", "reference")
+                 "settled", "clears", "reference", "compacted")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -86,6 +86,9 @@ class ClusterState:
         self.clears = False
         """A round run again at ``settled`` would get past its gates (not aborted, not paused, the
         directive interval over) and so clear ``dirty`` (not stored)."""
+        self.compacted: list[int] | None = None
+        """[the highest ``compacted_ts`` a node's heartbeat reported, how many times it rose]: the
+        store's own compaction (an etcd agent's), below which no service hold is taken."""
         self.reference = False
         """Sync the round's abort alerts by walking every member after every event: the reference
         the incremental sync is tested against (``core/aborts.py``; not stored)."""
@@ -143,6 +146,7 @@ class ClusterState:
             **({"tenants": self.tenants.to_json()} if self.tenants else {}),
             **({"emergency": self.emergency.to_json()} if self.emergency else {}),
             **({"gaps": self.gaps.to_json()} if self.gaps else {}),
+            **({"compacted": self.compacted} if self.compacted is not None else {}),
         }
 
     @classmethod
@@ -177,6 +181,7 @@ class ClusterState:
         state.recovery = Recovery.from_json(data.get("recovery"))
         state.emergency = Emergency.from_json(data.get("emergency"))
         state.gaps = Gaps(data.get("gaps"))
+        state.compacted = data.get("compacted")
         state._rebuild_recovery()
         return state
 
@@ -314,8 +319,20 @@ class ClusterState:
                 out.append(self.directives.band(node, body["band"], now))
             elif kind == "debt":
                 self.emergency.take(node, body["growing"], body["debt_bytes_per_s"])
+            elif kind == "compacted":
+                was = self.compacted
+                if was is None or body["ts"] > was[0]:
+                    self.compacted = [body["ts"], 0 if was is None else was[1] + 1]
             else:
                 out.append(self.alerts.stamp({k: v for k, v in body.items() if k != "state"}, body["state"], now))
+
+    def _hold_bound(self) -> Bound | None:
+        """The highest bound a service hold must not lie below: a bound already sent (``safe_ts``, a
+        namespace's), or what the store itself has compacted already (``compacted_ts``)."""
+        bound = self.tenants.pins_all(self.safe_ts)
+        if self.compacted is not None and (bound is None or self.compacted[0] >= bound[0]):  # the plainer reason
+            return (self.compacted[0], "compacted_ts")
+        return bound
 
     # -- recovery after a start on empty state (core/recovery.py) -------------------------
     def start_recovery(self, safe_ts: int | None, catalog_floor: int | None, seq: int, node_seq: int,
@@ -343,8 +360,8 @@ class ClusterState:
             self.evaluate(policy, out)
             return None
         if kind in CONTROL_TYPES:
-            if self.control.apply(event, lambda: self.tenants.pins_all(self.safe_ts), self.cluster_time, self.alerts,
-                                  out, policy.max_service_hold_ttl_ms):
+            if self.control.apply(event, self._hold_bound, self.cluster_time, self.alerts, out,
+                                  policy.max_service_hold_ttl_ms):
                 self.dirty = True
             self.evaluate(policy, out)
             return None

@@ -11,8 +11,9 @@ time (the largest log time of the cluster's node events, ``core/clock.py``).
   the event (or its last renewal): it expires when cluster time passes ``applied + ttl_ms``
   (``service_hold_expired`` alert, cleared when the holder sets a hold again or releases). One
   whose ``ts`` lies below a bound already sent that it would pin (``safe_ts``, and once tenants
-  are in use every namespace's bound: a service hold pins every namespace) is refused
-  (``service_hold_refused`` alert); the hold it would have renewed, if any, stays as it was.
+  are in use every namespace's bound: a service hold pins every namespace), or below what the
+  store has compacted already (``compacted_ts``, an agent's heartbeat: ``connectors/etcd_agent.py``)
+  is refused (``service_hold_refused`` alert); the hold it would have renewed, if any, stays as it was.
 * **Pause** (``reason``) / **resume**: while paused no directive advances and no forced expiry
   leaves the job (the node stage's expire decisions are dropped and counted); a ``paused``
   alert is raised and cleared.
@@ -24,7 +25,7 @@ in the status, where the CLI, ``ServiceHold`` and the HTTP API read them; an act
 again is a repeated delivery and changes nothing.
 
 Whatever a control event could not do is also counted by reason (``ignored``: ``repeated``,
-``unknown_holder``, ``not_paused``, ``below_safe_ts``, ``below_namespace_bound``,
+``unknown_holder``, ``not_paused``, ``below_safe_ts``, ``below_namespace_bound``, ``below_compacted_ts``,
 ``expiry_while_paused``) in the status.
 
 What must survive a lost checkpoint (the service holds and the pause) rides on every compaction
@@ -54,6 +55,8 @@ GAP_ACK = "gap_ack"
 ACTIONS_KEPT = 256
 """Outcomes of the most recent actions a cluster keeps (and its status shows)."""
 PAUSED_ID = "paused/-"
+REASONS = {"safe_ts": "below_safe_ts", "compacted_ts": "below_compacted_ts"}
+"""What a refused hold lay below -> the reason of its outcome (else ``below_namespace_bound``)."""
 
 
 class Control:
@@ -206,9 +209,11 @@ class Control:
             self.record(event, "refused", "ttl_too_long", detail, known)
             return False
         if bound is not None and ts < bound[0]:
-            reason = "below_safe_ts" if bound[1] == "safe_ts" else "below_namespace_bound"
+            reason = REASONS.get(bound[1], "below_namespace_bound")
             self.count(reason)
-            detail = (f"service hold {holder} at ts {ts} refused: below {bound[1]} {bound[0]} already sent "
+            detail = (f"service hold {holder} at ts {ts} refused: below compacted_ts {bound[0]}: the store has "
+                      "compacted that history already" if reason == "below_compacted_ts" else
+                      f"service hold {holder} at ts {ts} refused: below {bound[1]} {bound[0]} already sent "
                       "(that history may be compacted)")
             aid = join_id("service_hold_refused", holder)
             book.raised.pop(aid, None)

@@ -229,6 +229,8 @@ class NodeState:
         whole = True
         if kind == "heartbeat":
             groups_changed = self._heartbeat(event)
+            if "compacted_ts" in event:  # the store's own compaction: the cluster refuses holds below it
+                said.append(["compacted", {"ts": event["compacted_ts"]}])
         elif kind == "snapshot":
             full = self._collect(event) if event.get("parts", 1) > 1 else event
             whole = full is not None

@@ -248,6 +248,7 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         "nodes": nodes,
         "alerts": alerts,
         **({"gaps": cs.gaps.status()} if cs.gaps.open else {}),
+        **({"compacted_ts": cs.compacted[0], "compactions": cs.compacted[1]} if cs.compacted is not None else {}),
         **cut,
     }
 

@@ -65,6 +65,10 @@ class StatusCollector(Collector):
                                                 "mvcc_unit): every MVCC figure of the cluster is in that unit", ["cluster", "mvcc_unit"])
         gaps = _gauge("safepoint_gaps_open", "Gaps of the events topic (events lost before the job read them) the "
                                             "cluster has not closed: nodes still owe a snapshot, or it is unacknowledged", c)
+        compacted = _gauge("safepoint_compacted_ts", "What the store itself has compacted (an etcd agent's compacted "
+                           "revision, MVCC units): no service hold is taken below it", c)
+        compactions = CounterMetricFamily("safepoint_compactions", "Times the store's compacted_ts rose since the job "
+                                          "first saw it (an etcd agent's compactions)", labels=c)
         ns_safe = _gauge("safepoint_namespace_safe_ts", "Bound of a namespace without holds of its own (MVCC units)", c)
         ns_bound = _gauge("safepoint_namespace_bound", "Bound of a namespace with holds of its own (at most "
                           "max_namespaces per cluster)", ["cluster", "namespace"])
@@ -135,6 +139,9 @@ class StatusCollector(Collector):
             paused_.add_metric([name], 1 if st.get("paused") else 0)
             gaps.add_metric([name], len(st.get("gaps") or []))
             info.add_metric([name, str(st.get("mvcc_unit") or "none")], 1)
+            if st.get("compacted_ts") is not None:
+                compacted.add_metric([name], st["compacted_ts"])
+                compactions.add_metric([name], st["compactions"])
             if st.get("namespace_safe_ts") is not None:
                 ns_safe.add_metric([name], st["namespace_safe_ts"])
             for ns, b in sorted((st.get("namespaces") or {}).items()):
@@ -142,7 +149,7 @@ class StatusCollector(Collector):
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
         yield from (safe, floor, seq, wall, lag, age, blocker_cost, hold_cost, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
-                    paused_, gaps, info, ignored, ns_safe, ns_bound)
+                    paused_, gaps, info, ignored, compacted, compactions, ns_safe, ns_bound)
         yield from self._job(self.store.job)
 
     def _job(self, job: dict[str, Any] | None) -> Iterator[Metric]:
