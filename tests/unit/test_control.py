@@ -364,6 +364,7 @@ def test_a_hold_below_what_the_store_compacted_is_refused_and_the_status_counts_
     assert (st["compacted_ts"], st["compactions"]) == (1_250, 2)
     assert [(a["id"], a["outcome"], a["reason"]) for a in st["actions"]] == [("a-1", "refused", "below_compacted_ts")]
     assert run.last_safe_ts() == 1_250
+    assert (st["blocker"]["kind"], st["blocker"]["id"]) == ("service", "backup"), "the status names what the round did"
 
 
 def test_the_jobs_batches_give_replays_outputs_with_compacted_revisions() -> None:

@@ -191,7 +191,10 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     blocker = None
     records = cs.members.nodes
     lowest = cs.members.lowest()
-    if lowest is not None:
+    service = cs.control.lowest()
+    if service is not None and (lowest is None or service[0] < lowest[0]):  # as the round picks it
+        blocker = cs.control.blocker(now) if now is not None else None
+    elif lowest is not None:
         _, gnode = lowest
         b = records[gnode].blocker
         if b is not None:

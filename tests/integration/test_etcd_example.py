@@ -1,0 +1,62 @@
+"""``examples/etcd/run.py`` as a newcomer runs it, against Debian's etcd, the broker and the job:
+every step does what it says (the list breaks under etcd's own auto-compaction, survives under a
+revision hold while compaction goes on, a killed holder's TTL ends and compaction resumes), and the
+dashboard, in a real browser, names the backup's hold by its label beside the compacted revision."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safepoint.devtools.broker import free_port
+
+from etcd_util import _needs_etcd  # noqa: F401 - the module's tests need etcd
+from observers import browser_missing, dashboard_text, missing_tool
+from tests_support import job_env
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold(tmp_path: Path) -> None:
+    why = browser_missing()
+    if why:
+        missing_tool(why)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "etcd" / "run.py"), "--http-port", str(port),
+                             "--keep-running"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=job_env(), cwd=tmp_path)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 420
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.rstrip())
+            if line.startswith("dashboard:"):
+                break
+        text = "\n".join(lines)
+        assert "every step did what it says" in text, text
+        assert "the list: etcdserver: mvcc: required revision has been compacted" in text, text
+        assert text.count("   ok: ") == 6, text
+        figures: dict[str, Any] = dashboard_text(f"http://127.0.0.1:{port}/", ["nightly backup", "compacted to"],
+                                                 tmp_path / "dashboard.png")
+        section = figures["etcd-main:"]
+        assert "nightly backup" in section and "compactions" in section, section
+        assert figures["etcd-main:compacted_ts"].startswith("rev "), "in revisions, not as a time"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    assert proc.returncode == 0, "\n".join(lines)
