@@ -169,6 +169,8 @@ class EtcdAgent:
         self.reporter: Reporter | None = None
         self.listener: DirectiveListener | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()
+        """Between the listener's thread (``_take``) and the loop (``_compact``, ``observe``)."""
         self._down_since: float | None = None
         self._backoff_s = heartbeat_s
         self._defrag_at: float | None = None
@@ -225,8 +227,11 @@ class EtcdAgent:
         self.reporter = Reporter(self.bootstrap, self.node, cluster=self.cluster, mvcc_clock=self._revision,
                                  figures=self._figures, heartbeat_interval_s=None, topic=self.events_topic,
                                  state_dir=self.state_dir, client=self.client, kafka_conf=self.kafka_conf)
+        # its own thread, which rides out a broker away (retried with back-off) and hands each newer
+        # directive to _take
         self.listener = DirectiveListener(self.bootstrap, self.cluster, topic=self.directives_topic,
-                                          reporter=self.reporter, kafka_conf=self.kafka_conf, client=self.client)
+                                          on_directive=self._take, reporter=self.reporter,
+                                          kafka_conf=self.kafka_conf, client=self.client).start()
         log.info("etcd agent %s of cluster %s: etcd at %s, revision %d, compacted %d; compacting at most every %.1f s",
                  self.node, self.cluster, ",".join(self.etcd.endpoints), self._revision(), self.compactor.compacted,
                  self.compactor.interval_s)
@@ -249,7 +254,9 @@ class EtcdAgent:
                 log.debug("etcd agent: member %s: %s", endpoint, exc)
         revision = self.etcd.revision()
         compacted = self.etcd.compacted_revision(self.compactor.compacted)
-        if self.compactor.seen(compacted):
+        with self._lock:
+            foreign = self.compactor.seen(compacted)
+        if foreign:
             log.error("etcd agent: etcd's compacted revision rose to %d without this agent (somebody else compacts "
                       "this cluster: etcd's own auto-compaction or an operator's etcdctl compact); a held revision may "
                       "have been compacted under its reader", compacted)
@@ -268,10 +275,8 @@ class EtcdAgent:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + (self._beat() or self.heartbeat_s)
-                directive = self.listener.poll(min(0.2, max(0.0, next_beat - time.monotonic())))
-                if directive is not None:
-                    self._take(directive)
                 self._compact()
+                self._stop.wait(min(0.1, max(0.0, next_beat - time.monotonic())))
         finally:
             self.close()
 
@@ -302,7 +307,10 @@ class EtcdAgent:
         return None
 
     def _take(self, directive: Directive) -> None:
-        if self.compactor.take(directive.seq, directive.safe_ts):
+        """A newer directive of the cluster (the listener's thread)."""
+        with self._lock:
+            taken = self.compactor.take(directive.seq, directive.safe_ts)
+        if taken:
             log.debug("etcd agent: directive seq %d: safe_ts %d", directive.seq, directive.safe_ts)
         else:
             log.info("etcd agent: directive seq %d ignored: not newer than seq %d", directive.seq, self.compactor.seq)
@@ -311,7 +319,9 @@ class EtcdAgent:
         if self.observed is None or self._down_since is not None:
             return
         now = time.monotonic()
-        revision = self.compactor.due(now, self.observed.revision)
+        with self._lock:
+            revision = self.compactor.due(now, self.observed.revision)
+            seq = self.compactor.seq
         if revision is None:
             return
         was = self.compactor.compacted
@@ -327,10 +337,11 @@ class EtcdAgent:
             log.warning("etcd agent: compaction at revision %d failed: %s; retrying in %.1f s", revision, exc,
                         self.compactor.interval_s)
             return
-        self.compactor.done(revision, now)
-        self._save_state()
+        with self._lock:
+            self.compactor.done(revision, now)
+            self._save_state()
         log.info("etcd agent: compacted etcd at revision %d (directive seq %d; was %d: %d revisions of history "
-                 "dropped; compaction %d)", revision, self.compactor.seq, was, revision - was, self.stats.compactions)
+                 "dropped; compaction %d)", revision, seq, was, revision - was, self.stats.compactions)
         if self.defrag_free_bytes:
             self._defragment(now)
 

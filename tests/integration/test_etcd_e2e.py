@@ -259,3 +259,70 @@ def test_a_held_watch_moves_its_hold_as_it_consumes_events(broker: Any, tmp_path
     finally:
         g.close()
         etcd.stop()
+
+
+def test_the_agent_rides_out_etcd_and_the_broker_going_away(tmp_path: Path) -> None:
+    """Every etcd member away: the agent says so once, publishes no heartbeat (the job would hold the
+    safe point as the node goes stale) and resumes when etcd is back; its broker restarted: it goes on
+    and follows the next directive. Directives come from the test, as the job would send them; the
+    agent defragments after compacting (``--defrag-free-bytes``)."""
+    from safepoint.devtools.broker import EmbeddedBroker
+
+    from kafka_util import read_topic
+
+    port = free_port()
+    broker = EmbeddedBroker(port=port, data_dir=str(tmp_path / "broker")).start()
+    settings = make_settings(broker.bootstrap, "etcd-faults", 1)
+    etcd = EtcdCluster(tmp_path / "etcd", 1).start()
+    g = EtcdGateway(etcd.endpoints, timeout_s=1)
+    state = tmp_path / "agent"
+    state.mkdir()
+    agent = Agent(agent_cmd(etcd.endpoints, broker.bootstrap, settings, state, "--defrag-free-bytes", "1"),
+                  tmp_path / "agent.log")
+    seq = 0
+
+    def directive(safe_ts: int) -> None:
+        nonlocal seq
+        seq += 1
+        p = Producer({"bootstrap.servers": broker.bootstrap})
+        p.produce(settings.directives_topic, key=CLUSTER, value=json.dumps({
+            "v": 1, "type": "compaction", "cluster": CLUSTER, "seq": seq, "safe_ts": safe_ts, "catalog_floor": None,
+            "cluster_wall_ms": 0, "blocker": None, "basis": {}}))
+        assert p.flush(10) == 0
+
+    try:
+        for i in range(200):
+            g.put(f"/k/{i % 7}", "x" * 2_000)
+        agent.start()
+        wait_for(lambda: agent.stats().get("heartbeats", 0) >= 2, 60, "the agent's heartbeats")
+        directive(100)
+        wait_for(lambda: g.compacted_revision() == 100, 30, "a compaction at the directive's safe_ts")
+        wait_for(lambda: agent.stats().get("defragmentations", 0) >= 1, 30, "a defragmentation after it")
+
+        etcd.stop()
+        beats = agent.stats()["heartbeats"]
+        wait_for(lambda: agent.stats().get("etcd_failures", 0) >= 1 or "etcd cannot be read" in agent.tail(), 30,
+                 "the agent to see etcd away")
+        time.sleep(2)
+        assert agent.stats()["heartbeats"] <= beats + 1, "heartbeats while etcd cannot be read"
+        assert agent.tail().count("etcd cannot be read") == 1, "said once per outage"
+        etcd.members[0].start()
+        etcd.wait_healthy()
+        wait_for(lambda: "etcd answers again" in agent.tail(), 60, "the agent to see etcd back")
+        wait_for(lambda: agent.stats().get("heartbeats", 0) > beats + 2, 30, "heartbeats again")
+
+        broker.stop()
+        time.sleep(3)
+        broker = EmbeddedBroker(port=port, data_dir=str(tmp_path / "broker")).start()
+        directive(150)
+        wait_for(lambda: g.compacted_revision() == 150, 60, "a compaction after the broker came back")
+        beats = agent.stats()["heartbeats"]
+        wait_for(lambda: any(e.get("type") == "heartbeat" and e.get("compacted_ts") == 150
+                             for e in read_topic(broker.bootstrap, settings.events_topic, timeout_s=3)), 30,
+                 "a heartbeat that says the compaction")
+        assert agent.proc is not None and agent.proc.poll() is None, agent.tail()
+    finally:
+        agent.stop()
+        etcd.stop()
+        broker.stop()
+        g.close()

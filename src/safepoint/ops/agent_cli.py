@@ -54,6 +54,9 @@ def run_args(args: argparse.Namespace, settings: Settings) -> int:
 
     logging.getLogger("safepoint.agent").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     logging.getLogger("safepoint.listener").setLevel(logging.WARNING)
+    if not args.verbose:  # librdkafka's line per failed connection while a broker is away: -v shows them
+        for name in ("safepoint.listener.librdkafka", "safepoint.reporter.librdkafka"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     conf = settings.librdkafka()
     agent = EtcdAgent(args.endpoints, conf.pop("bootstrap.servers"), args.cluster, node=args.node,
                       events_topic=settings.events_topic, directives_topic=settings.directives_topic,
