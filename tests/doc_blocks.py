@@ -14,7 +14,7 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md")
+DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md", "docs/etcd.md")
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,16 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
     ("examples/README.md", ".venv/bin/safepoint replay --config examples/"):
         "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
+    ("README.md", ".venv/bin/python examples/etcd/run.py"):
+        "tests/integration/test_etcd_example.py::test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold",
+    ("docs/etcd.md", ".venv/bin/python examples/etcd/run.py"):
+        "tests/integration/test_etcd_example.py::test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold",
+    ("docs/etcd.md", "[clusters.etcd-main]"):
+        "tests/integration/test_etcd_e2e.py::test_held_revisions_stay_readable_while_compaction_goes_on_through_failures",
+    ("docs/etcd.md", ".venv/bin/safepoint agent etcd"):
+        "tests/integration/test_etcd_e2e.py::test_held_revisions_stay_readable_while_compaction_goes_on_through_failures",
+    ("docs/etcd.md", "from safepoint.connectors.etcd_holds import RevisionHold"):
+        "tests/integration/test_etcd_e2e.py::test_held_revisions_stay_readable_while_compaction_goes_on_through_failures",
     ("docs/operations.md", "scrape_configs:"):
         "tests/integration/test_status_http.py::test_the_job_serves_what_pins_history",
 }

@@ -12,6 +12,7 @@ start beside etcd's own auto-compaction."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import threading
@@ -26,17 +27,22 @@ from safepoint.connectors.etcd_gateway import EtcdGateway, EtcdUnavailable, Revi
 from safepoint.connectors.etcd_holds import RevisionHold, paginate
 from safepoint.devtools.broker import free_port
 
+from doc_blocks import block
 from etcd_util import EtcdCluster, _needs_etcd  # noqa: F401 - the module's tests need etcd
 from tests_support import JOB_START_TIMEOUT_S, JobProcess, answers, get, job_env, job_flags, make_settings, wait_for
 
 pytestmark = pytest.mark.integration
-CLUSTER = "etcd1"
+CLUSTER = "etcd-main"
 
 
 def agent_cmd(endpoints: str, bootstrap: str, settings: Any, state: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "safepoint.cli", "agent", "etcd", "--endpoints", endpoints, "--bootstrap", bootstrap,
-            "--cluster", CLUSTER, "--events-topic", settings.events_topic, "--directives-topic",
-            settings.directives_topic, "--compact-every", "1", "--heartbeat", "0.3", "--state-dir", str(state),
+    """The guide's command (docs/etcd.md), with this test's etcd, broker, topics and pace."""
+    argv = shlex.split(block("docs/etcd.md", ".venv/bin/safepoint agent etcd").text)
+    mine = {"--endpoints": endpoints, "--bootstrap": bootstrap, "--cluster": CLUSTER, "--state-dir": str(state)}
+    assert argv[:3] == [".venv/bin/safepoint", "agent", "etcd"] and set(argv[3::2]) == set(mine), argv
+    argv = [a if argv[i - 1] not in mine else mine[argv[i - 1]] for i, a in enumerate(argv)]
+    return [sys.executable, "-m", "safepoint.cli", *argv[1:], "--events-topic", settings.events_topic,
+            "--directives-topic", settings.directives_topic, "--compact-every", "1", "--heartbeat", "0.3",
             "--stats-file", str(state / "stats.json"), "--timeout", "2", *extra]
 
 
@@ -116,7 +122,10 @@ def test_the_agent_refuses_to_start_beside_etcds_own_auto_compaction(broker: Any
 def test_held_revisions_stay_readable_while_compaction_goes_on_through_failures(broker: Any, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap, "etcd", 1, node_lease_ms=10_000, trigger_ms=200)
     config = tmp_path / "safepoint.toml"
-    config.write_text(f'[clusters.{CLUSTER}]\nmvcc_unit = "revision"\nretention = 500\n')
+    # the guide's table, with half its retention: this test's writer is slower than the guide's 500/s
+    table = block("docs/etcd.md", "[clusters.etcd-main]").text
+    assert "retention = 1000" in table
+    config.write_text(table.replace("retention = 1000", "retention = 500"))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     job = JobProcess(job_flags(settings, tmp_path / "ckpt", http_port=port, config=str(config)), tmp_path / "job.log")
@@ -149,6 +158,15 @@ def test_held_revisions_stay_readable_while_compaction_goes_on_through_failures(
         wait_for(lambda: agent.stats().get("compactions", 0) >= 2, 120, "the agent's first compactions", job)
         st = status()
         assert st["mvcc_unit"] == "revision" and st["compacted_ts"] >= 1 and st["compactions"] >= 1, st
+
+        # 0. the guide's RevisionHold block, as a reader copies it (only the addresses, topics and prefix)
+        code = block("docs/etcd.md", "from safepoint.connectors.etcd_holds import RevisionHold").text
+        code = code.replace('"kafka:9092"', repr(broker.bootstrap)).replace('"http://127.0.0.1:2379"', repr(etcd.endpoints))
+        code = code.replace('label="paginated list")', f'label="paginated list", events_topic={settings.events_topic!r}, '
+                                                        f'status_topic={settings.status_topic!r})')
+        code = code.replace('"/registry/pods/"', '"/w/"')
+        assert settings.events_topic in code and "/w/" in code
+        exec(compile(code, "docs/etcd.md", "exec"), {})  # noqa: S102 - the guide's block
 
         # 1. a paginated list at a held revision, slow, while compaction goes on and the leader is killed
         failures: list[str] = []

@@ -16,6 +16,7 @@ import pytest
 
 from safepoint.devtools.broker import free_port
 
+from doc_blocks import block
 from etcd_util import _needs_etcd  # noqa: F401 - the module's tests need etcd
 from observers import browser_missing, dashboard_text, missing_tool
 from tests_support import job_env
@@ -29,8 +30,10 @@ def test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold(tmp_p
     if why:
         missing_tool(why)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "examples" / "etcd" / "run.py"), "--http-port", str(port),
-                             "--keep-running"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    command = block("docs/etcd.md", ".venv/bin/python examples/etcd/run.py").text.split()
+    assert command == block("README.md", ".venv/bin/python examples/etcd/run.py").text.split() == [
+        ".venv/bin/python", "examples/etcd/run.py"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / command[1]), "--http-port", str(port), "--keep-running"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=job_env(), cwd=tmp_path)
     lines: list[str] = []
     try:
