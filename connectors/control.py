@@ -18,12 +18,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from safepoint.connectors.producer import make_producer, producer_conf
 from safepoint.core.codec import encode
 from safepoint.core.ids import escape
+from safepoint.core.signing import sign
 from safepoint.errors import BrokerError, SafepointError
 
 __all__ = ["LOST", "ActionOutcomes", "ActionRefused", "ControlPublisher", "new_action_id"]
@@ -51,8 +52,12 @@ class ControlPublisher:
     """Publishes control events to ``events_topic`` (``client``: ``confluent`` or ``kafka-python``)."""
 
     def __init__(self, conf: Mapping[str, Any], events_topic: str, *, client: str = "confluent",
-                 ack_timeout_s: float = 15.0, max_message_bytes: int = 1_000_000) -> None:
+                 ack_timeout_s: float = 15.0, max_message_bytes: int = 1_000_000,
+                 signer: Callable[[str], str | None] | None = None) -> None:
+        """``signer(cluster)``: the control key that signs the cluster's events (``core/signing.py``),
+        or None to publish them unsigned."""
         self.topic, self.ack_timeout_s, self.max_message_bytes = events_topic, ack_timeout_s, max_message_bytes
+        self.signer = signer
         self.bootstrap = conf.get("bootstrap.servers")
         self.producer = make_producer(client, producer_conf({"message.timeout.ms": int(ack_timeout_s * 1000), **conf},
                                                             linger_ms=0))
@@ -70,6 +75,9 @@ class ControlPublisher:
         from safepoint.core.events import parse
 
         event.setdefault("action_id", new_action_id())
+        key = self.signer(event["cluster"]) if self.signer is not None else None
+        if key:
+            event["sig"] = sign(event, key)
         value = encode(event)
         checked = parse(value, self.max_message_bytes)
         if not isinstance(checked, dict):

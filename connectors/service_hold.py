@@ -16,6 +16,9 @@ renewing, and the job drops the hold one TTL of cluster time later with an alert
 publishes ``service_release``. ``advance(ts)`` moves the hold forward (a changefeed's progress).
 Take the ``ts`` from a reader the database protects, or from ``DirectiveListener.safe_ts`` or later.
 
+With ``control_key`` every event of the hold is signed with it (the cluster's ``control_keys``:
+``core/signing.py``); a job that has keys refuses unsigned ones.
+
 Without a status topic (``status_topic=""``, or a job that runs without one) nothing reports an
 outcome: the hold is published and renewed as before, and ``outcomes_available`` is False.
 """
@@ -52,7 +55,7 @@ class ServiceHold:
                  events_topic: str = "safepoint.events", status_topic: str = "safepoint.status",
                  renew_every_s: float | None = None, client: str = "confluent", conf: dict[str, Any] | None = None,
                  ack_timeout_s: float = 15.0, outcome_timeout_s: float = 30.0,
-                 on_lost: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_lost: Callable[[dict[str, Any]], None] | None = None, control_key: str | None = None) -> None:
         if ttl_ms < 1:
             msg = f"ttl_ms must be at least 1, got {ttl_ms}"
             raise ValueError(msg)
@@ -61,7 +64,8 @@ class ServiceHold:
         self.outcome_timeout_s = outcome_timeout_s
         self.on_lost = on_lost
         kafka = {"bootstrap.servers": bootstrap, **(conf or {})}
-        self.publisher = ControlPublisher(kafka, events_topic, client=client, ack_timeout_s=ack_timeout_s)
+        self.publisher = ControlPublisher(kafka, events_topic, client=client, ack_timeout_s=ack_timeout_s,
+                                          signer=(lambda _cluster: control_key) if control_key else None)
         self._kafka, self._status_topic = kafka, status_topic
         self.outcomes: ActionOutcomes | None = None
         self.renewals = 0

@@ -17,6 +17,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from safepoint.connectors.kafka_source import KafkaDataSource, KafkaStreamReader, gaps_of
+from safepoint.core.policy import SECRET_FIELDS
 from safepoint.streaming.processors import Router
 
 __all__ = ["PackingKafkaDataSource", "PACK_OPTION", "ROUTED_DDL", "pack_options"]
@@ -28,7 +29,18 @@ ROUTED_DDL = "cluster string, blob binary"
 
 def pack_options(policy: dict[str, Any]) -> dict[str, str]:
     """The reader options that make the source route and pack."""
-    return {PACK_OPTION: "true", POLICY_OPTION: json.dumps(policy)}
+    return {PACK_OPTION: "true", POLICY_OPTION: json.dumps(without_secrets(policy))}
+
+
+def without_secrets(policy: dict[str, Any]) -> dict[str, Any]:
+    """``Policies.to_dict`` without its secrets (the control keys): a source's options show in the
+    query's plan, and the router does not need them."""
+    def strip(p: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in p.items() if k not in SECRET_FIELDS}
+
+    if "default" not in policy:
+        return strip(policy)
+    return {**policy, "default": strip(policy["default"]), "clusters": {c: strip(p) for c, p in policy["clusters"].items()}}
 
 
 def _packing(options: Mapping[str, str]) -> bool:

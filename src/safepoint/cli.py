@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from safepoint import __version__
+from safepoint.core.policy import SECRET_FIELDS
 from safepoint.errors import SafepointError
 from safepoint.settings import POLICY_KEYS, Settings, env_name, load_settings
 
@@ -63,7 +64,9 @@ def _flag(p: argparse.ArgumentParser, name: str, help_text: str, type_: Any = st
 def _common_job_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
     for name in POLICY_KEYS:
-        kind = _bool if name == "expire_enabled" else int
+        if name in SECRET_FIELDS:
+            continue  # a secret: environment or file only (a flag shows in the process list)
+        kind = _bool if name == "expire_enabled" else (str if name == "mvcc_unit" else int)
         _flag(p, name.replace("_", "-"), _POLICY_HELP.get(name, "policy key (see docs/operations.md)"), kind)
 
 

@@ -111,6 +111,8 @@ class Settings:
     node_lease_ms: int = 30_000
     incarnation_grace_ms: int = _P.incarnation_grace_ms
     max_service_hold_ttl_ms: int = _P.max_service_hold_ttl_ms
+    control_keys: str = ""
+    control_signature_window_ms: int = _P.control_signature_window_ms
     directive_interval_ms: int = 0
     max_message_bytes: int = 1_048_576
     max_clock_skew_ms: int = _P.max_clock_skew_ms
@@ -254,7 +256,7 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     if not isinstance(raw, str):
         msg = f"setting {where} must be a string, got {raw!r}"
         raise ConfigError(msg)
-    return Secret(raw) if name == "admin_token" else raw
+    return Secret(raw) if name in ("admin_token", "control_keys") else raw
 
 
 RETIRED = {

@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 
 from safepoint.core import ALERTS, DEADLETTER, DIRECTIVES, ClusterState, Engine, NodeState, Output, Policy, Position
+from safepoint.core.policy import Policies
 from safepoint.core.recovery import StartPlan
 from safepoint.schemas import load
 
@@ -116,7 +117,7 @@ def topology(version: int, wall_ms: int, nodes: dict[str, list[str]], cluster: s
 class Run:
     """An ``Engine`` fed one message at a time, recording and schema-checking every output."""
 
-    def __init__(self, policy: Policy | None = None, start: StartPlan | None = None, **policy_fields: Any) -> None:
+    def __init__(self, policy: Policy | Policies | None = None, start: StartPlan | None = None, **policy_fields: Any) -> None:
         self.engine = Engine(policy or Policy(**policy_fields), start=start)
         self.offset = 0
         self.outputs: list[Output] = []

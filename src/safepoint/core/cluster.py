@@ -355,6 +355,11 @@ class ClusterState:
         kind = event["type"]
         if partition is not None and partition != self.gaps.key_partition:
             self.gaps.key_partition = partition  # where the cluster's own events (control events too) live
+        if kind in CONTROL_TYPES and policy.control_keys:
+            why = self.control.check_signature(event, policy.signing_keys, policy.control_signature_window_ms,
+                                               self.cluster_time, self.alerts, out)
+            if why is not None:
+                return why
         if kind == GAP_ACK:
             self._ack_gap(event)
             self.evaluate(policy, out)

@@ -45,6 +45,7 @@ from safepoint.core.alerts import AlertBook, Bound
 from safepoint.core.clock import log_time
 from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
+from safepoint.core.signing import verify
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
 __all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "GAP_ACK"]
@@ -55,6 +56,10 @@ GAP_ACK = "gap_ack"
 ACTIONS_KEPT = 256
 """Outcomes of the most recent actions a cluster keeps (and its status shows)."""
 PAUSED_ID = "paused/-"
+CONTROL_REFUSED_ID = "control_refused/-"
+SIGNATURE_WORDS = {"unsigned": "it carries no signature (sig)", "bad_signature": "its signature is not one of the "
+                   "cluster's control keys", "stale_signature": "its signature is older than "
+                   "control_signature_window_ms (an event sent again)"}
 REASONS = {"safe_ts": "below_safe_ts", "compacted_ts": "below_compacted_ts"}
 """What a refused hold lay below -> the reason of its outcome (else ``below_namespace_bound``)."""
 
@@ -195,6 +200,27 @@ class Control:
             return dirty
         return self._set_hold(event, bound(), known, now, book, out, max_ttl)
 
+    def check_signature(self, event: dict[str, Any], keys: list[str], window_ms: int, known: int | None,
+                        book: AlertBook, out: list[Output]) -> str | None:
+        """With ``keys`` (the cluster's ``control_keys``), a control event must be signed by one of them
+        (``core/signing.py``): None when it is, else why not, with the refusal recorded, counted and
+        alerted (critical ``control_refused``, cleared by the next accepted signed event)."""
+        log = log_time(event)
+        now = known if known is not None else log
+        why = verify(event, keys, log, window_ms)
+        if why is None:
+            _clear(book, CONTROL_REFUSED_ID, now, out)
+            return None
+        self.count(why)
+        what = f"{event['type']}" + (f" of {event['holder']}" if "holder" in event else "")
+        detail = (f"{what} refused: {SIGNATURE_WORDS[why]}; only a holder of the cluster's control key steers it "
+                  f"(action {event.get('action_id') or '-'}, wall_ms {event['wall_ms']}, log time {log})")
+        book.raised.pop(CONTROL_REFUSED_ID, None)
+        out.append(book.raise_(_body(CONTROL_REFUSED_ID, "control_refused", None, None, now, detail, "critical"), now))
+        if self.action(event.get("action_id")) is None:  # a forged copy of a known action cannot change its outcome
+            self.record(event, "refused", why, detail, known)
+        return why
+
     def _set_hold(self, event: dict[str, Any], bound: Bound | None, known: int | None, now: int, book: AlertBook,
                   out: list[Output], max_ttl: int = 0) -> bool:
         holder, ts, ttl = event["holder"], event["ts"], event["ttl_ms"]
@@ -271,8 +297,9 @@ def _hold_of(v: dict[str, Any]) -> dict[str, Any]:
     return h
 
 
-def _body(aid: str, kind: str, value: int | None, threshold: int | None, now: int, detail: str) -> dict[str, Any]:
-    return {"id": aid, "kind": kind, "node": None, "severity": "warning", "value": value, "threshold": threshold,
+def _body(aid: str, kind: str, value: int | None, threshold: int | None, now: int, detail: str,
+          severity: str = "warning") -> dict[str, Any]:
+    return {"id": aid, "kind": kind, "node": None, "severity": severity, "value": value, "threshold": threshold,
             "since": now, "detail": detail}
 
 

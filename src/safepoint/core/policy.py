@@ -7,7 +7,7 @@ wall-clock milliseconds (event time), ``retention`` in MVCC units.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
@@ -18,6 +18,8 @@ __all__ = ["MVCC_UNITS", "Policies", "Policy"]
 GIB = 1 << 30
 _BOOL_FIELDS = frozenset({"expire_enabled"})
 _STR_FIELDS = frozenset({"mvcc_unit"})
+SECRET_FIELDS = frozenset({"control_keys"})
+"""Policy keys that are secrets: no flag, never printed, left out of what the source is given."""
 MVCC_UNITS = ("none", "counter", "revision", "xid", "ns", "us", "ms", "s")
 """What a cluster's MVCC timestamps count: an opaque counter (``none``, ``counter``), etcd's store
 ``revision``, PostgreSQL's 64-bit ``xid``, or a clock (``ns``, ``us``, ``ms``, ``s``: shown as times)."""
@@ -34,6 +36,13 @@ class Policy:
     max_service_hold_ttl_ms: int = 3_600_000
     """The longest TTL a service hold may have (longer ones are refused; 0: any). It also bounds how long
     the safe point holds after a gap in the events topic that may hide a service hold (``core/gaps.py``)."""
+    control_keys: str = field(default="", repr=False)
+    """The keys that sign the cluster's control events, comma-separated (empty: control events are
+    not signed); the first signs, every one is accepted (two while a key is rotated). A secret
+    (``core/signing.py``)."""
+    control_signature_window_ms: int = 300_000
+    """A signed control event whose ``wall_ms`` lies further than this from its log time is refused
+    (``stale_signature``): a signed event sent again later cannot act twice (0: no window)."""
     incarnation_grace_ms: int = 5_000
     """After a node's newer incarnation appeared, the older one's readers and transactions stay held
     until it has been silent this long (log time): a restart frees a dead process's holds within a few
@@ -111,6 +120,11 @@ class Policy:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in SECRET_FIELDS:
+                if not isinstance(value, str):
+                    msg = f"policy key {f.name} must be a string of comma-separated keys"
+                    raise ValueError(msg)
+                continue
             if f.name in _STR_FIELDS:
                 if value not in MVCC_UNITS:
                     msg = f"policy key {f.name} must be one of {', '.join(MVCC_UNITS)}, got {value!r}"
@@ -146,6 +160,11 @@ class Policy:
         if self.reader_age_critical_ms < self.reader_age_warning_ms:
             msg = "policy key reader_age_critical_ms must be >= reader_age_warning_ms"
             raise ValueError(msg)
+
+    @property
+    def signing_keys(self) -> list[str]:
+        """``control_keys`` as a list (empty: control events are not signed)."""
+        return [k.strip() for k in self.control_keys.split(",") if k.strip()]
 
     def pinned_band(self) -> BandSpec:
         return _band(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from safepoint.connectors.control import LOST, ActionOutcomes, ControlPublisher
@@ -49,7 +50,20 @@ def publisher(settings: Settings) -> ControlPublisher:
     """The control publisher of ``settings``' broker, after checking that the broker answers."""
     conf = settings.librdkafka()
     check_reachable(conf, CONTROL_REACH_TIMEOUT_S)
-    return ControlPublisher(quiet(conf), settings.events_topic, max_message_bytes=settings.max_message_bytes)
+    return ControlPublisher(quiet(conf), settings.events_topic, max_message_bytes=settings.max_message_bytes,
+                            signer=signer_of(settings))
+
+
+def signer_of(settings: Settings) -> Callable[[str], str | None]:
+    """The key that signs a cluster's control events: the first of its ``control_keys`` (its
+    ``[clusters.NAME]`` table's, else the top level's), None when it has none."""
+    policies = settings.policies()
+
+    def key(cluster: str) -> str | None:
+        keys = policies.of(cluster).signing_keys
+        return keys[0] if keys else None
+
+    return key
 
 
 def act(settings: Settings, event: dict[str, Any], wait_s: float | None) -> int:

@@ -1,0 +1,63 @@
+"""Signed control events: only who holds a control key steers a cluster.
+
+Any producer allowed to write the events topic (every database node is) could otherwise publish a
+``service_release`` of an operator's hold or a ``pause``: nothing in an event says who sent it. With
+``control_keys`` set (the top level, or a cluster's ``[clusters.NAME]`` table) every control event
+of the cluster must carry ``sig``, an HMAC-SHA256 over its canonical fields with one of the keys
+(two or more are accepted at once while a key is rotated: publishers sign with the first).
+
+* **Canonical fields**: the event's ``SIGNED`` fields that it has, as JSON with sorted keys and no
+  spaces (``canonical``). A field outside them (none of the contract's control fields is) is not
+  covered.
+* **Refused**: an event without ``sig`` (``unsigned``), with one no key gives (``bad_signature``),
+  or whose ``wall_ms`` lies more than ``control_signature_window_ms`` from its log time
+  (``stale_signature``: a signed event sent again later, whose ``action_id`` the job may have
+  forgotten, cannot act twice). The job records the refusal as the action's outcome, counts it and
+  raises a critical ``control_refused`` alert naming the event; the next accepted signed event of
+  the cluster clears it.
+
+What a signature does not protect against: a holder of a key (it signs anything), a replay within
+the window of an action the job still remembers (ignored as ``repeated``) or forgotten (after 256
+newer actions of the cluster within the window), events dropped or delayed on their way (a missing
+release leaves a hold to its TTL), and node events (a node's own readers and transactions are not
+signed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["PREFIX", "SIGNED", "canonical", "sign", "verify"]
+
+PREFIX = "hmac-sha256:"
+SIGNED = ("type", "cluster", "holder", "ts", "ttl_ms", "label", "reason", "gap", "action_id", "wall_ms", "owner",
+          "owner_token", "force", "by")
+"""The fields a signature covers (those the event has)."""
+
+
+def canonical(event: Mapping[str, Any]) -> bytes:
+    return json.dumps({k: event[k] for k in SIGNED if k in event}, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode()
+
+
+def sign(event: Mapping[str, Any], key: str) -> str:
+    """The ``sig`` of ``event`` with ``key``."""
+    return PREFIX + hmac.new(key.encode(), canonical(event), hashlib.sha256).hexdigest()
+
+
+def verify(event: Mapping[str, Any], keys: Sequence[str], log_ms: int, window_ms: int) -> str | None:
+    """None when one of ``keys`` signed ``event`` within ``window_ms`` of its log time ``log_ms``,
+    else why not: ``unsigned``, ``bad_signature`` or ``stale_signature``."""
+    sig = event.get("sig")
+    if not isinstance(sig, str) or not sig:
+        return "unsigned"
+    body = canonical(event)
+    if not any(hmac.compare_digest(sig, PREFIX + hmac.new(k.encode(), body, hashlib.sha256).hexdigest()) for k in keys):
+        return "bad_signature"
+    if window_ms and abs(event["wall_ms"] - log_ms) > window_ms:
+        return "stale_signature"
+    return None

@@ -1,0 +1,97 @@
+"""Only operators steer, through the real broker and the Spark job: with control keys set, the forged
+release and pause a node could send (a plain producer on the events topic) are refused with a
+critical alert while the operator's hold keeps protecting its ts and the safe point keeps moving
+with the nodes; the CLI's signed actions apply and an unsigned one is refused; after a key
+rotation (the job restarted with the new key and the old one) the hold set under the old key is
+still there and the new key releases it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safepoint.devtools.broker import free_port
+
+from kafka_util import read_topic
+from tests_support import JOB_START_TIMEOUT_S, JobProcess, answers, get, job_env, job_flags, make_settings, send, wait_for
+
+pytestmark = pytest.mark.integration
+OLD, NEW = "sp-ctl-old-3f9a1c", "sp-ctl-new-b27e40"
+
+
+def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp_path: Path) -> None:
+    settings = make_settings(broker.bootstrap, "signed", 1, node_lease_ms=60_000, trigger_ms=200)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    ckpt = tmp_path / "ckpt"
+    seq = [0]
+
+    def start_job(keys: str) -> JobProcess:
+        job = JobProcess(job_flags(settings, ckpt, http_port=port), tmp_path / "job.log",
+                         env={"SAFEPOINT_CONTROL_KEYS": keys})  # a secret: no flag
+        wait_for(lambda: answers(base + "/healthz"), JOB_START_TIMEOUT_S, "the job's HTTP surface", job)
+        return job
+
+    def beat(wall: int, mvcc: int) -> None:
+        seq[0] += 1
+        send(broker.bootstrap, settings.events_topic, [
+            (0, n, {"v": 1, "type": "heartbeat", "cluster": "c1", "node": n, "incarnation": 1, "seq": seq[0],
+                    "wall_ms": wall, "mvcc_now": mvcc}) for n in ("n1", "n2")])
+
+    def status() -> dict[str, Any]:
+        try:
+            return get(base + "/api/v1/clusters/c1")
+        except OSError:
+            return {}
+
+    def cli(key: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**job_env(), **({"SAFEPOINT_CONTROL_KEYS": key} if key else {})}
+        return subprocess.run([sys.executable, "-m", "safepoint.cli", *args, "--bootstrap", broker.bootstrap,
+                               "--events-topic", settings.events_topic, "--status-topic", settings.status_topic],
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
+
+    w = time.time_ns() // 1_000_000
+    job = start_job(OLD)
+    try:
+        send(broker.bootstrap, settings.events_topic, [
+            (0, "c1", {"v": 1, "type": "topology", "cluster": "c1", "version": 1, "wall_ms": w, "nodes": {"n1": [], "n2": []}})])
+        beat(w, 1_000)
+        wait_for(lambda: status().get("safe_ts") == 1_000, 120, "the first safe point", job)
+        held = cli(OLD, "hold", "set", "c1", "backup", "--ts", "1500", "--ttl", "10m", "--label", "nightly backup")
+        assert held.returncode == 0, held
+
+        # a node's forgeries: a plain producer on the events topic, as any node may write it
+        send(broker.bootstrap, settings.events_topic, [
+            (0, "c1", {"v": 1, "type": "service_release", "cluster": "c1", "holder": "backup", "wall_ms": w + 10}),
+            (0, "c1", {"v": 1, "type": "pause", "cluster": "c1", "reason": "forged", "wall_ms": w + 11,
+                       "sig": "hmac-sha256:" + "0" * 64})])
+        beat(w + 1_000, 5_000)
+        wait_for(lambda: status().get("cluster_wall_ms") == w + 1_000, 60, "the job to apply the beat", job)
+        st = status()
+        assert st["safe_ts"] == 1_500 and not st["paused"], st
+        assert st["control_ignored"] == {"unsigned": 1, "bad_signature": 1}, st["control_ignored"]
+        alerts = [a for a in read_topic(broker.bootstrap, settings.alerts_topic) if a.get("kind") == "control_refused"]
+        assert alerts and alerts[0]["severity"] == "critical" and "service_release of backup" in alerts[0]["detail"]
+
+        unsigned = cli(None, "pause", "c1", "--reason", "no key")
+        assert unsigned.returncode == 1 and "unsigned" in unsigned.stdout + unsigned.stderr, unsigned
+    finally:
+        job.stop()
+
+    job = start_job(f"{NEW},{OLD}")  # the rotation: the job takes both, publishers move to the new key
+    try:
+        wait_for(lambda: any(h["holder"] == "backup" for h in status().get("service_holds", [])), 60,
+                 "the hold set under the old key, after the restart", job)
+        released = cli(NEW, "hold", "release", "c1", "backup")
+        assert released.returncode == 0, released
+        beat(w + 2_000, 9_000)
+        wait_for(lambda: status().get("safe_ts") == 9_000, 60, "the safe point past the released hold", job)
+        assert any(a["kind"] == "control_refused" for a in status()["alerts"]) is False, "cleared by a signed action"
+        assert OLD not in (tmp_path / "job.log").read_text() and NEW not in (tmp_path / "job.log").read_text()
+    finally:
+        job.stop()

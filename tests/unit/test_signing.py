@@ -1,0 +1,111 @@
+"""Signed control events (``core/signing.py``): with control keys, only their holders steer a
+cluster; a forged release or pause is refused and alerted, a key rotation loses nothing, each
+cluster may have its own keys, and the job's batches give replay's outputs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from safepoint.core.policy import Policy
+from safepoint.core.signing import canonical, sign, verify
+from safepoint.replay import final_status
+
+from core_helpers import NodeClient, Run, topology
+
+T0 = 1_700_000_000_000
+KEY, NEW = "k-old-5e1f", "k-new-77a2"
+
+
+def control(kind: str, wall: int, key: str | None = None, cluster: str = "c1", **fields: Any) -> dict[str, Any]:
+    ev = {"v": 1, "type": kind, "cluster": cluster, "wall_ms": wall, "action_id": f"{kind}-{wall}", **fields}
+    if key is not None:
+        ev["sig"] = sign(ev, key)
+    return ev
+
+
+def start(**policy: Any) -> tuple[Run, NodeClient]:
+    run = Run(node_lease_ms=10_000, **policy)
+    n1 = NodeClient("n1", "c1")
+    run.feed(topology(1, T0, {"n1": []}, cluster="c1"), n1.hb(T0, 1_000))
+    return run, n1
+
+
+def test_sign_and_verify() -> None:
+    ev = control("service_hold", T0, holder="backup", ts=5, ttl_ms=60_000, label="nightly")
+    sig = sign(ev, KEY)
+    assert sig.startswith("hmac-sha256:") and canonical(ev) == canonical({**ev, "sig": sig, "v": 1, "extra": 1})
+    signed = {**ev, "sig": sig}
+    assert verify(signed, [KEY], T0, 1_000) is None
+    assert verify(signed, [NEW, KEY], T0, 1_000) is None, "either key of a rotation"
+    assert verify(ev, [KEY], T0, 1_000) == "unsigned"
+    assert verify({**signed, "ts": 6}, [KEY], T0, 1_000) == "bad_signature", "a signed field changed"
+    assert verify({**signed, "holder": "cdc"}, [KEY], T0, 1_000) == "bad_signature"
+    assert verify(signed, [NEW], T0, 1_000) == "bad_signature"
+    assert verify(signed, [KEY], T0 + 1_001, 1_000) == "stale_signature", "sent again later"
+    assert verify(signed, [KEY], T0 + 10**9, 0) is None, "no window"
+
+
+def test_a_forged_release_and_pause_are_refused_and_alerted_the_signed_ones_apply() -> None:
+    run, n1 = start(control_keys=KEY)
+    run.feed(control("service_hold", T0 + 1, KEY, holder="backup", ts=1_500, ttl_ms=3_600_000, label="nightly"))
+    run.feed(n1.hb(T0 + 1_000, 5_000))
+    assert run.last_safe_ts() == 1_500
+    out = run.feed(control("service_release", T0 + 1_001, holder="backup"),  # a node's forgery: unsigned
+                   control("pause", T0 + 1_002, NEW, reason="forged"))  # signed with a key the job does not have
+    [raised] = [o.value for o in out if o.value.get("kind") == "control_refused" and o.value["state"] == "raised"][:1]
+    assert raised["severity"] == "critical" and "service_release of backup refused" in raised["detail"]
+    run.feed(n1.hb(T0 + 2_000, 9_000))
+    assert run.last_safe_ts() == 1_500, "the hold keeps protecting its ts"
+    st = final_status(run.engine)["clusters"][0]
+    assert not st["paused"] and st["control_ignored"] == {"unsigned": 1, "bad_signature": 1}
+    assert [(a["type"], a["outcome"], a["reason"]) for a in st["actions"]][-2:] == [
+        ("service_release", "refused", "unsigned"), ("pause", "refused", "bad_signature")]
+    run.feed(control("service_release", T0 + 2_001, KEY, holder="backup"))
+    run.feed(n1.hb(T0 + 3_000, 9_000))
+    assert run.last_safe_ts() == 9_000, "the operator's signed release applies"
+    assert run.alerts("control_refused", "cleared"), "and clears the alert"
+
+
+def test_a_forged_copy_of_a_known_action_does_not_change_its_outcome() -> None:
+    run, n1 = start(control_keys=KEY)
+    hold = control("service_hold", T0 + 1, KEY, holder="backup", ts=1_500, ttl_ms=60_000)
+    run.feed(hold, {**hold, "ts": 1, "sig": "hmac-sha256:00"})
+    st = final_status(run.engine)["clusters"][0]
+    assert [(a["id"], a["outcome"]) for a in st["actions"]] == [(hold["action_id"], "applied")]
+
+
+def test_a_key_rotation_loses_nothing_and_each_cluster_has_its_own_keys() -> None:
+    run, n1 = start(control_keys=f"{NEW},{KEY}")
+    run.feed(control("service_hold", T0 + 1, KEY, holder="a", ts=1_200, ttl_ms=60_000),  # a publisher not yet rotated
+             control("service_hold", T0 + 2, NEW, holder="b", ts=1_300, ttl_ms=60_000))
+    run.feed(n1.hb(T0 + 1_000, 5_000))
+    assert run.last_safe_ts() == 1_200 and not final_status(run.engine)["clusters"][0]["control_ignored"]
+
+    from safepoint.core.policy import Policies
+
+    policies = Policies(Policy(node_lease_ms=10_000), {"secure": Policy(node_lease_ms=10_000, control_keys=KEY)})
+    other = Run(policies)
+    s1, o1 = NodeClient("s1", "secure"), NodeClient("o1", "open")
+    other.feed(topology(1, T0, {"s1": []}, cluster="secure"), topology(1, T0, {"o1": []}, cluster="open"),
+               s1.hb(T0, 1_000), o1.hb(T0, 1_000))
+    other.feed(control("pause", T0 + 1, cluster="secure", reason="x"), control("pause", T0 + 1, cluster="open", reason="y"))
+    paused = {st["cluster"]: st["paused"] for st in final_status(other.engine)["clusters"]}
+    assert paused == {"secure": False, "open": True}
+
+
+def test_the_jobs_batches_give_replays_outputs_with_signed_and_forged_control_events() -> None:
+    from test_batch import job_equals_replay
+
+    msgs = []
+    for i in range(90):
+        wall = T0 + i * 400
+        msgs.append((0, 2 * i, b"n1", json.dumps({"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1",
+                                                  "incarnation": 1, "seq": i + 1, "wall_ms": wall,
+                                                  "mvcc_now": 1_000 + 10 * i}).encode()))
+        key = [KEY, None, NEW][i % 3]
+        kind = "service_hold" if i % 4 else "service_release"
+        fields = {"holder": "h"} | ({"ts": 1_000 + 10 * i - 30, "ttl_ms": 5_000} if kind == "service_hold" else {})
+        msgs.append((0, 2 * i + 1, b"c1", json.dumps(control(kind, wall + 1, key, **fields)).encode()))
+    got = job_equals_replay(msgs, list(range(11, len(msgs), 37)), Policy(node_lease_ms=5_000, control_keys=KEY), buckets=4)
+    assert any(a["kind"] == "control_refused" for _, a in got["al"])
