@@ -16,6 +16,10 @@ renewing, and the job drops the hold one TTL of cluster time later with an alert
 publishes ``service_release``. ``advance(ts)`` moves the hold forward (a changefeed's progress).
 Take the ``ts`` from a reader the database protects, or from ``DirectiveListener.safe_ts`` or later.
 
+The hold has an owner: the digest of ``owner_token`` (a fresh one unless given) rides on every set
+and renewal, the token on the release, so no other publisher renews, moves or releases it without
+an operator's ``force`` (``core/control.py``).
+
 With ``control_key`` every event of the hold is signed with it (the cluster's ``control_keys``:
 ``core/signing.py``); a job that has keys refuses unsigned ones.
 
@@ -26,11 +30,13 @@ outcome: the hold is published and renewed as before, and ``outcomes_available``
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from safepoint.connectors.control import LOST, ActionOutcomes, ActionRefused, ControlPublisher
+from safepoint.core.signing import owner_digest
 from safepoint.errors import SafepointError
 
 __all__ = ["HoldLost", "HoldRefused", "ServiceHold"]
@@ -55,11 +61,15 @@ class ServiceHold:
                  events_topic: str = "safepoint.events", status_topic: str = "safepoint.status",
                  renew_every_s: float | None = None, client: str = "confluent", conf: dict[str, Any] | None = None,
                  ack_timeout_s: float = 15.0, outcome_timeout_s: float = 30.0,
-                 on_lost: Callable[[dict[str, Any]], None] | None = None, control_key: str | None = None) -> None:
+                 on_lost: Callable[[dict[str, Any]], None] | None = None, control_key: str | None = None,
+                 owner_token: str | None = None) -> None:
         if ttl_ms < 1:
             msg = f"ttl_ms must be at least 1, got {ttl_ms}"
             raise ValueError(msg)
         self.cluster, self.holder, self.ts, self.ttl_ms, self.label = cluster, holder, ts, ttl_ms, label
+        self.owner_token = owner_token or secrets.token_hex(16)
+        """The hold's owner token: its digest rides on every set, the token itself on the release (a
+        process that takes over the hold after a restart passes it back as ``owner_token``)."""
         self.renew_every_s = renew_every_s if renew_every_s is not None else ttl_ms / 3000
         self.outcome_timeout_s = outcome_timeout_s
         self.on_lost = on_lost
@@ -87,7 +97,9 @@ class ServiceHold:
     def _publish(self, kind: str) -> str:
         fields: dict[str, Any] = {"holder": self.holder}
         if kind == "service_hold":
-            fields.update(ts=self.ts, ttl_ms=self.ttl_ms, label=self.label)
+            fields.update(ts=self.ts, ttl_ms=self.ttl_ms, label=self.label, owner=owner_digest(self.owner_token))
+        else:
+            fields["owner_token"] = self.owner_token
         event = ControlPublisher.event(kind, self.cluster, **fields)
         with self._lock:
             if self.outcomes is not None:

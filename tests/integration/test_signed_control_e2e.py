@@ -3,7 +3,8 @@ release and pause a node could send (a plain producer on the events topic) are r
 critical alert while the operator's hold keeps protecting its ts and the safe point keeps moving
 with the nodes; the CLI's signed actions apply and an unsigned one is refused; after a key
 rotation (the job restarted with the new key and the old one) the hold set under the old key is
-still there and the new key releases it."""
+still there and the new key releases it; a holder's hold is released by a stranger only with --force,
+which the outcome records."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from safepoint.connectors.service_hold import ServiceHold
 from safepoint.devtools.broker import free_port
 
 from kafka_util import read_topic
@@ -92,6 +94,16 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
         beat(w + 2_000, 9_000)
         wait_for(lambda: status().get("safe_ts") == 9_000, 60, "the safe point past the released hold", job)
         assert any(a["kind"] == "control_refused" for a in status()["alerts"]) is False, "cleared by a signed action"
+
+        # a holder's hold has an owner: a release without its token is refused, an operator's --force applies
+        hold = ServiceHold(broker.bootstrap, "c1", "cdc", 9_000, 600_000, label="changefeed", control_key=NEW,
+                           events_topic=settings.events_topic, status_topic=settings.status_topic)
+        hold.__enter__()
+        hold._end_quietly()  # the holder dies: no renewal, no release
+        stranger = cli(NEW, "hold", "release", "c1", "cdc")
+        assert stranger.returncode == 1 and "not_owner" in stranger.stdout, stranger
+        forced = cli(NEW, "hold", "release", "c1", "cdc", "--force")
+        assert forced.returncode == 0 and "(forced)" in forced.stdout and "by force" in forced.stdout, forced
         assert OLD not in (tmp_path / "job.log").read_text() and NEW not in (tmp_path / "job.log").read_text()
     finally:
         job.stop()

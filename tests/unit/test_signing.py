@@ -106,6 +106,38 @@ def test_the_jobs_batches_give_replays_outputs_with_signed_and_forged_control_ev
         key = [KEY, None, NEW][i % 3]
         kind = "service_hold" if i % 4 else "service_release"
         fields = {"holder": "h"} | ({"ts": 1_000 + 10 * i - 30, "ttl_ms": 5_000} if kind == "service_hold" else {})
+        if i % 5 == 0:  # owners too: a digest on sets, a token (right or wrong) on releases
+            fields |= {"owner": "a" * 64} if kind == "service_hold" else {"owner_token": ["x", "y"][i % 2]}
         msgs.append((0, 2 * i + 1, b"c1", json.dumps(control(kind, wall + 1, key, **fields)).encode()))
     got = job_equals_replay(msgs, list(range(11, len(msgs), 37)), Policy(node_lease_ms=5_000, control_keys=KEY), buckets=4)
     assert any(a["kind"] == "control_refused" for _, a in got["al"])
+
+
+def test_a_hold_with_an_owner_is_renewed_moved_and_released_only_by_its_owner_or_by_force() -> None:
+    from safepoint.core.signing import owner_digest
+
+    run, n1 = start()
+    mine, theirs = owner_digest("tok-mine"), owner_digest("tok-theirs")
+    run.feed(control("service_hold", T0 + 1, holder="backup", ts=1_500, ttl_ms=60_000, owner=mine))
+    run.feed(control("service_hold", T0 + 2, holder="backup", ts=1_600, ttl_ms=60_000, owner=mine))  # its renewal
+    run.feed(control("service_hold", T0 + 3, holder="backup", ts=9_000, ttl_ms=60_000, owner=theirs),  # another's
+             control("service_hold", T0 + 4, holder="backup", ts=9_000, ttl_ms=60_000),  # no owner at all
+             control("service_release", T0 + 5, holder="backup"),
+             control("service_release", T0 + 6, holder="backup", owner_token="tok-theirs"))
+    run.feed(n1.hb(T0 + 1_000, 20_000))
+    assert run.last_safe_ts() == 1_600, "only its owner moved it"
+    st = final_status(run.engine)["clusters"][0]
+    assert st["control_ignored"] == {"not_owner": 4} and st["service_holds"][0]["owned"] is True
+    assert [a["reason"] for a in st["actions"]] == [None, None, "not_owner", "not_owner", "not_owner", "not_owner"]
+    run.feed(control("service_release", T0 + 7, holder="backup", owner_token="tok-mine"))
+    run.feed(n1.hb(T0 + 2_000, 20_000))
+    assert run.last_safe_ts() == 20_000, "its owner released it"
+
+    run.feed(control("service_hold", T0 + 2_001, holder="cdc", ts=20_000, ttl_ms=60_000, owner=theirs))
+    run.feed(control("service_release", T0 + 2_002, holder="cdc", force=True))
+    [forced] = [a for a in final_status(run.engine)["clusters"][0]["actions"] if a["id"] == f"service_release-{T0 + 2_002}"]
+    assert (forced["outcome"], forced["reason"]) == ("applied", "forced") and "by force" in forced["detail"]
+
+    run.feed(control("service_hold", T0 + 2_003, holder="legacy", ts=20_000, ttl_ms=60_000),
+             control("service_release", T0 + 2_004, holder="legacy"))
+    assert not final_status(run.engine)["clusters"][0]["service_holds"], "a hold without an owner, as before"

@@ -14,6 +14,10 @@ time (the largest log time of the cluster's node events, ``core/clock.py``).
   are in use every namespace's bound: a service hold pins every namespace), or below what the
   store has compacted already (``compacted_ts``, an agent's heartbeat: ``connectors/etcd_agent.py``)
   is refused (``service_hold_refused`` alert); the hold it would have renewed, if any, stays as it was.
+* **Owners**: a hold set with ``owner`` (the SHA-256 of its holder's token; ``ServiceHold`` always
+  sets one) is renewed or moved only by a set with the same ``owner`` and released only with
+  ``owner_token``; ``force`` (an operator's override) does either and is recorded (``forced``).
+  Others are refused (``not_owner``). A hold set without ``owner`` has none, as before.
 * **Pause** (``reason``) / **resume**: while paused no directive advances and no forced expiry
   leaves the job (the node stage's expire decisions are dropped and counted); a ``paused``
   alert is raised and cleared.
@@ -45,7 +49,7 @@ from safepoint.core.alerts import AlertBook, Bound
 from safepoint.core.clock import log_time
 from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
-from safepoint.core.signing import verify
+from safepoint.core.signing import owner_digest, verify
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
 __all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "GAP_ACK"]
@@ -188,13 +192,19 @@ class Control:
             return True  # what the pause held back goes out at the next round
         if kind == "service_release":
             holder = event["holder"]
+            held = self.holds.get(holder)
+            if held is not None and self._not_owner(event, held, "release", now, book, out, known):
+                return False
             dirty = self.holds.pop(holder, None) is not None
             if not dirty:
                 self.count("unknown_holder")
                 self.record(event, "ignored", "unknown_holder", f"no service hold of {holder}", known)
             else:
                 self.announce = True
-                self.record(event, "applied", None, f"service hold of {holder} released", known)
+                forced = bool(event.get("force")) and held is not None and held.get("owner") is not None
+                self.record(event, "applied", "forced" if forced else None,
+                            f"service hold of {holder} released" + (" by force, without its owner's token" if forced
+                                                                     else ""), known)
             _clear(book, join_id("service_hold_refused", holder), now, out)
             _clear(book, join_id("service_hold_expired", holder), now, out)
             return dirty
@@ -247,10 +257,13 @@ class Control:
             self.record(event, "refused", reason, detail, known)
             return False
         previous = self.holds.get(holder)
+        if previous is not None and self._not_owner(event, previous, "set", now, book, out, known):
+            return False
         self.holds[holder] = {"ts": ts, "ttl_ms": ttl, "wall_ms": event["wall_ms"], "applied_ms": known,
                               "expires_ms": None if known is None else known + ttl, "label": event.get("label"),
                               "since_wall_ms": previous["since_wall_ms"] if previous else now,
-                              "action_id": event.get("action_id")}
+                              "action_id": event.get("action_id"),
+                              **({"owner": event["owner"]} if event.get("owner") else {})}
         moved = previous is None or previous["ts"] != ts
         if moved:
             self.announce = True  # a new or moved hold rides on a directive at once (a renewal need not)
@@ -258,6 +271,32 @@ class Control:
         _clear(book, join_id("service_hold_refused", holder), now, out)
         _clear(book, join_id("service_hold_expired", holder), now, out)
         return moved
+
+    def _not_owner(self, event: dict[str, Any], held: dict[str, Any], what: str, now: int, book: AlertBook,
+                   out: list[Output], known: int | None) -> bool:
+        """A hold with an owner (``owner``: the SHA-256 of its owner's token) is renewed or moved only
+        with the same ``owner`` and released only with ``owner_token``, unless the event says
+        ``force`` (an operator's override, recorded). True: refused (recorded, counted, alerted)."""
+        owner = held.get("owner")
+        if owner is None or event.get("force"):
+            return False
+        if what == "set":
+            proven = event.get("owner") == owner
+        else:
+            token = event.get("owner_token")
+            proven = isinstance(token, str) and owner_digest(token) == owner
+        if proven:
+            return False
+        holder = event["holder"]
+        self.count("not_owner")
+        detail = (f"{event['type']} of {holder} refused: the hold belongs to another owner "
+                  f"({'a different owner digest' if what == 'set' else 'no matching owner_token'}); its owner's "
+                  "token, or --force by an operator, is needed")
+        aid = join_id("service_hold_refused", holder)
+        book.raised.pop(aid, None)
+        out.append(book.raise_(_body(aid, "service_hold_refused", None, None, now, detail), now))
+        self.record(event, "refused", "not_owner", detail, known)
+        return True
 
     def expire(self, now: int, book: AlertBook, out: list[Output]) -> bool:
         """Start the TTL of holds applied before any cluster time; drop every hold whose deadline

@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PREFIX", "SIGNED", "canonical", "sign", "verify"]
+__all__ = ["PREFIX", "SIGNED", "canonical", "owner_digest", "sign", "verify"]
 
 PREFIX = "hmac-sha256:"
 SIGNED = ("type", "cluster", "holder", "ts", "ttl_ms", "label", "reason", "gap", "action_id", "wall_ms", "owner",
@@ -42,6 +42,11 @@ SIGNED = ("type", "cluster", "holder", "ts", "ttl_ms", "label", "reason", "gap",
 def canonical(event: Mapping[str, Any]) -> bytes:
     return json.dumps({k: event[k] for k in SIGNED if k in event}, sort_keys=True, separators=(",", ":"),
                       ensure_ascii=False).encode()
+
+
+def owner_digest(token: str) -> str:
+    """A hold's ``owner``: the SHA-256 (hex) of its owner's token (``core/control.py``)."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 def sign(event: Mapping[str, Any], key: str) -> str:

@@ -237,7 +237,8 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
         "pause": pause,
         "service_holds": [{"holder": holder, "ts": h["ts"], "ttl_ms": h["ttl_ms"], "label": h.get("label"),
                            "renewed_wall_ms": h["applied_ms"], "expires_after_ms": h["expires_ms"],
-                           "since_wall_ms": h["since_wall_ms"], "action_id": h.get("action_id")}
+                           "since_wall_ms": h["since_wall_ms"], "action_id": h.get("action_id"),
+                           **({"owned": True} if h.get("owner") else {})}
                           for holder, h in sorted(cs.control.holds.items())],
         "control_ignored": dict(sorted(cs.control.ignored.items())),
         "actions": [dict(a) for a in cs.control.actions],

@@ -21,6 +21,7 @@ from typing import Any
 
 from safepoint.connectors.control import LOST, ActionOutcomes, ControlPublisher
 from safepoint.connectors.topics import check_reachable, quiet
+from safepoint.core.signing import owner_digest
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
@@ -121,6 +122,12 @@ def add_parsers(sub: Any, bootstrap_flag: Any) -> None:
     r = actions.add_parser("release", help="release the named hold")
     r.add_argument("cluster")
     r.add_argument("holder")
+    for a in (s, r):
+        a.add_argument("--owner-token", default=None,
+                       help="the hold's owner token: a set with it makes the hold its owner's (renewed, moved and "
+                            "released only with it); a release proves it")
+        a.add_argument("--force", action="store_true",
+                       help="an operator's override: set or release a hold of another owner (recorded as forced)")
     lst = actions.add_parser("list", help="the cluster's service holds, from the status topic")
     lst.add_argument("cluster")
     lst.add_argument("--json", action="store_true", help="print them as JSON")
@@ -160,10 +167,14 @@ def run(command: str, args: Any, settings: Settings) -> int:
         return act(settings, ControlPublisher.event("gap_ack", args.cluster, gap=args.gap), wait_s)
     if args.hold_action == "set":
         event = ControlPublisher.event("service_hold", args.cluster, holder=args.holder, ts=args.ts,
-                                       ttl_ms=parse_duration_ms(args.ttl), label=args.label)
+                                       ttl_ms=parse_duration_ms(args.ttl), label=args.label,
+                                       owner=owner_digest(args.owner_token) if args.owner_token else None,
+                                       force=True if args.force else None)
         return act(settings, event, wait_s)
     if args.hold_action == "release":
-        return act(settings, ControlPublisher.event("service_release", args.cluster, holder=args.holder), wait_s)
+        return act(settings, ControlPublisher.event("service_release", args.cluster, holder=args.holder,
+                                                    owner_token=args.owner_token, force=True if args.force else None),
+                   wait_s)
     status = service_holds_of(settings, args.cluster)
     if status is None:
         msg = f"no status of cluster {args.cluster!r} in {settings.status_topic} (is the job running with the status on?)"

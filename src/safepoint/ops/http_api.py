@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from safepoint import __version__
 from safepoint.connectors.control import ControlPublisher
+from safepoint.core.signing import owner_digest
 from safepoint.core.status import by_cost
 from safepoint.errors import SafepointError
 from safepoint.ops.metrics import StatusCollector
@@ -68,6 +69,15 @@ class ServiceHoldIn(BaseModel):
     ts: int = Field(ge=-(1 << 63), le=(1 << 63) - 1, description="the MVCC timestamp the safe point must not pass")
     ttl_ms: int = Field(ge=1, le=31_536_000_000, description="how long it lasts without a renewal")
     label: str | None = Field(default=None, max_length=256)
+    owner_token: str | None = Field(default=None, min_length=1, max_length=256,
+                                    description="makes the hold its owner's: renewed, moved and released only with it")
+    force: bool = Field(default=False, description="an operator's override of another owner's hold (recorded)")
+
+
+class ReleaseIn(BaseModel):
+    owner_token: str | None = Field(default=None, min_length=1, max_length=256,
+                                    description="the hold's owner token (needed for a hold with an owner)")
+    force: bool = Field(default=False, description="release a hold of another owner (recorded as forced)")
 
 
 class PauseIn(BaseModel):
@@ -258,12 +268,14 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
     @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}", status_code=202, responses=ADMIN,
               dependencies=admin_dep, summary="set or renew a service hold (publishes service_hold)")
     def set_hold(cluster: CLUSTER, holder: HOLDER, body: ServiceHoldIn) -> JSONResponse:
-        return act("service_hold", cluster, holder=holder, ts=body.ts, ttl_ms=body.ttl_ms, label=body.label)
+        return act("service_hold", cluster, holder=holder, ts=body.ts, ttl_ms=body.ttl_ms, label=body.label,
+                   owner=owner_digest(body.owner_token) if body.owner_token else None, force=body.force or None)
 
     @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}/release", status_code=202, responses=ADMIN,
               dependencies=admin_dep, summary="release a service hold (publishes service_release)")
-    def release_hold(cluster: CLUSTER, holder: HOLDER) -> JSONResponse:
-        return act("service_release", cluster, holder=holder)
+    def release_hold(cluster: CLUSTER, holder: HOLDER, body: ReleaseIn | None = None) -> JSONResponse:
+        body = body or ReleaseIn()
+        return act("service_release", cluster, holder=holder, owner_token=body.owner_token, force=body.force or None)
 
     @app.post("/api/v1/clusters/{cluster}/pause", status_code=202, responses=ADMIN, dependencies=admin_dep,
               summary="pause the cluster's safe point (publishes pause)")
