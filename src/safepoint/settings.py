@@ -146,6 +146,9 @@ class Settings:
     http_host: str = "127.0.0.1"
     """Address the HTTP surface binds (loopback unless told otherwise)."""
     admin_token: str = ""
+    admin_tokens: str = ""
+    """Named bearer tokens of the HTTP surface's POST actions, ``name:token`` comma-separated (a
+    secret): each action is recorded with the name of whoever sent it."""
     """Bearer token the HTTP surface's POST actions require (a ``Secret``: never printed); empty: every POST is 403."""
     http_tls_certfile: str = ""
     """PEM certificate chain: the HTTP surface serves HTTPS (with ``http_tls_keyfile``); empty: plain HTTP."""
@@ -256,7 +259,7 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     if not isinstance(raw, str):
         msg = f"setting {where} must be a string, got {raw!r}"
         raise ConfigError(msg)
-    return Secret(raw) if name in ("admin_token", "control_keys") else raw
+    return Secret(raw) if name in ("admin_token", "admin_tokens", "control_keys") else raw
 
 
 RETIRED = {

@@ -4,13 +4,16 @@ critical alert while the operator's hold keeps protecting its ts and the safe po
 with the nodes; the CLI's signed actions apply and an unsigned one is refused; after a key
 rotation (the job restarted with the new key and the old one) the hold set under the old key is
 still there and the new key releases it; a holder's hold is released by a stranger only with --force,
-which the outcome records."""
+which the outcome records; an action through the HTTP surface with a named token is signed by the job's
+key and recorded with the token's name."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +38,8 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
 
     def start_job(keys: str) -> JobProcess:
         job = JobProcess(job_flags(settings, ckpt, http_port=port), tmp_path / "job.log",
-                         env={"SAFEPOINT_CONTROL_KEYS": keys})  # a secret: no flag
+                         env={"SAFEPOINT_CONTROL_KEYS": keys,  # secrets: no flag
+                              "SAFEPOINT_ADMIN_TOKENS": "alice:tok-alice-91,bob:tok-bob-27"})
         wait_for(lambda: answers(base + "/healthz"), JOB_START_TIMEOUT_S, "the job's HTTP surface", job)
         return job
 
@@ -104,6 +108,18 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
         assert stranger.returncode == 1 and "not_owner" in stranger.stdout, stranger
         forced = cli(NEW, "hold", "release", "c1", "cdc", "--force")
         assert forced.returncode == 0 and "(forced)" in forced.stdout and "by force" in forced.stdout, forced
+
+        # named admin tokens: the HTTP surface signs with the job's key and records who acted
+        req = urllib.request.Request(base + "/api/v1/clusters/c1/pause", data=json.dumps({"reason": "restore"}).encode(),
+                                     method="POST", headers={"Authorization": "Bearer tok-bob-27",
+                                                             "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - loopback
+            aid = json.loads(resp.read())["action_id"]
+        wait_for(lambda: any(a["id"] == aid for a in status().get("actions", [])), 60, "the pause's outcome", job)
+        [action] = [a for a in status()["actions"] if a["id"] == aid]
+        assert (action["outcome"], action["by"]) == ("applied", "bob") and status()["paused"], action
+        log_text = (tmp_path / "job.log").read_text()
+        assert "admin action by bob: pause of cluster c1" in log_text and "tok-bob-27" not in log_text
         assert OLD not in (tmp_path / "job.log").read_text() and NEW not in (tmp_path / "job.log").read_text()
     finally:
         job.stop()

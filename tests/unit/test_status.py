@@ -272,6 +272,44 @@ def test_admin_actions_need_the_bearer_token_and_publish_events() -> None:
     assert "s3cret" not in c.get("/openapi.json").text
 
 
+def test_named_admin_tokens_record_who_sent_each_action(caplog: Any) -> None:
+    import logging
+
+    import pytest
+
+    from safepoint.errors import ConfigError
+    from safepoint.ops.serve import admin_tokens
+    from safepoint.settings import load_settings
+
+    tokens = admin_tokens(load_settings(environ={"SAFEPOINT_ADMIN_TOKENS": "alice:tok-a, bob:tok-b",
+                                                 "SAFEPOINT_ADMIN_TOKEN": "tok-root"}))
+    assert tokens == {"admin": "tok-root", "alice": "tok-a", "bob": "tok-b"}
+    for bad in ("alice", "alice:", ":tok", "al ice:tok", "alice:a,alice:b"):
+        with pytest.raises(ConfigError) as err:
+            admin_tokens(load_settings(environ={"SAFEPOINT_ADMIN_TOKENS": bad}))
+        assert "tok" not in str(err.value).replace("token", ""), "the message never shows a token"
+    published: list[dict[str, Any]] = []
+    app = make_app(store_of(silent_n3().engine), publish=lambda e: published.append(e) or str(e["action_id"]),
+                   admin_token=tokens)
+    c = TestClient(app, raise_server_exceptions=False)
+    with caplog.at_level(logging.INFO, logger="safepoint.admin"):
+        assert c.post("/api/v1/clusters/c1/pause", json={"reason": "restore"},
+                      headers={"Authorization": "Bearer tok-b"}).status_code == 202
+        assert c.post("/api/v1/clusters/c1/resume", headers={"Authorization": "Bearer tok-root"}).status_code == 202
+        assert c.post("/api/v1/clusters/c1/resume", headers={"Authorization": "Bearer tok-c"}).status_code == 401
+    assert [(e["type"], e["by"]) for e in published] == [("pause", "bob"), ("resume", "admin")]
+    assert "admin action by bob: pause of cluster c1" in caplog.text and "tok-b" not in caplog.text
+    for e in published:
+        assert isinstance(parse(json.dumps(e), 1 << 20), dict), e
+
+    from core_helpers import NodeClient, Run
+
+    run = Run(node_lease_ms=10_000)
+    run.feed(NodeClient("n1", "c1").hb(1_000, 5), {**published[0], "wall_ms": 1_000})
+    [action] = final_status(run.engine)["clusters"][0]["actions"]
+    assert (action["type"], action["outcome"], action["by"]) == ("pause", "applied", "bob")
+
+
 def test_the_store_skips_records_the_job_does_not_write() -> None:
     store = store_of(silent_n3().engine)
     before = store.status("c1")

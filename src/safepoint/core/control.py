@@ -133,7 +133,8 @@ class Control:
         if aid is None:
             return
         self.actions.append({"id": aid, "type": event["type"], "holder": event.get("holder"), "outcome": outcome,
-                             "reason": reason, "detail": detail, "cluster_wall_ms": now})
+                             "reason": reason, "detail": detail, "cluster_wall_ms": now,
+                             **({"by": event["by"]} if event.get("by") else {})})
         if len(self.actions) > ACTIONS_KEPT:
             del self.actions[: len(self.actions) - ACTIONS_KEPT]
 

@@ -20,11 +20,11 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from importlib import resources
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Path, Query
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -42,6 +42,11 @@ from safepoint.ops.status_store import StatusStore
 __all__ = ["MAX_ADMIN_BODY", "AdminGate", "HttpServer", "make_app"]
 
 log = logging.getLogger("safepoint.http")
+admin_log = logging.getLogger("safepoint.admin")
+"""Every admin action, with who sent it (shown at INFO: the log of record of the HTTP surface's actions)."""
+admin_log.setLevel(logging.INFO)
+ADMIN_SCOPE = "safepoint.admin"
+"""The ASGI scope key where ``AdminGate`` puts the name of the token an action came with."""
 MAX_ADMIN_BODY = 16_384
 """Largest body an admin POST may send, in bytes (a service hold's is under 400)."""
 ADMIN_PATH = re.compile(r"/api/v1/clusters/[^/]+/(service-holds/[^/]+(/release)?|pause|resume)")
@@ -123,21 +128,26 @@ class AdminGate:
     wrong bearer token) or 413 (a body over ``max_body`` bytes) before the app reads its body;
     an accepted body is read here, bounded, and handed on."""
 
-    def __init__(self, app: Any, token: str, max_body: int = MAX_ADMIN_BODY) -> None:
-        self.app, self.token, self.max_body = app, token.encode(), max_body
+    def __init__(self, app: Any, tokens: Mapping[str, str], max_body: int = MAX_ADMIN_BODY) -> None:
+        self.app, self.max_body = app, max_body
+        self.tokens = {name: token.encode() for name, token in tokens.items() if token}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or not ADMIN_PATH.fullmatch(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        if not self.token:
-            await _json_error(send, 403, "admin actions are off: set the admin_token setting to turn them on")
+        if not self.tokens:
+            await _json_error(send, 403, "admin actions are off: set the admin_token (or admin_tokens) setting to "
+                                         "turn them on")
             return
         scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
+        # every token compared, none skipped: the time taken does not tell which name came close
+        matches = [name for name, token in self.tokens.items() if hmac.compare_digest(given.strip(), token)]
+        if scheme.lower() != b"bearer" or not matches:
             await _json_error(send, 401, "a valid bearer token is required", [(b"www-authenticate", b"Bearer")])
             return
+        scope = {**scope, ADMIN_SCOPE: matches[0]}  # who sent the action: the routes record it
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             await _json_error(send, 413, f"the body must be at most {self.max_body} bytes")
@@ -167,7 +177,7 @@ HOLDER = Annotated[str, Path(min_length=1, max_length=256, description="who hold
 
 
 def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = None,  # noqa: C901 - flat list of small routes
-             publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str = "",
+             publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str | Mapping[str, str] = "",
              mvcc_unit: str = "none") -> Any:
     """The app over ``store``, behind ``AdminGate``; ``health()`` adds the job's own figures to
     ``/healthz``; ``publish`` sends a control event to the events topic for the POST actions
@@ -252,8 +262,11 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
     def authorization_doc(authorization: Annotated[str | None, Header(description="Bearer <admin_token>")] = None) -> None:
         """Documents the header; ``AdminGate`` checked it before the body was read."""
 
-    def act(kind: str, cluster: str, **fields: Any) -> JSONResponse:
-        event = ControlPublisher.event(kind, cluster, **fields)
+    def act(kind: str, cluster: str, request: Request, **fields: Any) -> JSONResponse:
+        by = request.scope.get(ADMIN_SCOPE)
+        event = ControlPublisher.event(kind, cluster, by=by, **fields)
+        admin_log.info("admin action by %s: %s of cluster %s%s (action %s)", by or "-", kind, cluster,
+                       f", holder {fields['holder']}" if fields.get("holder") else "", event["action_id"])
         if publish is None:  # AdminGate lets no POST through without a publisher; kept for a direct call
             return JSONResponse({"error": "admin actions are off"}, status_code=403)
         try:
@@ -267,25 +280,25 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
 
     @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}", status_code=202, responses=ADMIN,
               dependencies=admin_dep, summary="set or renew a service hold (publishes service_hold)")
-    def set_hold(cluster: CLUSTER, holder: HOLDER, body: ServiceHoldIn) -> JSONResponse:
-        return act("service_hold", cluster, holder=holder, ts=body.ts, ttl_ms=body.ttl_ms, label=body.label,
+    def set_hold(cluster: CLUSTER, holder: HOLDER, body: ServiceHoldIn, request: Request) -> JSONResponse:
+        return act("service_hold", cluster, request, holder=holder, ts=body.ts, ttl_ms=body.ttl_ms, label=body.label,
                    owner=owner_digest(body.owner_token) if body.owner_token else None, force=body.force or None)
 
     @app.post("/api/v1/clusters/{cluster}/service-holds/{holder}/release", status_code=202, responses=ADMIN,
               dependencies=admin_dep, summary="release a service hold (publishes service_release)")
-    def release_hold(cluster: CLUSTER, holder: HOLDER, body: ReleaseIn | None = None) -> JSONResponse:
+    def release_hold(cluster: CLUSTER, holder: HOLDER, request: Request, body: ReleaseIn | None = None) -> JSONResponse:
         body = body or ReleaseIn()
-        return act("service_release", cluster, holder=holder, owner_token=body.owner_token, force=body.force or None)
+        return act("service_release", cluster, request, holder=holder, owner_token=body.owner_token, force=body.force or None)
 
     @app.post("/api/v1/clusters/{cluster}/pause", status_code=202, responses=ADMIN, dependencies=admin_dep,
               summary="pause the cluster's safe point (publishes pause)")
-    def pause(cluster: CLUSTER, body: PauseIn) -> JSONResponse:
-        return act("pause", cluster, reason=body.reason)
+    def pause(cluster: CLUSTER, body: PauseIn, request: Request) -> JSONResponse:
+        return act("pause", cluster, request, reason=body.reason)
 
     @app.post("/api/v1/clusters/{cluster}/resume", status_code=202, responses=ADMIN, dependencies=admin_dep,
               summary="resume a paused cluster (publishes resume)")
-    def resume(cluster: CLUSTER) -> JSONResponse:
-        return act("resume", cluster)
+    def resume(cluster: CLUSTER, request: Request) -> JSONResponse:
+        return act("resume", cluster, request)
 
     @app.exception_handler(StarletteHTTPException)  # FastAPI's HTTPException and Starlette's (404, bad body)
     def http_error(_request: Any, exc: StarletteHTTPException) -> JSONResponse:
@@ -309,7 +322,8 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
     def dashboard() -> HTMLResponse:
         return HTMLResponse(page)
 
-    return AdminGate(app, admin_token if publish is not None else "")
+    tokens = {"admin": admin_token} if isinstance(admin_token, str) else dict(admin_token)
+    return AdminGate(app, tokens if publish is not None else {})
 
 
 def _loopback(host: str) -> bool:
@@ -335,7 +349,7 @@ class HttpServer:
         self.host = host
         self.scheme = "https" if tls else "http"
         self.url = f"{self.scheme}://{host}:{port}/"
-        if isinstance(app, AdminGate) and app.token and not tls and not _loopback(host):
+        if isinstance(app, AdminGate) and app.tokens and not tls and not _loopback(host):
             log.warning("the admin routes are served with a token on %s without TLS: the bearer token crosses the "
                         "network in clear text (set http_tls_certfile and http_tls_keyfile, or bind 127.0.0.1 "
                         "behind a TLS proxy)", host)

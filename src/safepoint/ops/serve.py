@@ -8,6 +8,7 @@ publishes to the status topic for ``serve``.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import sys
 import threading
@@ -16,7 +17,7 @@ from typing import Any
 
 from safepoint.connectors.producer import ProducerSlot, producer_conf
 from safepoint.connectors.topics import check_reachable, quiet
-from safepoint.errors import SafepointError
+from safepoint.errors import ConfigError, SafepointError
 from safepoint.ops.control_cli import publisher
 from safepoint.ops.http_api import HttpServer, make_app
 from safepoint.ops.job_status import JobStatus
@@ -29,7 +30,6 @@ __all__ = ["JobSurface", "serve", "serve_args"]
 def admin_of(settings: Settings) -> dict[str, Any]:
     """The POST actions' publisher and token (``make_app``'s keywords). The control publisher is
     made at the first action (the broker is checked then, not at start) and kept."""
-    token = settings.admin_token
     made: list[Any] = []
     lock = threading.Lock()
 
@@ -39,7 +39,29 @@ def admin_of(settings: Settings) -> dict[str, Any]:
                 made.append(publisher(settings))
         return str(made[0].publish(event))
 
-    return {"publish": publish, "admin_token": token.get() if isinstance(token, Secret) else str(token)}
+    return {"publish": publish, "admin_token": admin_tokens(settings)}
+
+
+def admin_tokens(settings: Settings) -> dict[str, str]:
+    """Operator name -> bearer token: ``admin_tokens`` (``name:token,...``), and ``admin_token`` as
+    ``admin``. A malformed entry is a ``ConfigError`` that never shows a token."""
+    def reveal(value: str) -> str:
+        return value.get() if isinstance(value, Secret) else str(value)
+
+    tokens: dict[str, str] = {}
+    if reveal(settings.admin_token):
+        tokens["admin"] = reveal(settings.admin_token)
+    for i, entry in enumerate(t for t in reveal(settings.admin_tokens).split(",") if t.strip()):
+        name, sep, token = entry.strip().partition(":")
+        if not sep or not name.strip() or not token.strip() or not re.fullmatch(r"[A-Za-z0-9_.@-]{1,64}", name.strip()):
+            msg = (f"admin_tokens entry {i + 1} is not name:token (a name of letters, digits, _ . @ -, then a "
+                   "non-empty token)")
+            raise ConfigError(msg)
+        if name.strip() in tokens:
+            msg = f"admin_tokens names {name.strip()!r} twice (or beside admin_token, whose name is admin)"
+            raise ConfigError(msg)
+        tokens[name.strip()] = token.strip()
+    return tokens
 
 
 def http_server(app: Any, settings: Settings, port: int) -> HttpServer:
