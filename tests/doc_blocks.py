@@ -14,7 +14,8 @@ from pathlib import Path
 from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md", "docs/etcd.md")
+DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md", "docs/etcd.md",
+        "docs/security.md")
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/integration/test_etcd_e2e.py::test_held_revisions_stay_readable_while_compaction_goes_on_through_failures",
     ("docs/etcd.md", "from safepoint.connectors.etcd_holds import RevisionHold"):
         "tests/integration/test_etcd_e2e.py::test_held_revisions_stay_readable_while_compaction_goes_on_through_failures",
+    ("docs/security.md", "[kafka]"):
+        "tests/unit/test_plan_and_settings.py::test_the_security_pages_kafka_table_is_settings_whose_secrets_hide",
     ("docs/operations.md", "scrape_configs:"):
         "tests/integration/test_status_http.py::test_the_job_serves_what_pins_history",
 }

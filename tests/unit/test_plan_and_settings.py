@@ -496,3 +496,16 @@ def test_a_batch_planned_before_records_went_takes_them_as_a_gap_when_it_is_made
     assert kinds == [(0, "lost"), (1, "gone_back")]
     end = reader.latestOffset({"0": 10, "1": 9}, ReadMaxRows(100))
     assert [g["kind"] for g in end["gaps"]][:2] == ["lost", "gone_back"], "the next offset records them"
+
+
+def test_the_security_pages_kafka_table_is_settings_whose_secrets_hide(tmp_path: Path) -> None:
+    from doc_blocks import block
+
+    from safepoint.settings import Secret, load_settings
+
+    path = tmp_path / "safepoint.toml"
+    path.write_text(block("docs/security.md", "[kafka]").text)
+    settings = load_settings(path, environ={})
+    conf = settings.librdkafka()  # what every client is given
+    assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert isinstance(settings.kafka["sasl.password"], Secret) and "..." not in repr(settings)
