@@ -86,11 +86,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="which phases to run: raw,plain,spark,scale,latency,profile,core,machine,fleet (profile = cProfile + a py-spy'd "
                         "local[2] run; fleet uses the latency runs' p99), and etcd (not by default: a real etcd's history "
                         "under safepoint against its own auto-compaction, bench_etcd.py; alone, it runs without the backlog)")
-    p.add_argument("--etcd-window", type=float, default=60.0, help="seconds the etcd phase samples each run")
-    p.add_argument("--etcd-reader-every", type=float, default=12.0, help="seconds between two slow lists of the etcd phase")
+    p.add_argument("--etcd-window", type=float, default=45.0, help="seconds the etcd phase samples each run")
+    p.add_argument("--etcd-reader-every", type=float, default=15.0, help="seconds between two slow lists of the etcd phase")
     p.add_argument("--etcd-reader-seconds", type=float, default=6.0, help="how long one slow list of the etcd phase lasts")
     p.add_argument("--etcd-put-rate", type=float, default=200.0, help="puts per second of the etcd phase's writer")
-    p.add_argument("--etcd-retention", type=int, default=200, help="the job's retention for the etcd cluster, revisions")
     p.add_argument("--scale-nodes", type=int, default=10_000, help="nodes of the scale phase's local[2] run (same event count)")
     p.add_argument("--core-events", type=int, default=300_000, help="events of the core phase's file")
     p.add_argument("--fleet-nodes", type=int, default=10, help="reporters of the fleet phase's sample")
@@ -136,12 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     say(f"work dir {work}; load average {_loadavg()}")
     if "etcd" in phases:
-        from bench_etcd import etcd_lines, etcd_phase
+        from bench_etcd import etcd_phase, etcd_report
 
         res["etcd"] = etcd_phase(work / "etcd", args)
-        if phases == {"etcd"}:  # alone: no backlog to build
+        if phases == {"etcd"}:  # alone: no backlog to build, no targets
+            res["machine"]["loadavg_end"], res["total_s"] = _loadavg(), time.monotonic() - t_start
+            md = etcd_report(res)
             (out_dir / f"bench-{stamp}.json").write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
-            (out_dir / f"bench-{stamp}.md").write_text("\n".join(etcd_lines(res["etcd"])) + "\n", encoding="utf-8")
+            (out_dir / f"bench-{stamp}.md").write_text(md + "\n", encoding="utf-8")
+            print(md)
             say(f"wrote {out_dir / f'bench-{stamp}.json'} and .md")
             if not args.keep:
                 shutil.rmtree(work, ignore_errors=True)

@@ -32,6 +32,7 @@ only the newest directive, whose ``safe_ts`` is at or below what is compacted al
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -329,7 +330,8 @@ class EtcdAgent:
             self.etcd.compact(revision)
         except RevisionCompacted:
             self.compactor.last_at = now
-            self.observe()  # compacted past it meanwhile (by somebody else): read where it is
+            with contextlib.suppress(EtcdUnavailable, EtcdError):
+                self.observe()  # compacted past it meanwhile (by somebody else): read where it is
             return
         except (EtcdUnavailable, EtcdError) as exc:
             self.stats.etcd_failures += 1

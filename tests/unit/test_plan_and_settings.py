@@ -499,9 +499,9 @@ def test_a_batch_planned_before_records_went_takes_them_as_a_gap_when_it_is_made
 
 
 def test_the_security_pages_kafka_table_is_settings_whose_secrets_hide(tmp_path: Path) -> None:
-    from doc_blocks import block
-
     from safepoint.settings import Secret, load_settings
+
+    from doc_blocks import block
 
     path = tmp_path / "safepoint.toml"
     path.write_text(block("docs/security.md", "[kafka]").text)
