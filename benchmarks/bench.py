@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules 
 
 from bench_brokers import BROKERS, MEMORY_PHASES, make_broker, mark_ends  # noqa: E402
 from bench_common import _loadavg, empty_node_bytes, fmt_rate, mb, say  # noqa: E402
-from bench_fleet import core_ratio, directive_sizes, fleet_figure  # noqa: E402
+from bench_fleet import core_ratio, directive_sizes, fleet_figure, signing_cost  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
 from bench_machine import broker_rewrite, cores_together  # noqa: E402
 from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
@@ -296,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             res["core"] = core_ratio(values[:n])
             say(f"(5) core: replay {res['core']['replay_us']:.1f} us/event, json.loads {res['core']['json_loads_us']:.2f} us/event, "
                 f"ratio {res['core']['ratio']:.3f}")
+            res["signing"] = signing_cost(values[:min(n, 100_000)])
+            sg = res["signing"]
+            say(f"(5) signed node events: signing {sg['sign_us']:.1f} us/event (with its JSON), the core checking each "
+                f"{sg['verify_us']:.1f} us/event more ({sg['replay_checked_us']:.1f} against {sg['replay_us']:.1f}: "
+                f"x{sg['ratio']:.2f})")
             res["directive_sizes"] = directive_sizes()
             say("(5) directive size: " + ", ".join(f"{d['nodes']:,} nodes {d['compaction_bytes']:,} B (members record "
                                                   f"{d['members_bytes']:,} B)" for d in res["directive_sizes"]))

@@ -38,15 +38,45 @@ class _NullOut:
         return 0
 
 
-def replay_seconds(path: Path) -> float:
+def replay_seconds(path: Path, node_key_secret: str = "") -> float:
     """Seconds ``safepoint replay``'s core (``replay_file``) takes over the file at ``path``, its
-    outputs dropped."""
+    outputs dropped (``node_key_secret``: checking every node event's signature)."""
     from safepoint.core.policy import Policy
     from safepoint.replay import replay_file
 
     t = time.perf_counter()
-    replay_file(str(path), _NullOut(), Policy(), _NullOut())  # type: ignore[arg-type]
+    replay_file(str(path), _NullOut(), Policy(node_key_secret=node_key_secret), _NullOut())  # type: ignore[arg-type]
     return time.perf_counter() - t
+
+
+def signing_cost(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
+    """What signed node events cost: each node event of ``values`` signed with its node's key (the
+    Reporter's work per event), and the core's replay of that file checking every signature against
+    the same file unchecked (the job's work per event, one run after the other)."""
+    from safepoint.core.signing import node_key, sign_node
+
+    secret = "bench-node-secret"
+    keys: dict[tuple[str, str], str] = {}
+    signed: list[bytes] = []
+    t = time.perf_counter()
+    nodes = 0
+    for v in values:
+        ev = json.loads(v)
+        if isinstance(ev, dict) and "node" in ev and "seq" in ev:
+            who = (ev.get("cluster", "default"), ev["node"])
+            key = keys.get(who) or keys.setdefault(who, node_key(secret, *who))
+            ev["sig"] = sign_node(ev, key)
+            nodes += 1
+        signed.append(json.dumps(ev, separators=(",", ":")).encode())
+    sign_s = time.perf_counter() - t
+    with tempfile.TemporaryDirectory(prefix="safepoint-signed-") as d:
+        path = write_events(signed, d)
+        plain_s = min(replay_seconds(path) for _ in range(repeat))
+        checked_s = min(replay_seconds(path, secret) for _ in range(repeat))
+    n = len(values)
+    return {"events": n, "node_events": nodes, "sign_us": sign_s / max(nodes, 1) * 1e6,
+            "replay_us": plain_s / n * 1e6, "replay_checked_us": checked_s / n * 1e6,
+            "verify_us": (checked_s - plain_s) / max(nodes, 1) * 1e6, "ratio": checked_s / plain_s}
 
 
 def write_events(values: list[bytes], directory: str) -> Path:

@@ -155,8 +155,9 @@ class EtcdAgent:
                  compact_every_s: float = 5.0, heartbeat_s: float = 1.0, defrag_free_bytes: int = 0,
                  allow_auto_compaction: bool = False, state_dir: str | os.PathLike[str] | None = None,
                  client: str = "confluent", kafka_conf: dict[str, Any] | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, node_key: str | None = None) -> None:
         self.etcd = EtcdGateway(endpoints, timeout_s=timeout_s)
+        self.node_key = node_key
         self.bootstrap, self.cluster, self.node = bootstrap, cluster, node
         self.events_topic, self.directives_topic = events_topic, directives_topic
         self.heartbeat_s = heartbeat_s
@@ -227,7 +228,8 @@ class EtcdAgent:
         self.observe()  # the first reading before the first heartbeat (raises when no member answers)
         self.reporter = Reporter(self.bootstrap, self.node, cluster=self.cluster, mvcc_clock=self._revision,
                                  figures=self._figures, heartbeat_interval_s=None, topic=self.events_topic,
-                                 state_dir=self.state_dir, client=self.client, kafka_conf=self.kafka_conf)
+                                 state_dir=self.state_dir, client=self.client, kafka_conf=self.kafka_conf,
+                                 node_key=self.node_key)
         # its own thread, which rides out a broker away (retried with back-off) and hands each newer
         # directive to _take
         self.listener = DirectiveListener(self.bootstrap, self.cluster, topic=self.directives_topic,

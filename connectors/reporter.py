@@ -122,6 +122,7 @@ class Reporter(ExpiryMixin, HoldsMixin):
         long_per_s: float = 1.0,
         long_read_after: int | None = None,
         snapshot_part_bytes: int = SNAPSHOT_PART_BYTES,
+        node_key: str | None = None,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -146,6 +147,9 @@ class Reporter(ExpiryMixin, HoldsMixin):
         a reader or transaction not declared long counts as long (None: only declared ones).
         ``snapshot_part_bytes``: a snapshot larger than this goes out in parts of about this size
         (below the broker's and the job's message limits), which the job applies as one.
+        ``node_key``: the node's own key (``safepoint node-key CLUSTER NODE`` prints it from the
+        job's ``node_key_secret``): every event is signed with it, and a job with the secret refuses
+        this node's events without it.
         """
         if snapshot_part_bytes < 10_000:
             msg = f"snapshot_part_bytes must be at least 10000, got {snapshot_part_bytes}"
@@ -190,7 +194,7 @@ class Reporter(ExpiryMixin, HoldsMixin):
         self._expiries_ignored = 0
         self._expire_callback_failures = 0
         self._sender = Sender(self.node, self.cluster, incarnation, topic, bootstrap, self._client, self._conf,
-                              produce_timeout_s, wall_clock)
+                              produce_timeout_s, wall_clock, node_key)
 
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

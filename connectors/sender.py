@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from safepoint.connectors.clients import CLIENT_ERRORS
 from safepoint.connectors.producer import ProducerSlot, is_fatal
+from safepoint.core.signing import sign_node
 from safepoint.errors import BrokerError
 
 if TYPE_CHECKING:
@@ -61,8 +62,11 @@ class Sender:
     """The producer of one node's events (``topic``, keyed by the node id)."""
 
     def __init__(self, node: str, cluster: str, incarnation: int, topic: str, bootstrap: str, client: str,
-                 conf: Mapping[str, Any], produce_timeout_s: float, wall_clock: Callable[[], int]) -> None:
+                 conf: Mapping[str, Any], produce_timeout_s: float, wall_clock: Callable[[], int],
+                 node_key: str | None = None) -> None:
         self.node = node
+        self.node_key = node_key
+        """The node's own key (``safepoint node-key``): every event is signed with it (``core/signing.py``)."""
         self.cluster = cluster
         self.incarnation = incarnation
         self.wall_clock = wall_clock
@@ -101,6 +105,8 @@ class Sender:
         wall = self.wall_clock()
         event: dict[str, Any] = {"v": 1, "type": event_type, "cluster": self.cluster, "wall_ms": wall, "node": self.node,
                                  "incarnation": self.incarnation, "seq": seq, **fields}
+        if self.node_key:
+            event["sig"] = sign_node(event, self.node_key)
         value = json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
         self.seq = seq + 1
         self.last_wall = wall

@@ -192,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help=f"random seed [env {env_name('seed')}; default 0]")
     p.add_argument("--report", default=None, help=f"also write the report as JSON to this file [env {env_name('report')}]")
 
+    p = sub.add_parser("node-key", help="print a node's own key, from its cluster's node_key_secret (the node signs "
+                                        "its events with it: Reporter(node_key=...))")
+    p.add_argument("cluster")
+    p.add_argument("node")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
     p = sub.add_parser("spark-classes", help="build the class-data archive that makes Spark's JVM start faster "
                        "(once per machine; scripts/setup.sh runs it)")
     p.add_argument("--if-missing", action="store_true", help="do nothing when this Java and Spark's archive exists")
@@ -363,6 +368,18 @@ def cmd_soak(args: argparse.Namespace) -> int:
     return run_soak(cfg, _env_or(args, "report", None, str))
 
 
+def cmd_node_key(args: argparse.Namespace) -> int:
+    from safepoint.core.signing import node_key
+
+    secret = load_settings(args.config).policies().of(args.cluster).node_key_secret
+    if not secret:
+        msg = (f"cluster {args.cluster} has no node_key_secret (set SAFEPOINT_NODE_KEY_SECRET, or node_key_secret in "
+               "the TOML file or its [clusters.NAME] table)")
+        raise SafepointError(msg)
+    print(node_key(secret, args.cluster, args.node))
+    return 0
+
+
 def cmd_spark_classes(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -407,7 +424,7 @@ COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "se
                   "soak": "dev", "bench": "dev", "spark-classes": "dev", "agent": "etcd"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
+COMMANDS = {"node-key": cmd_node_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -112,6 +112,7 @@ class Settings:
     incarnation_grace_ms: int = _P.incarnation_grace_ms
     max_service_hold_ttl_ms: int = _P.max_service_hold_ttl_ms
     control_keys: str = ""
+    node_key_secret: str = ""
     control_signature_window_ms: int = _P.control_signature_window_ms
     directive_interval_ms: int = 0
     max_message_bytes: int = 1_048_576
@@ -259,7 +260,7 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     if not isinstance(raw, str):
         msg = f"setting {where} must be a string, got {raw!r}"
         raise ConfigError(msg)
-    return Secret(raw) if name in ("admin_token", "admin_tokens", "control_keys") else raw
+    return Secret(raw) if name in ("admin_token", "admin_tokens", "control_keys", "node_key_secret") else raw
 
 
 RETIRED = {

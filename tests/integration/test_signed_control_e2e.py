@@ -5,7 +5,8 @@ with the nodes; the CLI's signed actions apply and an unsigned one is refused; a
 rotation (the job restarted with the new key and the old one) the hold set under the old key is
 still there and the new key releases it; a holder's hold is released by a stranger only with --force,
 which the outcome records; an action through the HTTP surface with a named token is signed by the job's
-key and recorded with the token's name."""
+key and recorded with the token's name; with a node key secret, an event one node signs for another
+is refused and alerted while the nodes' own signed beats move the safe point."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 
 from safepoint.connectors.service_hold import ServiceHold
+from safepoint.core.signing import node_key, sign_node
 from safepoint.devtools.broker import free_port
 
 from kafka_util import read_topic
@@ -36,18 +38,27 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
     ckpt = tmp_path / "ckpt"
     seq = [0]
 
+    node_secret: list[str] = []
+
     def start_job(keys: str) -> JobProcess:
         job = JobProcess(job_flags(settings, ckpt, http_port=port), tmp_path / "job.log",
                          env={"SAFEPOINT_CONTROL_KEYS": keys,  # secrets: no flag
-                              "SAFEPOINT_ADMIN_TOKENS": "alice:tok-alice-91,bob:tok-bob-27"})
+                              "SAFEPOINT_ADMIN_TOKENS": "alice:tok-alice-91,bob:tok-bob-27",
+                              **({"SAFEPOINT_NODE_KEY_SECRET": node_secret[0]} if node_secret else {})})
         wait_for(lambda: answers(base + "/healthz"), JOB_START_TIMEOUT_S, "the job's HTTP surface", job)
         return job
+
+    def signed(ev: dict[str, Any], as_node: str | None = None) -> dict[str, Any]:
+        if not node_secret:
+            return ev
+        key = node_key(node_secret[0], "c1", as_node or ev["node"])
+        return {**ev, "sig": sign_node(ev, key)}
 
     def beat(wall: int, mvcc: int) -> None:
         seq[0] += 1
         send(broker.bootstrap, settings.events_topic, [
-            (0, n, {"v": 1, "type": "heartbeat", "cluster": "c1", "node": n, "incarnation": 1, "seq": seq[0],
-                    "wall_ms": wall, "mvcc_now": mvcc}) for n in ("n1", "n2")])
+            (0, n, signed({"v": 1, "type": "heartbeat", "cluster": "c1", "node": n, "incarnation": 1, "seq": seq[0],
+                           "wall_ms": wall, "mvcc_now": mvcc})) for n in ("n1", "n2")])
 
     def status() -> dict[str, Any]:
         try:
@@ -89,14 +100,22 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
     finally:
         job.stop()
 
+    node_secret.append("sp-node-secret-5d")  # and from now on each node signs its own events
     job = start_job(f"{NEW},{OLD}")  # the rotation: the job takes both, publishers move to the new key
     try:
         wait_for(lambda: any(h["holder"] == "backup" for h in status().get("service_holds", [])), 60,
                  "the hold set under the old key, after the restart", job)
         released = cli(NEW, "hold", "release", "c1", "backup")
         assert released.returncode == 0, released
+        # n2 speaks for n1 (a reader of n1's far below, signed with n2's key): refused, and alerted
+        seq[0] += 1
+        send(broker.bootstrap, settings.events_topic, [
+            (0, "n1", signed({"v": 1, "type": "reader_open", "cluster": "c1", "node": "n1", "incarnation": 1,
+                              "seq": seq[0], "wall_ms": w + 1_500, "reader_id": "forged", "read_ts": 2_000}, "n2"))])
         beat(w + 2_000, 9_000)
         wait_for(lambda: status().get("safe_ts") == 9_000, 60, "the safe point past the released hold", job)
+        refused = [a for a in read_topic(broker.bootstrap, settings.alerts_topic) if a.get("kind") == "node_event_refused"]
+        assert refused and refused[0]["node"] == "n1" and refused[0]["severity"] == "critical", refused
         assert any(a["kind"] == "control_refused" for a in status()["alerts"]) is False, "cleared by a signed action"
 
         # a holder's hold has an owner: a release without its token is refused, an operator's --force applies

@@ -141,3 +141,69 @@ def test_a_hold_with_an_owner_is_renewed_moved_and_released_only_by_its_owner_or
     run.feed(control("service_hold", T0 + 2_003, holder="legacy", ts=20_000, ttl_ms=60_000),
              control("service_release", T0 + 2_004, holder="legacy"))
     assert not final_status(run.engine)["clusters"][0]["service_holds"], "a hold without an owner, as before"
+
+
+SECRET = "node-secret-91c"
+
+
+def signed(ev: dict[str, Any], as_node: str | None = None) -> dict[str, Any]:
+    """``ev`` signed with the key of ``as_node`` (default: the node it names)."""
+    from safepoint.core.signing import node_key, sign_node
+
+    return {**ev, "sig": sign_node(ev, node_key(SECRET, ev["cluster"], as_node or ev["node"]))}
+
+
+def test_a_node_speaks_only_for_itself() -> None:
+    run = Run(node_lease_ms=10_000, node_key_secret=SECRET)
+    n1, n2 = NodeClient("n1", "c1"), NodeClient("n2", "c1")
+    run.feed(topology(1, T0, {"n1": [], "n2": []}, cluster="c1"), signed(n1.hb(T0, 1_000)), signed(n2.hb(T0, 1_000)))
+    assert run.last_safe_ts() == 1_000
+    run.feed(signed(n1.open("r1", 1_200, T0 + 1)))
+    # n2 (or a bug in it) closes n1's reader, unsigned and then with its own key: both refused
+    out = run.feed(n1.close("r1", T0 + 2), signed(n1.close("r1", T0 + 3), as_node="n2"))
+    raised = [o.value for o in out if o.value.get("kind") == "node_event_refused"]
+    assert [(a["node"], a["state"], a["severity"]) for a in raised] == [("n1", "raised", "critical")], "raised once"
+    run.feed(signed(n1.hb(T0 + 1_000, 5_000)), signed(n2.hb(T0 + 1_000, 5_000)))
+    assert run.last_safe_ts() == 1_200, "n1's reader still holds"
+    assert run.alerts("node_event_refused", "cleared"), "n1 signed again"
+    counts = run.engine.counts
+    assert counts.get("ignored:unsigned_node_event") == 1 and counts.get("ignored:bad_node_signature") == 1, counts
+    changed = signed(n1.hb(T0 + 2_000, 9_000))
+    run.feed({**changed, "mvcc_now": 99_000})  # a field changed after signing
+    assert run.engine.counts.get("ignored:bad_node_signature") == 2
+
+
+def test_the_jobs_batches_give_replays_outputs_with_signed_and_unsigned_node_events() -> None:
+    from test_batch import job_equals_replay
+
+    msgs = []
+    nodes = {n: NodeClient(n, "c1") for n in ("n1", "n2")}
+    for i in range(120):
+        n = ("n1", "n2")[i % 2]
+        ev = nodes[n].hb(T0 + i * 300, 1_000 + i) if i % 3 else nodes[n].open(f"r{i}", 1_000 + i - 5, T0 + i * 300)
+        ev = ev if i % 7 == 3 else signed(ev, as_node="n2" if i % 11 == 5 else None)
+        msgs.append((i % 2, i // 2, n.encode(), json.dumps(ev).encode()))
+    got = job_equals_replay(msgs, list(range(13, len(msgs), 41)), Policy(node_lease_ms=5_000, node_key_secret=SECRET),
+                            buckets=4)
+    assert any(a["kind"] == "node_event_refused" for _, a in got["al"])
+
+
+def test_the_node_key_command_prints_a_nodes_key_and_the_reporter_signs_with_it(capsys: Any, monkeypatch: Any) -> None:
+    from safepoint.cli import main
+    from safepoint.connectors.sender import Sender
+    from safepoint.core.signing import node_key, verify_node
+
+    monkeypatch.setenv("SAFEPOINT_NODE_KEY_SECRET", SECRET)
+    assert main(["node-key", "c1", "n1"]) == 0
+    key = capsys.readouterr().out.strip()
+    assert key == node_key(SECRET, "c1", "n1") and key != node_key(SECRET, "c1", "n2") and SECRET not in key
+    monkeypatch.delenv("SAFEPOINT_NODE_KEY_SECRET")
+    assert main(["node-key", "c1", "n1"]) == 2 and "no node_key_secret" in capsys.readouterr().err
+
+    sent: list[bytes] = []
+    sender = Sender("n1", "c1", 1, "ev", "127.0.0.1:1", "confluent", {"bootstrap.servers": "127.0.0.1:1"}, 1.0,
+                    lambda: T0, node_key=key)
+    monkeypatch.setattr(sender, "produce", sent.append)
+    sender.send("heartbeat", {"mvcc_now": 5})
+    event = json.loads(sent[0])
+    assert verify_node({**event, "log_ms": T0 + 1}, SECRET) is None, "the log time the job adds is not covered"

@@ -326,6 +326,28 @@ class ClusterState:
             else:
                 out.append(self.alerts.stamp({k: v for k, v in body.items() if k != "state"}, body["state"], now))
 
+    def refuse_node_event(self, event: dict[str, Any], why: str, out: list[Output]) -> None:
+        """A node event its node did not sign (``core/signing.py``): nothing of it is applied; a
+        critical ``node_event_refused`` names the node (once, until it signs again)."""
+        node = event["node"]
+        aid = join_id("node_event_refused", node)
+        if aid in self.alerts.raised:
+            return
+        now = self.cluster_time if self.cluster_time is not None else log_time(event)
+        words = "carries no signature" if why == "unsigned_node_event" else "is not signed with its node's key"
+        out.append(self.alerts.raise_({
+            "id": aid, "kind": "node_event_refused", "node": node, "severity": "critical", "value": None,
+            "threshold": None, "since": now,
+            "detail": f"a {event['type']} of node {node} {words} ({why}): refused, as every one until the node signs "
+                      "with its own key; a node speaks only for itself"}, now))
+
+    def accept_node_event(self, node: str, out: list[Output]) -> None:
+        """A signed event of ``node``: its refusal alert, if any, clears."""
+        if self.cluster_time is not None:
+            cleared = self.alerts.clear(join_id("node_event_refused", node), self.cluster_time)
+            if cleared is not None:
+                out.append(cleared)
+
     def _hold_bound(self) -> Bound | None:
         """The highest bound a service hold must not lie below: a bound already sent (``safe_ts``, a
         namespace's), or what the store itself has compacted already (``compacted_ts``)."""

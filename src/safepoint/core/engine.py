@@ -22,6 +22,7 @@ from safepoint.core.node import NodeState
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
+from safepoint.core.signing import verify_node
 
 __all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "step"]
 
@@ -78,6 +79,13 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
         ignored = state.apply_cluster_event(event, policy, out, lambda name: _open_holds(nodes.peek(state.name, name)),
                                             partition)
         return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
+    if policy.node_key_secret:
+        why = verify_node(event, policy.node_key_secret)
+        if why is not None:
+            state.refuse_node_event(event, why, out)
+            return f"{IGNORED}:{why}", out
+        if state.alerts.raised:
+            state.accept_node_event(event["node"], out)
     node = nodes.node(state.name, event["node"])
     if state.take_quiet(node, event, policy, out, partition):
         return APPLIED, out

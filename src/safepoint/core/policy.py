@@ -18,7 +18,7 @@ __all__ = ["MVCC_UNITS", "Policies", "Policy"]
 GIB = 1 << 30
 _BOOL_FIELDS = frozenset({"expire_enabled"})
 _STR_FIELDS = frozenset({"mvcc_unit"})
-SECRET_FIELDS = frozenset({"control_keys"})
+SECRET_FIELDS = frozenset({"control_keys", "node_key_secret"})
 """Policy keys that are secrets: no flag, never printed, left out of what the source is given."""
 MVCC_UNITS = ("none", "counter", "revision", "xid", "ns", "us", "ms", "s")
 """What a cluster's MVCC timestamps count: an opaque counter (``none``, ``counter``), etcd's store
@@ -40,6 +40,10 @@ class Policy:
     """The keys that sign the cluster's control events, comma-separated (empty: control events are
     not signed); the first signs, every one is accepted (two while a key is rotated). A secret
     (``core/signing.py``)."""
+    node_key_secret: str = field(default="", repr=False)
+    """With it, every node event of the cluster must be signed by the node it names, with the key
+    derived from this secret for that node (``core/signing.py``; empty: node events are not
+    signed). A secret."""
     control_signature_window_ms: int = 300_000
     """A signed control event whose ``wall_ms`` lies further than this from its log time is refused
     (``stale_signature``): a signed event sent again later cannot act twice (0: no window)."""
