@@ -24,8 +24,8 @@ field but ``sig`` and the ``log_ms`` the job adds.
 What a signature does not protect against: a holder of a key (it signs anything), a replay within
 the window of an action the job still remembers (ignored as ``repeated``) or forgotten (after 256
 newer actions of the cluster within the window), events dropped or delayed on their way (a missing
-release leaves a hold to its TTL), and node events (a node's own readers and transactions are not
-signed).
+release leaves a hold to its TTL), and a node that misreports its own readers and transactions
+(its key signs whatever it says of itself).
 """
 
 from __future__ import annotations
