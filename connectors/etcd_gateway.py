@@ -123,10 +123,10 @@ class EtcdGateway:
     def call(self, path: str, body: dict[str, Any] | None = None, endpoint: str | None = None) -> dict[str, Any]:
         """POST ``body`` to ``path`` on ``endpoint`` (or on the members in turn) and return the answer.
         A member that cannot be reached, or answers that it cannot serve now (503: no leader, the
-        leader changed, a timeout), is passed for the next; ``rounds`` passes over the members, a
-        short wait apart, ride out an election."""
+        leader changed, a timeout), is passed for the next; ``ROUNDS`` passes over the members, a
+        short wait apart, ride out an election. A request to one ``endpoint`` is tried once."""
         tried: list[str] = []
-        for round_ in range(ROUNDS):
+        for round_ in range(ROUNDS if endpoint is None else 1):  # one member asked: once (a hung one costs one timeout)
             if round_:
                 time.sleep(ROUND_PAUSE_S)
             for i in ([None] if endpoint is not None else self._order()):
