@@ -505,14 +505,17 @@ class ClusterState:
         last = self.directives.last_wall
         return not (policy.directive_interval_ms and last is not None and now - last < policy.directive_interval_ms)
 
+    def round_min(self) -> tuple[int, str] | None:
+        """The lowest of the members' known minimums and the service holds: (ts, its node), the node
+        "" for a service hold (a tie goes to the node); None when there is neither. The round's
+        global minimum once every member's minimum is known, and the status's blocker."""
+        lowest, service = self.members.lowest(), self.control.lowest()
+        return None if lowest is None and service is None else _lower(lowest, service)
+
     def _lowest_node(self) -> str:
         """The node of the lowest minimum when every member's is known ("": none, or a service hold)."""
-        lowest = self.members.lowest()
-        if lowest is None or not self.members.complete:
-            return ""
-        lmin, gnode = lowest
-        service = self.control.lowest()
-        return "" if service is not None and service[0] < lmin else str(gnode)
+        low = self.round_min() if self.members.complete else None
+        return "" if low is None else low[1]
 
     def _round(self, aborted: bool, now: int, policy: Policy, out: list[Output]) -> bool:
         """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances;
@@ -523,10 +526,8 @@ class ClusterState:
         lowest = self.members.lowest()
         if lowest is None or not self.members.complete:
             return False
-        global_min, gnode = lowest
         service = self.control.lowest()
-        if service is not None and service[0] < global_min:
-            global_min, gnode = service[0], ""  # "": the blocker is a service hold of the cluster
+        global_min, gnode = _lower(lowest, service)
         safe = global_min if self.safe_ts is None else max(self.safe_ts, global_min)
         floor = self.catalog.floor_at(safe)
         tenants_moved = (self.tenants.round(self.members, service, safe, now, policy, self.alerts, out)
@@ -547,3 +548,11 @@ class ClusterState:
         out += self.directives.compaction(safe_ts=self.safe_ts, catalog_floor=self.catalog.floor, gnode=gnode,
                                           members=self.members, control=self.control, tenants=self.tenants, now=now,
                                           retention=policy.retention, extra=self.emergency.directive_fields(policy))
+
+
+def _lower(lowest: tuple[int, str] | None, service: tuple[int, str] | None) -> tuple[int, str]:
+    """The lower of the members' lowest minimum and the lowest service hold (``ClusterState.round_min``)."""
+    if service is not None and (lowest is None or service[0] < lowest[0]):
+        return service[0], ""  # "": the blocker is a service hold of the cluster
+    assert lowest is not None
+    return lowest[0], str(lowest[1])

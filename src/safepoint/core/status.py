@@ -190,12 +190,11 @@ def cluster_status(cs: ClusterState, policy: Policy) -> dict[str, Any]:
     now = cs.cluster_time
     blocker = None
     records = cs.members.nodes
-    lowest = cs.members.lowest()
-    service = cs.control.lowest()
-    if service is not None and (lowest is None or service[0] < lowest[0]):  # as the round picks it
+    low = cs.round_min()  # as the round picks it
+    if low is not None and low[1] == "":
         blocker = cs.control.blocker(now) if now is not None else None
-    elif lowest is not None:
-        _, gnode = lowest
+    elif low is not None:
+        gnode = low[1]
         b = records[gnode].blocker
         if b is not None:
             blocker = {"node": gnode, "kind": b.kind, "id": b.id, "ts": b.ts,
