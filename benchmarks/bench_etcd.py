@@ -46,6 +46,7 @@ from bench_common import say
 from safepoint.connectors.etcd_gateway import EtcdGateway, RevisionCompacted
 from safepoint.connectors.etcd_holds import RevisionHold, paginate
 from safepoint.devtools.broker import EmbeddedBroker, free_port
+from safepoint.devtools.etcd import LocalEtcd, etcd_missing
 
 __all__ = ["etcd_lines", "etcd_phase", "etcd_report"]
 
@@ -123,39 +124,21 @@ def _stop(proc: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
 
 
 class Etcd:
-    """One etcd member on loopback ports in ``base`` (Debian's ``etcd``), ``extra`` flags added."""
+    """One etcd member on loopback ports in ``base`` (``safepoint.devtools.etcd``), ``extra`` flags
+    added, and a gateway to it."""
 
     def __init__(self, base: Path, *extra: str) -> None:
-        binary = shutil.which("etcd")
-        if binary is None:
-            raise RuntimeError("the etcd phase needs Debian's etcd-server (scripts/setup.sh installs it as root)")
-        base.mkdir(parents=True, exist_ok=True)
-        self.endpoint, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
-        self.log = base / "etcd.log"
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [binary, "--name", "m0", "--data-dir", str(base / "data"), "--listen-client-urls", self.endpoint,
-                 "--advertise-client-urls", self.endpoint, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
-                 peer, "--initial-cluster", f"m0={peer}", "--initial-cluster-token", f"sp-{base.name}",
-                 "--initial-cluster-state", "new", *extra],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if etcd_missing():
+            raise RuntimeError(f"the etcd phase needs etcd: {etcd_missing()}")
+        self.local = LocalEtcd(base, 1, list(extra)).start()
+        self.endpoint = self.local.endpoints
+        self.alive = self.local.members[0].alive
+        self.log = base / f"{self.local.members[0].name}.log"
         self.gateway = EtcdGateway(self.endpoint, timeout_s=5)
-        try:
-            _wait("etcd", self._answers, 30, lambda: self.proc.poll() is None, self.log)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _answers(self) -> bool:
-        try:
-            self.gateway.revision()
-        except Exception:
-            return False
-        return True
 
     def stop(self) -> None:
         self.gateway.close()
-        _stop(self.proc, 30)
+        self.local.stop()
 
 
 class Load:
@@ -332,7 +315,7 @@ def auto_compaction(work: Path, args: Any, retention_s: int) -> dict[str, Any]:
         stack.callback(load.close)
         load.start_writer()
         _wait(f"etcd's first compaction ({retention_s} s)", lambda: etcd.gateway.compacted_revision() > 0,
-              3 * retention_s + 30, lambda: etcd.proc.poll() is None, etcd.log)
+              3 * retention_s + 30, etcd.alive, etcd.log)
         got = load.measure(args.etcd_window)
         got["retention_s"] = retention_s
         return got

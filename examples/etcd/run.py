@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,7 +37,8 @@ from typing import Any
 
 from safepoint.connectors.etcd_gateway import EtcdGateway, RevisionCompacted
 from safepoint.connectors.etcd_holds import RevisionHold, paginate
-from safepoint.devtools.broker import EmbeddedBroker, free_port
+from safepoint.devtools.broker import EmbeddedBroker
+from safepoint.devtools.etcd import LocalEtcd, etcd_missing
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "etcd-main"
@@ -49,28 +49,11 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-def start_etcd(base: Path, name: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    etcd = shutil.which("etcd")
-    if etcd is None:
-        sys.exit("etcd is not installed: ./scripts/setup.sh installs Debian's etcd-server")
-    client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
-    log = (base / f"{name}.log").open("ab")
-    proc = subprocess.Popen([etcd, "--name", name, "--data-dir", str(base / name), "--listen-client-urls", client,
-                             "--advertise-client-urls", client, "--listen-peer-urls", peer,
-                             "--initial-advertise-peer-urls", peer, "--initial-cluster", f"{name}={peer}", *extra],
-                            stdout=log, stderr=subprocess.STDOUT)
-    gateway = EtcdGateway(client, timeout_s=2)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            gateway.revision()
-            break
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    gateway.close()
-    return proc, client
+def start_etcd(base: Path, name: str, *extra: str) -> LocalEtcd:
+    """One etcd member (Debian's ``etcd``) in ``base/name`` on loopback ports, ``extra`` flags added."""
+    if etcd_missing():
+        sys.exit(f"{etcd_missing()}")
+    return LocalEtcd(base / name, 1, list(extra)).start()
 
 
 class Writer(threading.Thread):
@@ -133,6 +116,7 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="safepoint-etcd-example-"))
     procs: list[subprocess.Popen[Any]] = []
+    etcds: list[LocalEtcd] = []
     writers: list[Writer] = []
     broker = EmbeddedBroker(data_dir=str(work / "broker")).start()
     kafka = ["--bootstrap", broker.bootstrap]
@@ -157,8 +141,9 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
                                        "--checkpoint", str(work / "ckpt"), "--http-port", str(args.http_port),
                                        "--trigger-ms", "200"], stdout=job_log, stderr=subprocess.STDOUT,
                                       start_new_session=True))
-        etcd_proc, endpoint = start_etcd(work, "main")
-        procs.append(etcd_proc)
+        main_etcd = start_etcd(work, "main")
+        etcds.append(main_etcd)
+        endpoint = main_etcd.endpoints
         writers.append(Writer(endpoint))
         writers[-1].start()
         say(f"etcd at {endpoint}, writer started; waiting for the job (a Spark session starts: about 30 s) ...")
@@ -172,16 +157,17 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
         etcd = EtcdGateway(endpoint, timeout_s=2)
 
         say("\n1. Before: etcd's own --auto-compaction-retention 2s, a 6 s paginated list at an old revision")
-        auto_proc, auto_endpoint = start_etcd(work, "auto", "--auto-compaction-mode", "periodic",
+        auto_etcd = start_etcd(work, "auto", "--auto-compaction-mode", "periodic",
                                               "--auto-compaction-retention", "2s")
-        procs.append(auto_proc)
+        etcds.append(auto_etcd)
+        auto_endpoint = auto_etcd.endpoints
         writers.append(Writer(auto_endpoint))
         writers[-1].start()
         auto = EtcdGateway(auto_endpoint, timeout_s=2)
         error = slow_list(auto, auto.revision(), 8.0)
         say(f"   the list: {error or 'ran to its end'}")
         check(error is not None and "compacted" in error, "the list at an old revision broke under auto-compaction")
-        auto_proc.terminate()
+        auto_etcd.stop()
 
         say("\n2. With safepoint: the same list under RevisionHold while the agent compacts every second")
         with RevisionHold(broker.bootstrap, CLUSTER, "list-pods", endpoint, ttl_ms=30_000, label="paginated list") as hold:
@@ -248,13 +234,15 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
     finally:
         for w in writers:
             w.stop_.set()
-        for p in reversed(procs):  # the agent, etcd, then the job (its own process group: its JVM too)
+        for p in reversed(procs):  # the agent, then the job (its own process group: its JVM too)
             if p.poll() is None:
                 try:
                     os.killpg(p.pid, signal.SIGTERM) if p is procs[0] else p.terminate()
                     p.wait(60)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
                     p.kill()
+        for e in etcds:
+            e.stop()
         broker.stop()
 
 
