@@ -57,7 +57,7 @@ KEYS, PAGE, PREFIX, VALUE = 50, 5, "/bench/", "v" * 200
 SAMPLE_S = 0.5
 FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 """The auto-compaction retentions tried, in units of the reader's D."""
-TOPICS = {"events_topic": "etcd-bench.events", "directives_topic": "etcd-bench.directives",
+TOPICS = {"events_topic": "etcd-bench.events", "control_topic": "etcd-bench.control", "directives_topic": "etcd-bench.directives",
           "alerts_topic": "etcd-bench.alerts", "deadletter_topic": "etcd-bench.deadletter",
           "status_topic": "etcd-bench.status"}
 
@@ -290,7 +290,7 @@ def under_safepoint(work: Path, args: Any) -> dict[str, Any]:
 
         load = Load(etcd.endpoint, args.etcd_put_rate, args.etcd_reader_every, args.etcd_reader_seconds,
                     {"bootstrap": broker.bootstrap, "cluster": CLUSTER, "holder": "bench-reader", "ttl_ms": 30_000,
-                     "label": "bench slow list", "events_topic": TOPICS["events_topic"],
+                     "label": "bench slow list", "control_topic": TOPICS["control_topic"],
                      "status_topic": TOPICS["status_topic"]})
         stack.callback(load.close)
         load.start_writer()

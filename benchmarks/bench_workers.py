@@ -116,6 +116,7 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         bootstrap=spec["bootstrap"],
         checkpoint=spec["checkpoint"],
         events_topic=t["events"],
+        control_topic=t["control"],
         directives_topic=t["directives"],
         alerts_topic=t["alerts"],
         deadletter_topic=t["deadletter"],

@@ -168,6 +168,7 @@ def make_topics(bootstrap: str, tag: str, partitions: int) -> dict[str, str]:
     s = Settings(
         bootstrap=bootstrap,
         events_topic=f"bench.{tag}.events",
+        control_topic=f"bench.{tag}.control",
         directives_topic=f"bench.{tag}.directives",
         alerts_topic=f"bench.{tag}.alerts",
         deadletter_topic=f"bench.{tag}.deadletter",

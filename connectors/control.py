@@ -1,7 +1,7 @@
 """The operator's actions through the log: one publisher, and learning what the job did with them.
 
-Every control event (``service_hold``, ``service_release``, ``pause``, ``resume``) goes to the
-events topic keyed by its cluster, with an ``action_id`` of its own (a uuid4). The job applies
+Every control event (``service_hold``, ``service_release``, ``pause``, ``resume``, ``gap_ack``) goes
+to the control topic (``safepoint.control`` by default; ``core/origin.py``) keyed by its cluster, with an ``action_id`` of its own (a uuid4). The job applies
 control events in log order and writes each action's outcome (``applied``, ``refused``,
 ``ignored``; ``expired`` once a hold it set ran out) in the cluster's status (``actions``).
 
@@ -49,14 +49,14 @@ def new_action_id() -> str:
 
 
 class ControlPublisher:
-    """Publishes control events to ``events_topic`` (``client``: ``confluent`` or ``kafka-python``)."""
+    """Publishes control events to ``control_topic`` (``client``: ``confluent`` or ``kafka-python``)."""
 
-    def __init__(self, conf: Mapping[str, Any], events_topic: str, *, client: str = "confluent",
+    def __init__(self, conf: Mapping[str, Any], control_topic: str, *, client: str = "confluent",
                  ack_timeout_s: float = 15.0, max_message_bytes: int = 1_000_000,
                  signer: Callable[[str], str | None] | None = None) -> None:
         """``signer(cluster)``: the control key that signs the cluster's events (``core/signing.py``),
         or None to publish them unsigned."""
-        self.topic, self.ack_timeout_s, self.max_message_bytes = events_topic, ack_timeout_s, max_message_bytes
+        self.topic, self.ack_timeout_s, self.max_message_bytes = control_topic, ack_timeout_s, max_message_bytes
         self.signer = signer
         self.bootstrap = conf.get("bootstrap.servers")
         self.producer = make_producer(client, producer_conf({"message.timeout.ms": int(ack_timeout_s * 1000), **conf},

@@ -7,7 +7,9 @@ process that uses them, consumers ``unassign()``ed after each read. Writing is t
 (``kafka_sink.py``). The job registers a subclass that routes and packs in the read tasks
 (``streaming/source.py``).
 
-Options: ``bootstrap.servers`` (required), ``subscribe`` (the topic), ``startingOffsets``
+Options: ``bootstrap.servers`` (required), ``subscribe`` (the topic), ``controlTopic`` (a second topic
+read with it: its partition ``p`` is keyed ``control_partition(p)``, a negative number, in offsets
+and gaps: ``core/origin.py``), ``startingOffsets``
 (``earliest`` or ``latest``), ``maxOffsetsPerTrigger``, ``maxOffsetsFirstTrigger`` (the cap of the
 first micro-batch the query plans after it starts or restarts, when lower: a start on a backlog
 answers after a small batch, whose time is mostly the JVM's and the workers' warming up; 0, the
@@ -24,7 +26,8 @@ partition with the partition's first and last offsets: offsets it had not read t
 (``lost``: retention, deleted records, a truncation), a partition that ends below where it stands
 (``gone_back``: the topic made again; it is read again from its new start), a changed partition
 count (``partitions``). Each gap is logged, numbered (an id that only grows) and kept in the offset
-the checkpoint records (``{"<partition>": offset, ..., "gaps": [...]}``, the newest ``GAPS_KEPT``),
+the checkpoint records (``{"<partition>": offset, ..., "gaps": [...]}``, the newest ``GAPS_KEPT``; a
+gap of the control topic says ``"control": true``),
 so every read task of every later batch hands the list on (``gaps_of``) and the job's operator
 gives each cluster the ones it has not taken yet. A record deleted after the batch was planned
 fails the read task with that message; the batch runs again and then takes it as a gap.
@@ -51,6 +54,7 @@ from pyspark.sql.types import StructType
 from safepoint.connectors.kafka_sink import KafkaStreamWriter, client_conf
 from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.gaps import Gap
+from safepoint.core.origin import control_partition, is_control, kafka_partition
 from safepoint.gcfreeze import freeze_once
 
 __all__ = ["GAPS", "KafkaDataSource", "KafkaReadTask", "KafkaStreamReader", "SOURCE_SCHEMA", "find_gaps", "gaps_of",
@@ -75,6 +79,8 @@ GAPS = "gaps"
 TOPIC_ID = "topic_id"
 """The key of the topic's id in the source offset (Kafka 2.8 and later give each topic one): another id
 means the topic was deleted and made again, whatever its offsets say."""
+CONTROL_TOPIC_ID = "control_topic_id"
+"""The key of the control topic's id in the source offset."""
 NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 """The id a broker without topic ids reports (all zero): then only offsets below where the job stands tell."""
 TOPIC_ID_EVERY_S = 5.0
@@ -119,8 +125,19 @@ def _consumer(options: Mapping[str, str]) -> Any:
 
 
 def partition_offsets(offsets: Mapping[str, Any]) -> dict[str, int]:
-    """The per-partition offsets of a source offset (its gap list left out)."""
-    return {p: int(o) for p, o in offsets.items() if p.isdigit()}
+    """The per-partition offsets of a source offset (its gap list and topic ids left out), keyed by
+    routed partition (the control topic's are negative: ``core/origin.py``)."""
+    return {p: int(o) for p, o in offsets.items() if p.lstrip("-").isdigit()}
+
+
+def partition_key(partition: int, control: bool) -> str:
+    """The offset key of a Kafka partition of the subscribed topic, or of the control topic."""
+    return str(control_partition(partition) if control else partition)
+
+
+def of_topic(offsets: Mapping[str, Any], control: bool) -> dict[str, Any]:
+    """One topic's entries of routed-partition keyed ``offsets``, keyed by Kafka partition."""
+    return {str(kafka_partition(int(k))): v for k, v in offsets.items() if is_control(int(k)) == control}
 
 
 def find_gaps(start: Mapping[str, int], marks: Mapping[str, tuple[int, int]], topic: str, last_id: int, now_ms: int,
@@ -231,6 +248,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             msg = "safepoint_kafka source needs options bootstrap.servers and subscribe"
             raise ValueError(msg)
         self.topic = self.options["subscribe"]
+        self.control_topic = self.options.get("controltopic") or None
         self.starting = self.options.get("startingoffsets", "earliest")
         limit = self.options.get("maxoffsetspertrigger")
         self.max_rows = int(limit) if limit else None
@@ -247,7 +265,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         if self.min_rows_per_task < 0:
             msg = f"safepoint_kafka source option minRowsPerTask must be >= 0, got {self.min_rows_per_task}"
             raise ValueError(msg)
-        self._id_checked = -TOPIC_ID_EVERY_S
+        self._id_checked: dict[str, float] = {}
         self._planned_on: tuple[dict[str, Any], dict[str, tuple[int, int]]] | None = None
         """(the end offset ``latestOffset`` planned last, the partitions' offsets it planned on):
         ``partitions`` of that very batch reads them again only when it is made anew (a run again)."""
@@ -257,19 +275,32 @@ class KafkaStreamReader(DataSourceStreamReader):
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def topics(self) -> list[tuple[str, bool]]:
+        """(topic, whether it is the control topic) of every topic read."""
+        return [(self.topic, False)] + ([(self.control_topic, True)] if self.control_topic else [])
+
+    def topic_of(self, key: str) -> tuple[str, int]:
+        """The topic and Kafka partition of an offset key."""
+        p = int(key)
+        if is_control(p):
+            assert self.control_topic is not None
+            return self.control_topic, kafka_partition(p)
+        return self.topic, p
+
     def _watermarks(self) -> dict[str, tuple[int, int]]:
         from confluent_kafka import TopicPartition
 
         consumer = _consumer(self.options)
-        md = consumer.list_topics(self.topic, timeout=30)
-        topic = md.topics.get(self.topic)
-        if topic is None or topic.error is not None:
-            msg = f"topic {self.topic} is not available: {topic.error if topic else 'missing'}"
-            raise RuntimeError(msg)
         marks = {}
-        for p in sorted(topic.partitions):
-            lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=30, cached=False)
-            marks[str(p)] = (lo, hi)
+        for name, control in self.topics():
+            md = consumer.list_topics(name, timeout=30)
+            topic = md.topics.get(name)
+            if topic is None or topic.error is not None:
+                msg = f"topic {name} is not available: {topic.error if topic else 'missing'}"
+                raise RuntimeError(msg)
+            for p in sorted(topic.partitions):
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=30, cached=False)
+                marks[partition_key(p, control)] = (lo, hi)
         return marks
 
     def initialOffset(self) -> dict[str, int]:
@@ -286,13 +317,13 @@ class KafkaStreamReader(DataSourceStreamReader):
         last = known[-1]["id"] if known else 0
         return known + [g for g in self._late if g["id"] > last]
 
-    def _topic_id(self, known: str | None) -> str | None:
-        """The topic's id (None: the broker gives none), asked at most every ``TOPIC_ID_EVERY_S``
+    def _topic_id(self, topic: str, known: str | None) -> str | None:
+        """``topic``'s id (None: the broker gives none), asked at most every ``TOPIC_ID_EVERY_S``
         while it stays ``known``."""
         now = time.monotonic()
-        if known is not None and now - self._id_checked < TOPIC_ID_EVERY_S:
+        if known is not None and now - self._id_checked.get(topic, -TOPIC_ID_EVERY_S) < TOPIC_ID_EVERY_S:
             return known
-        self._id_checked = now
+        self._id_checked[topic] = now
         from confluent_kafka import TopicCollection
         from confluent_kafka.admin import AdminClient
 
@@ -302,7 +333,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             admin = _ADMINS.get(tag)
             if admin is None:
                 admin = _ADMINS[tag] = AdminClient(conf)
-            description = admin.describe_topics(TopicCollection([self.topic]))[self.topic].result(10)
+            description = admin.describe_topics(TopicCollection([topic]))[topic].result(10)
         except Exception:  # noqa: BLE001 - a broker without describe_topics: offsets alone tell
             return known
         tid = str(description.topic_id)
@@ -311,10 +342,24 @@ class KafkaStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         marks = self._watermarks()
         known = self._known_gaps(start)
-        was = start.get(TOPIC_ID)
-        tid = self._topic_id(was)
-        begin, found = find_gaps(partition_offsets(start), marks, self.topic, known[-1]["id"] if known else 0,
-                                 int(time.time() * 1000), made_again=was is not None and tid is not None and tid != was)
+        last, now_ms = known[-1]["id"] if known else 0, int(time.time() * 1000)
+        begin: dict[str, int] = {}
+        found: list[dict[str, Any]] = []
+        ids: dict[str, str] = {}
+        for name, control in self.topics():  # each topic on its own; the gap ids one sequence
+            id_key = CONTROL_TOPIC_ID if control else TOPIC_ID
+            was = start.get(id_key)
+            tid = self._topic_id(name, was)
+            if tid is not None:
+                ids[id_key] = tid
+            b, f = find_gaps(of_topic(partition_offsets(start), control), of_topic(marks, control), name, last, now_ms,
+                             made_again=was is not None and tid is not None and tid != was)
+            begin.update({partition_key(int(p), control): o for p, o in b.items()})
+            for g in f:
+                if control:
+                    g["control"] = True
+                last = g["id"]
+            found += f
         for g in found:
             log.warning("safepoint_kafka: gap %s: %s; every node whose events were there must restate its holds",
                         g["id"], Gap.of(g).what())
@@ -329,8 +374,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         gaps = (known + found)[-GAPS_KEPT:]
         if gaps:
             end[GAPS] = gaps
-        if tid is not None:
-            end[TOPIC_ID] = tid
+        end.update(ids)
         self._planned_on = (end, marks)
         return end
 
@@ -346,7 +390,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         seen = max((g["id"] for g in start.get(GAPS) or []), default=0)
         for g in gaps:
             if g["id"] > seen and g["partition"] >= 0 and g["kind"] != "partitions":
-                first[str(g["partition"])] = g["end"]
+                first[partition_key(g["partition"], bool(g.get("control")))] = g["end"]
         ends = partition_offsets(end)
         planned = self._planned_on
         # the batch just planned: its partitions' offsets of a moment ago (a record deleted since fails its
@@ -359,8 +403,9 @@ class KafkaStreamReader(DataSourceStreamReader):
             if kind is None:
                 continue
             now_ms = int(time.time() * 1000)
-            late = {"id": max(now_ms, (gaps[-1]["id"] if gaps else 0) + 1), "topic": self.topic, "partition": int(p),
-                    "first": s, "end": lo, "kind": kind, "ms": now_ms}
+            name, kp = self.topic_of(p)
+            late = {"id": max(now_ms, (gaps[-1]["id"] if gaps else 0) + 1), "topic": name, "partition": kp,
+                    "first": s, "end": lo, "kind": kind, "ms": now_ms, **({"control": True} if is_control(int(p)) else {})}
             log.warning("safepoint_kafka: gap %s: %s (found when the batch was made: after it was planned)", late["id"],
                         Gap.of(late).what())
             self._late.append(late)
@@ -372,7 +417,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         for p in sorted(ends, key=int):
             s, e = int(first.get(p, 0)), ends[p]
             if e > s:
-                parts.append(KafkaInputPartition(self.topic, int(p), s, e, gaps[-GAPS_KEPT:]))
+                parts.append(KafkaInputPartition(*self.topic_of(p), s, e, gaps[-GAPS_KEPT:]))
         return group_ranges(parts, self.min_rows_per_task)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

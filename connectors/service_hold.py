@@ -58,7 +58,7 @@ class HoldLost(SafepointError):
 
 class ServiceHold:
     def __init__(self, bootstrap: str, cluster: str, holder: str, ts: int, ttl_ms: int, *, label: str | None = None,
-                 events_topic: str = "safepoint.events", status_topic: str = "safepoint.status",
+                 control_topic: str = "safepoint.control", status_topic: str = "safepoint.status",
                  renew_every_s: float | None = None, client: str = "confluent", conf: dict[str, Any] | None = None,
                  ack_timeout_s: float = 15.0, outcome_timeout_s: float = 30.0,
                  on_lost: Callable[[dict[str, Any]], None] | None = None, control_key: str | None = None,
@@ -74,7 +74,7 @@ class ServiceHold:
         self.outcome_timeout_s = outcome_timeout_s
         self.on_lost = on_lost
         kafka = {"bootstrap.servers": bootstrap, **(conf or {})}
-        self.publisher = ControlPublisher(kafka, events_topic, client=client, ack_timeout_s=ack_timeout_s,
+        self.publisher = ControlPublisher(kafka, control_topic, client=client, ack_timeout_s=ack_timeout_s,
                                           signer=(lambda _cluster: control_key) if control_key else None)
         self._kafka, self._status_topic = kafka, status_topic
         self.outcomes: ActionOutcomes | None = None

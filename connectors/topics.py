@@ -22,9 +22,10 @@ clock, which no producer can move (``core/clock.py``); readers take a record's t
 
 
 def topic_specs(topics: dict[str, str], events_partitions: int, log_append_time: bool = True) -> list[NewTopic]:
-    """The contract's topics: events (delete; its records stamped by the broker, unless
-    ``log_append_time`` is False: then they keep the times their producers give, as a log written
-    by a test with its events' own times does), directives (compact), alerts and dead letters
+    """The contract's topics: events and, where set, control (delete; their records stamped by the
+    broker, unless ``log_append_time`` is False: then they keep the times their producers give, as a
+    log written by a test with its events' own times does; the control topic has one partition:
+    its events are few, and a cluster's are ordered), directives (compact), alerts and dead letters
     (delete), and where set the accounting (delete) and status (compact) topics."""
     events = {"cleanup.policy": "delete", **({TIMESTAMP_TYPE: LOG_APPEND_TIME} if log_append_time else {})}
     return [
@@ -32,7 +33,8 @@ def topic_specs(topics: dict[str, str], events_partitions: int, log_append_time:
         NewTopic(topics["directives"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}),
         NewTopic(topics["alerts"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
         NewTopic(topics["deadletter"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
-    ] + ([NewTopic(topics["accounting"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})]
+    ] + ([NewTopic(topics["control"], num_partitions=1, replication_factor=1, config=events)]
+         if topics.get("control") else []) + ([NewTopic(topics["accounting"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})]
          if topics.get("accounting") else []) + (
         [NewTopic(topics["status"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})]
         if topics.get("status") else [])

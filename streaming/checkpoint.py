@@ -126,7 +126,7 @@ def offsets_of(line: str, topic: str) -> dict[int, int] | None:
 
 
 def newest_offsets(spark: Any, checkpoint: str, topic: str) -> tuple[int, dict[int, int]] | None:
-    """(batch id, the events source's offsets) of the newest batch the checkpoint planned, or None."""
+    """(batch id, ``topic``'s offsets) of the newest batch the checkpoint planned, or None."""
     fs = _Fs(spark, checkpoint)
     batches = sorted(int(n) for n in fs.names("offsets") if n.isdigit())
     if not batches:
@@ -140,7 +140,7 @@ def newest_offsets(spark: Any, checkpoint: str, topic: str) -> tuple[int, dict[i
 
 
 def check_offsets(batch: int, offsets: dict[int, int], ends: dict[int, int], topic: str, checkpoint: str) -> None:
-    """Refuse a checkpoint that has read past the end of the events topic (recreated or truncated)."""
+    """Refuse a checkpoint that has read past the end of ``topic`` (recreated or truncated)."""
     for partition in sorted(offsets):
         end = ends.get(partition)
         if end is None or offsets[partition] > end:
@@ -157,6 +157,9 @@ def check_checkpoint(spark: Any, settings: Settings, checkpoint: str) -> None:
     from safepoint.connectors.topics import topic_ends
 
     check_layout(spark, settings, checkpoint)
-    newest = newest_offsets(spark, checkpoint, settings.events_topic)
-    if newest is not None and settings.source_format == "kafka":
-        check_offsets(*newest, topic_ends(settings.librdkafka(), settings.events_topic), settings.events_topic, checkpoint)
+    if settings.source_format != "kafka":  # the Python source finds a topic made again itself (a gap)
+        return
+    for topic in (settings.events_topic, settings.control_topic):
+        newest = newest_offsets(spark, checkpoint, topic)
+        if newest is not None:
+            check_offsets(*newest, topic_ends(settings.librdkafka(), topic), topic, checkpoint)

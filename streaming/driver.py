@@ -41,12 +41,14 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
     if created:
         print(f"created topics: {', '.join(created)}", flush=True)
-    stamped = timestamp_type(settings.librdkafka(), settings.events_topic)
-    if stamped is not None and stamped != LOG_APPEND_TIME:
-        print(f"safepoint run: warning: {settings.events_topic} keeps its producers' record times ({stamped}), so "
-              "each node's own clock dates its events and one wrong clock can move the cluster's leases and TTLs; "
-              f"set message.timestamp.type={LOG_APPEND_TIME} on the topic (operator guide, Time)", file=sys.stderr,
-              flush=True)
+    for topic in (settings.events_topic, settings.control_topic):
+        stamped = timestamp_type(settings.librdkafka(), topic)
+        if stamped is not None and stamped != LOG_APPEND_TIME:
+            print(f"safepoint run: warning: {topic} keeps its producers' record times ({stamped}), so each "
+                  "publisher's own clock dates its events and one wrong clock can move the cluster's leases and TTLs "
+                  "or the order of control and node events; "
+                  f"set message.timestamp.type={LOG_APPEND_TIME} on the topic (operator guide, Time)", file=sys.stderr,
+                  flush=True)
     query: Any = None
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
@@ -54,7 +56,8 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)
-    print(f"safepoint run: reading {settings.events_topic} at {settings.bootstrap}, checkpoint {settings.checkpoint}", flush=True)
+    print(f"safepoint run: reading {settings.events_topic} and {settings.control_topic} at {settings.bootstrap}, "
+          f"checkpoint {settings.checkpoint}", flush=True)
     print(f"safepoint run: the core runs {'compiled' if CORE == 'compiled' else 'as Python'} ({CORE_WHY})", flush=True)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())

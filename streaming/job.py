@@ -23,7 +23,7 @@ from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
 from safepoint.settings import Settings
 from safepoint.streaming.checkpoint import check_checkpoint, has_committed_batch
-from safepoint.streaming.processors import OUTPUT_SCHEMA, ROUTED_SCHEMA, SINK_COLUMNS, ClusterJob, Router
+from safepoint.streaming.processors import OUTPUT_SCHEMA, ROUTED_SCHEMA, SINK_COLUMNS, ClusterJob, Router, origins
 
 __all__ = ["build_query", "batch_accounting", "gaps_in", "messages_in", "read_events", "QUERY_NAME", "kafka_connector_missing",
            "kafka_options"]
@@ -119,7 +119,8 @@ def kafka_options(settings: Settings, builtin: bool) -> dict[str, str]:
 
 
 def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = None) -> Any:
-    """The raw input: partition, offset, key, value (binary) and the record's broker time (``timestamp``,
+    """The raw input of the events and the control topics: topic, partition, offset, key, value (binary)
+    and the record's broker time (``timestamp``,
     ms; null when the topic keeps the producers' times). With ``pack`` (the Python source; the
     policy as a dict) the source routes and packs in its read tasks and returns routed rows
     (cluster, blob) instead."""
@@ -138,8 +139,12 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
     if not builtin:
         reader = reader.option("minRowsPerTask", str(settings.read_task_min_rows))
         reader = reader.option("maxOffsetsFirstTrigger", str(settings.first_batch_max_offsets))
+    if builtin:
+        reader = reader.option("subscribe", f"{settings.events_topic},{settings.control_topic}")
+    else:
+        reader = reader.option("subscribe", settings.events_topic).option("controlTopic", settings.control_topic)
     reader = (
-        reader.option("subscribe", settings.events_topic)
+        reader
         .option("startingOffsets", settings.starting_offsets)
         .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
     )
@@ -152,8 +157,8 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
         from pyspark.sql import functions as F
 
         broker = F.when(F.col("timestampType") == 1, F.unix_millis(F.col("timestamp")))
-        return raw.select("partition", "offset", "key", "value", broker.alias("timestamp"))
-    return raw.select("partition", "offset", "key", "value", "timestamp")
+        return raw.select("topic", "partition", "offset", "key", "value", broker.alias("timestamp"))
+    return raw.select("topic", "partition", "offset", "key", "value", "timestamp")
 
 
 def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
@@ -162,12 +167,13 @@ def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start:
     from pyspark.sql import functions as F
 
     routed_df = raw.select(
+        F.col("topic").cast("string").alias("topic"),
         F.col("partition").cast("int").alias("partition"),
         F.col("offset").cast("long").alias("offset"),
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
         F.col("timestamp").cast("long").alias("timestamp"),
-    ).mapInArrow(Router(policy, settings.events_topic), ROUTED_SCHEMA)
+    ).mapInArrow(Router(policy, origins(settings.events_topic, settings.control_topic)), ROUTED_SCHEMA)
     return _stateful_stage(routed_df, settings, policy, start)
 
 

@@ -14,7 +14,7 @@ translate rows. Packed rows (``Routed`` records, ``pack_routed``) live only insi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pyspark.sql import Row
@@ -25,13 +25,14 @@ from safepoint.connectors.kafka_sink import Outbox
 from safepoint.core.batch import METRICS, BucketNodes, Emitted, Routed, pack_routed, route, run_batch, unpack_routed
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
+from safepoint.core.origin import CONTROL, EVENTS
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
 from safepoint.core.policy import Policies
 from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
 
-__all__ = ["Router", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
+__all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
 
 ROUTED_SCHEMA = StructType([
     StructField("cluster", StringType(), True),
@@ -62,14 +63,21 @@ def unpack(rows: Iterator[Row]) -> list[Routed]:
     return items
 
 
-class Router:
-    """Raw Kafka rows (Arrow batches) in, one packed row per cluster and batch out."""
+def origins(events_topic: str, control_topic: str | None) -> dict[str, str]:
+    """The router's ``origins`` for a job reading ``events_topic`` and ``control_topic`` (if any)."""
+    return {events_topic: EVENTS, **({control_topic: CONTROL} if control_topic else {})}
 
-    def __init__(self, policy: dict[str, Any], topic: str, gaps: list[dict[str, Any]] | None = None) -> None:
+
+class Router:
+    """Raw Kafka rows (Arrow batches) in, one packed row per cluster and batch out. ``origins``: each
+    topic read -> its origin (``core/origin.py``: ``events`` or ``control``); a batch with a ``topic``
+    column is routed by it, one without is of the one topic named."""
+
+    def __init__(self, policy: dict[str, Any], origins: Mapping[str, str], gaps: list[dict[str, Any]] | None = None) -> None:
         self.policy = policy
-        self.topic = topic
+        self.origins = dict(origins)
         self.gaps = gaps or []
-        """The gaps the source found in the topic so far (``core/gaps.py``), handed to every cluster."""
+        """The gaps the source found so far (``core/gaps.py``), handed to every cluster."""
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -77,6 +85,7 @@ class Router:
         freeze_once()
         policy = Policies.from_dict(self.policy).default  # a message's size limit: before its cluster is known
         gaps = [Gap.of(g) for g in self.gaps]
+        only = next(iter(self.origins)) if len(self.origins) == 1 else None
         # nullable, as the Python source's declared schema (``cluster string, blob binary``)
         schema = pa.schema([("cluster", pa.string()), ("blob", pa.binary())])
         for batch in batches:
@@ -84,8 +93,17 @@ class Router:
                 continue
             with paused():
                 cols = batch.to_pydict()
-                rows = zip(cols["partition"], cols["offset"], cols["key"], cols["value"], cols["timestamp"], strict=True)
-                groups = route(rows, self.topic, policy, gaps)
+                rows = list(zip(cols["partition"], cols["offset"], cols["key"], cols["value"], cols["timestamp"],
+                                strict=True))
+                topics = cols.get("topic") or [only] * len(rows)
+                groups: dict[str, list[Routed]] = {}
+                for topic in dict.fromkeys(topics):
+                    if topic not in self.origins:
+                        msg = f"the router reads {', '.join(self.origins)}, not {topic}"
+                        raise ValueError(msg)
+                    these = rows if len(set(topics)) == 1 else [r for r, t in zip(rows, topics, strict=True) if t == topic]
+                    for cluster, items in route(these, topic, policy, gaps, self.origins[topic]).items():
+                        groups.setdefault(cluster, []).extend(items)  # a gap twice: the operator takes it once
                 packed = pa.RecordBatch.from_arrays(
                     [
                         pa.array(list(groups), pa.string()),

@@ -18,7 +18,7 @@ from pyspark.sql.types import StructType
 
 from safepoint.connectors.kafka_source import KafkaDataSource, KafkaStreamReader, gaps_of
 from safepoint.core.policy import SECRET_FIELDS
-from safepoint.streaming.processors import Router
+from safepoint.streaming.processors import Router, origins
 
 __all__ = ["PackingKafkaDataSource", "PACK_OPTION", "ROUTED_DDL", "pack_options"]
 
@@ -59,8 +59,9 @@ class PackingStreamReader(KafkaStreamReader):
             raise ValueError(msg) from exc
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        router = Router(self.policy, self.topic, gaps_of(partition))
-        yield from router(b.select(["partition", "offset", "key", "value", "timestamp"]) for b in super().read(partition))
+        router = Router(self.policy, origins(self.topic, self.control_topic), gaps_of(partition))
+        yield from router(b.select(["topic", "partition", "offset", "key", "value", "timestamp"])
+                          for b in super().read(partition))
 
 
 class PackingKafkaDataSource(KafkaDataSource):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from safepoint import __version__
-from safepoint.core.policy import SECRET_FIELDS
+from safepoint.core.policy import SECRET_FIELDS, Policy
 from safepoint.errors import SafepointError
 from safepoint.settings import POLICY_KEYS, Settings, env_name, load_settings
 
@@ -35,6 +35,8 @@ _POLICY_HELP = {
     "stall_ms": "alert when the safe point has not advanced for this much cluster time (0: off)",
     "in_doubt_timeout_ms": "alert on a prepared transaction undecided this long",
     "expire_enabled": "expire readers under sustained critical pressure (true/false)",
+    "control_on_events_topic": "accept control events found on the events topic, from publishers older than the "
+                               "control topic (true/false; off: refused, since every node may write that topic)",
     "expire_after_ms": "critical pressure must last this long before expiry",
     "max_reader_lifetime_ms": "only readers/transactions open longer than this are expired",
     "expire_grace_ms": "a graceful expiry turns hard after this",
@@ -66,13 +68,15 @@ def _common_job_flags(p: argparse.ArgumentParser) -> None:
     for name in POLICY_KEYS:
         if name in SECRET_FIELDS:
             continue  # a secret: environment or file only (a flag shows in the process list)
-        kind = _bool if name == "expire_enabled" else (str if name == "mvcc_unit" else int)
+        default = getattr(Policy(), name)
+        kind = _bool if isinstance(default, bool) else (str if isinstance(default, str) else int)
         _flag(p, name.replace("_", "-"), _POLICY_HELP.get(name, "policy key (see docs/operations.md)"), kind)
 
 
 def _kafka_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "bootstrap", "Kafka bootstrap servers HOST:PORT")
-    _flag(p, "events-topic", "input topic")
+    _flag(p, "events-topic", "input topic of the nodes' events")
+    _flag(p, "control-topic", "input topic of control events (service holds, pause, resume, gap acknowledgements)")
     _flag(p, "directives-topic", "compacted output topic of directives")
     _flag(p, "alerts-topic", "output topic of alerts")
     _flag(p, "deadletter-topic", "output topic of dead letters")
@@ -87,7 +91,8 @@ def _status_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _control_flags(p: argparse.ArgumentParser) -> None:
-    for name, text in (("bootstrap", "Kafka bootstrap servers HOST:PORT"), ("events-topic", "input topic"), ("status-topic", "the status topic")):
+    for name, text in (("bootstrap", "Kafka bootstrap servers HOST:PORT"), ("control-topic", "the control topic"),
+                       ("status-topic", "the status topic")):
         _flag(p, name, text)
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 

@@ -51,6 +51,8 @@ class Settings:
     bootstrap: str = "127.0.0.1:9092"
     checkpoint: str = ""
     events_topic: str = "safepoint.events"
+    control_topic: str = "safepoint.control"
+    """Service holds, releases, pause, resume and gap acknowledgements: the operators' and holders' topic."""
     directives_topic: str = "safepoint.directives"
     alerts_topic: str = "safepoint.alerts"
     deadletter_topic: str = "safepoint.deadletter"
@@ -114,6 +116,7 @@ class Settings:
     control_keys: str = ""
     node_key_secret: str = ""
     control_signature_window_ms: int = _P.control_signature_window_ms
+    control_on_events_topic: bool = _P.control_on_events_topic
     directive_interval_ms: int = 0
     max_message_bytes: int = 1_048_576
     max_clock_skew_ms: int = _P.max_clock_skew_ms
@@ -199,6 +202,7 @@ class Settings:
     def topics(self) -> dict[str, str]:
         return {
             "events": self.events_topic,
+            "control": self.control_topic,
             "directives": self.directives_topic,
             "alerts": self.alerts_topic,
             "deadletter": self.deadletter_topic,

@@ -14,9 +14,9 @@ def unique(prefix: str) -> str:
 
 
 def topic_flags(tag: str, *more: str) -> dict[str, str]:
-    """Settings flags naming a test's own events, directives, alerts and dead-letter topics (and
+    """Settings flags naming a test's own events, control, directives, alerts and dead-letter topics (and
     ``more`` of them, e.g. ``status``) after ``tag``."""
-    return {f"{name}_topic": f"{tag}.{name}" for name in ("events", "directives", "alerts", "deadletter", *more)}
+    return {f"{name}_topic": f"{tag}.{name}" for name in ("events", "control", "directives", "alerts", "deadletter", *more)}
 
 
 def produce(bootstrap: str, topic: str, messages: list[tuple[str | None, Any]]) -> None:

@@ -46,7 +46,7 @@ def messages() -> list[tuple[str, Any]]:
 def test_every_offset_is_accounted_for_once(broker: Any, spark: Any, tmp_path: Any) -> None:
     tag = unique("acct")
     settings = load_settings(flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "accounting_topic": f"{tag}.acct",
         "node_lease_ms": 1_000, "max_message_bytes": 1_000, "max_offsets_per_trigger": 40}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 3, log_append_time=False))

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def setup_topics(broker: Any) -> Any:
     prefix = unique("audit")
-    settings = load_settings(None, {"bootstrap": broker.bootstrap, "events_topic": f"{prefix}.events",
+    settings = load_settings(None, {"bootstrap": broker.bootstrap, "events_topic": f"{prefix}.events", "control_topic": f"{prefix}.control",
                                     "directives_topic": f"{prefix}.directives", "alerts_topic": f"{prefix}.alerts",
                                     "deadletter_topic": f"{prefix}.dl", "status_topic": f"{prefix}.status",
                                     "events_partitions": 1})

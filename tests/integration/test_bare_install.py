@@ -33,7 +33,7 @@ assert not left_out, f"the bare install brought {left_out}"
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import Reporter
 from safepoint.connectors.service_hold import ServiceHold
-B, EVENTS, DIRECTIVES = sys.argv[1:4]
+B, EVENTS, DIRECTIVES, CONTROL = sys.argv[1:5]
 clock = iter(range(1_000, 10**9, 10))
 with Reporter(B, "n1", cluster="c1", topic=EVENTS, mvcc_clock=lambda: next(clock), heartbeat_interval_s=None) as rep:
     listener = DirectiveListener(B, topic=DIRECTIVES, reporter=rep)
@@ -45,7 +45,7 @@ with Reporter(B, "n1", cluster="c1", topic=EVENTS, mvcc_clock=lambda: next(clock
         rep.heartbeat()
     assert rep.flush(10) == 0
     listener.close()
-with ServiceHold(B, "c1", "backup", ts=5_000, ttl_ms=60_000, events_topic=EVENTS, status_topic="") as hold:
+with ServiceHold(B, "c1", "backup", ts=5_000, ttl_ms=60_000, control_topic=CONTROL, status_topic="") as hold:
     pass
 print(json.dumps({"safe_ts": listener.safe_ts, "reader": r.reader_id, "outcomes": hold.outcomes_available}))
 """
@@ -53,7 +53,7 @@ print(json.dumps({"safe_ts": listener.safe_ts, "reader": r.reader_id, "outcomes"
 
 def test_the_bare_package_is_the_node_client(broker: Any, tmp_path: Path) -> None:
     tag = unique("bare")
-    settings = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events",
+    settings = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control",
                                     "directives_topic": f"{tag}.d", "alerts_topic": f"{tag}.a",
                                     "deadletter_topic": f"{tag}.dl"}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
@@ -75,13 +75,13 @@ def test_the_bare_package_is_the_node_client(broker: Any, tmp_path: Path) -> Non
                                capture_output=True, text=True, timeout=600, check=False)
     assert installed.returncode == 0, installed.stderr[-3000:]
     run = subprocess.run([py, "-c", textwrap.dedent(CLIENT), broker.bootstrap, settings.events_topic,
-                          settings.directives_topic], capture_output=True, text=True, timeout=180, check=False)
+                          settings.directives_topic, settings.control_topic], capture_output=True, text=True, timeout=180, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["safe_ts"] == 1_000 and out["outcomes"] is False
     events = read_topic(broker.bootstrap, settings.events_topic)
-    assert [e["type"] for e in events] == ["heartbeat", "reader_open", "heartbeat", "reader_close", "service_hold",
-                                           "service_release"]
+    assert [e["type"] for e in events] == ["heartbeat", "reader_open", "heartbeat", "reader_close"]
+    assert [e["type"] for e in read_topic(broker.bootstrap, settings.control_topic)] == ["service_hold", "service_release"]
     assert events[1]["reader_id"] == out["reader"] and events[1]["label"] == "nightly-report"
 
     job = subprocess.run([str(venv / "bin" / "safepoint"), "run", "--bootstrap", broker.bootstrap], capture_output=True,

@@ -68,9 +68,10 @@ def edge_log() -> list[dict[str, Any]]:
 def test_the_safety_edges_through_the_job_equal_replay(broker: Any, spark: Any, tmp_path: Any) -> None:
     tag = unique("edges")
     settings = load_settings(flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "status_topic": f"{tag}.status",
-        "retention": 100, "node_lease_ms": 60_000}, environ={})
+        "retention": 100, "node_lease_ms": 60_000,
+        "control_on_events_topic": True}, environ={})  # one partition in file order: the control events on it too
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
     log = edge_log()
     produce(broker.bootstrap, settings.events_topic, [(e.get("node") or "c1", e) for e in log])

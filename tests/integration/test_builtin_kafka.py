@@ -30,7 +30,7 @@ def test_option_wiring_for_both_formats() -> None:
 def test_builtin_kafka_format(broker: Any, spark: Any, tmp_path: Any) -> None:
     """Same log through the Python Data Source and through Spark's connector: identical directives."""
     tag = unique("builtin")
-    base = {"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "alerts_topic": f"{tag}.alerts",
+    base = {"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "alerts_topic": f"{tag}.alerts",
             "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 1_000}
     builtin = load_settings(flags={**base, "directives_topic": f"{tag}.d-kafka", "source_format": "kafka"}, environ={})
     missing = kafka_connector_missing(spark)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 def events_topic(bootstrap: str) -> str:
     tag = unique("checknode")
-    settings = load_settings(flags={"bootstrap": bootstrap, "events_topic": f"{tag}.events",
+    settings = load_settings(flags={"bootstrap": bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control",
                                     "directives_topic": f"{tag}.d", "alerts_topic": f"{tag}.a",
                                     "deadletter_topic": f"{tag}.dl"}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))  # one partition: the read order is the sent order

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 def settings_for(bootstrap: str) -> Settings:
     tag = unique("ckcheck")
     settings = load_settings(flags={
-        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 1_000}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     return settings

@@ -13,6 +13,7 @@ from confluent_kafka import Producer
 
 from safepoint.connectors.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
 from safepoint.core import Engine
+from safepoint.core.origin import CONTROL, EVENTS
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
 
@@ -24,9 +25,9 @@ pytestmark = pytest.mark.integration
 SKEW = {"n1": lambda s: 0, "n2": lambda s: -60_000, "n3": lambda s: 86_400_000 if 2.0 <= s < 4.0 else 0}
 
 
-def paced_log(bootstrap: str, topic: str, seconds: float = 7.0, every: float = 0.1) -> int:
+def paced_log(bootstrap: str, topic: str, control: str, seconds: float = 7.0, every: float = 0.1) -> int:
     """Heartbeats of n1, n2, n3 every ``every`` s for ``seconds``, each with its node's clock; a
-    backup's hold (TTL 20 s, ts just after the start) set at 0.5 s and released at 5.5 s."""
+    backup's hold (TTL 20 s, ts just after the start) set at 0.5 s and released at 5.5 s, on ``control``."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0, "enable.idempotence": True})
     start = time.time()
     t0 = int(start * 1000)
@@ -43,13 +44,13 @@ def paced_log(bootstrap: str, topic: str, seconds: float = 7.0, every: float = 0
             sent += 1
         if elapsed >= 0.5 and not hold_set:
             hold_set = True
-            p.produce(topic, key="c1", value=json.dumps({"v": 1, "type": "service_hold", "cluster": "c1", "holder": "backup",
+            p.produce(control, key="c1", value=json.dumps({"v": 1, "type": "service_hold", "cluster": "c1", "holder": "backup",
                                                          "ts": t0 + 200, "ttl_ms": 20_000, "wall_ms": now,
                                                          "action_id": "b-1"}))
             sent += 1
         if elapsed >= 5.5 and not released:
             released = True
-            p.produce(topic, key="c1", value=json.dumps({"v": 1, "type": "service_release", "cluster": "c1",
+            p.produce(control, key="c1", value=json.dumps({"v": 1, "type": "service_release", "cluster": "c1",
                                                          "holder": "backup", "wall_ms": now, "action_id": "b-2"}))
             sent += 1
         p.poll(0)
@@ -65,7 +66,7 @@ def test_one_nodes_clock_rules_nothing_through_the_job(broker: Any, spark: Any, 
                              environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2))  # as the job creates it
     assert timestamp_type(settings.librdkafka(), settings.events_topic) == LOG_APPEND_TIME
-    t0 = paced_log(broker.bootstrap, settings.events_topic)
+    t0 = paced_log(broker.bootstrap, settings.events_topic, settings.control_topic)
     q = build_query(spark, settings, str(tmp_path / "ckpt"))
     try:
         q.processAllAvailable()
@@ -89,7 +90,9 @@ def test_one_nodes_clock_rules_nothing_through_the_job(broker: Any, spark: Any, 
     expected = {ch: [] for ch in ("directives", "alerts")}  # type: dict[str, list[str]]
     from safepoint.core.codec import encode
 
-    for o in replay_batch(Engine(settings.policy()), broker.bootstrap, settings.events_topic, {}):
+    origins = {settings.events_topic: EVENTS, settings.control_topic: CONTROL}
+    for o in replay_batch(Engine(settings.policy(), origins=origins), broker.bootstrap, settings.events_topic, {},
+                          settings.control_topic):
         if o.channel in expected:
             expected[o.channel].append(encode(o.value))
     assert unkeyed(broker.bootstrap, settings.directives_topic) == expected["directives"]

@@ -75,7 +75,7 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
     ckpt = tmp_path / "ckpt"
     job = JobProcess(job_flags(settings, ckpt, http_port=port, leak_window_ms=settings.leak_window_ms), tmp_path / "job.log",
                      env={"SAFEPOINT_ADMIN_TOKEN": TOKEN})  # a secret: no flag (a flag shows in the process list)
-    kafka = ["--bootstrap", broker.bootstrap, "--events-topic", settings.events_topic, "--status-topic",
+    kafka = ["--bootstrap", broker.bootstrap, "--control-topic", settings.control_topic, "--status-topic",
              settings.status_topic]
 
     def directives() -> list[dict[str, Any]]:
@@ -124,9 +124,9 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
 
         example = block("README.md", "from safepoint.connectors.service_hold import ServiceHold").text
         code = example.replace('"kafka:9092"', repr(broker.bootstrap)).replace(
-            "ttl_ms=600_000)", f"ttl_ms=600_000, events_topic={settings.events_topic!r}, "
+            "ttl_ms=600_000)", f"ttl_ms=600_000, control_topic={settings.control_topic!r}, "
                                f"status_topic={settings.status_topic!r})")
-        assert settings.events_topic in code
+        assert settings.control_topic in code
         exec(compile(code, "README.md", "exec"),  # noqa: S102 - the README's block, only the address and topic replaced
              {"__name__": "readme", "snapshot_ts": 1_500, "run_the_backup": run_the_backup})
         nodes.beat(w + 3_000, 4_000)
@@ -148,7 +148,7 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         refused = cli("hold", "set", "c1", "late", "--ts", "10", "--ttl", "1m", *kafka)  # below the safe point
         assert refused.returncode == 1 and "service_hold refused (below_safe_ts)" in refused.stdout, refused
         with pytest.raises(HoldRefused):
-            ServiceHold(broker.bootstrap, "c1", "late-backup", ts=10, ttl_ms=60_000, events_topic=settings.events_topic,
+            ServiceHold(broker.bootstrap, "c1", "late-backup", ts=10, ttl_ms=60_000, control_topic=settings.control_topic,
                         status_topic=settings.status_topic).__enter__()
 
         # 3. a changefeed's hold over HTTP (bearer token) with a 3 s TTL: held, listed, then expired with an alert

@@ -135,7 +135,7 @@ def test_held_revisions_stay_readable_while_compaction_goes_on_through_failures(
     agent = Agent(agent_cmd(etcd.endpoints, broker.bootstrap, settings, state), tmp_path / "agent.log")
     writer = Writer(etcd.endpoints)
     etcd_client = EtcdGateway(etcd.endpoints, timeout_s=2)
-    hold_kw = {"events_topic": settings.events_topic, "status_topic": settings.status_topic, "outcome_timeout_s": 60}
+    hold_kw = {"control_topic": settings.control_topic, "status_topic": settings.status_topic, "outcome_timeout_s": 60}
 
     def status() -> dict[str, Any]:
         try:
@@ -148,7 +148,7 @@ def test_held_revisions_stay_readable_while_compaction_goes_on_through_failures(
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "safepoint.cli", *args, "--bootstrap", broker.bootstrap,
-                               "--events-topic", settings.events_topic, "--status-topic", settings.status_topic],
+                               "--control-topic", settings.control_topic, "--status-topic", settings.status_topic],
                               capture_output=True, text=True, env=job_env(), timeout=120, check=False)
 
     try:
@@ -165,10 +165,10 @@ def test_held_revisions_stay_readable_while_compaction_goes_on_through_failures(
         # 0. the guide's RevisionHold block, as a reader copies it (only the addresses, topics and prefix)
         code = block("docs/etcd.md", "from safepoint.connectors.etcd_holds import RevisionHold").text
         code = code.replace('"kafka:9092"', repr(broker.bootstrap)).replace('"http://127.0.0.1:2379"', repr(etcd.endpoints))
-        code = code.replace('label="paginated list")', f'label="paginated list", events_topic={settings.events_topic!r}, '
+        code = code.replace('label="paginated list")', f'label="paginated list", control_topic={settings.control_topic!r}, '
                                                         f'status_topic={settings.status_topic!r})')
         code = code.replace('"/registry/pods/"', '"/w/"')
-        assert settings.events_topic in code and "/w/" in code
+        assert settings.control_topic in code and "/w/" in code
         exec(compile(code, "docs/etcd.md", "exec"), {})  # noqa: S102 - the guide's block
 
         # 1. a paginated list at a held revision, slow, while compaction goes on and the leader is killed
@@ -264,7 +264,7 @@ def test_a_held_watch_moves_its_hold_as_it_consumes_events(broker: Any, tmp_path
         later = threading.Timer(1.0, lambda: [g.put(f"/x/{i:03d}", "c") for i in range(30, 35)])
         seen: list[int] = []
         with ServiceHold(broker.bootstrap, CLUSTER, "cdc", start, 30_000, label="changefeed",
-                         events_topic=settings.events_topic, status_topic="") as hold:
+                         control_topic=settings.control_topic, status_topic="") as hold:
             watch = HeldWatch(g, "/x/", prefix_end(b"/x/"), hold, advance_every_s=0)
             later.start()
             for event in watch:
@@ -272,7 +272,7 @@ def test_a_held_watch_moves_its_hold_as_it_consumes_events(broker: Any, tmp_path
                 if len(seen) == 35:
                     break
         assert seen == list(range(start, start + 35))
-        held = [e["ts"] for e in read_topic(broker.bootstrap, settings.events_topic)
+        held = [e["ts"] for e in read_topic(broker.bootstrap, settings.control_topic)
                 if e.get("type") == "service_hold" and e["holder"] == "cdc"]
         assert held[0] == start and start + 30 in held and held == sorted(held), held
         # the last event's response was never finished (the loop broke in it): not consumed, still held

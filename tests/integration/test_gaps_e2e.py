@@ -99,7 +99,7 @@ def test_a_reader_whose_open_was_deleted_is_never_passed_while_open(broker: Any,
 def test_a_topic_made_again_is_read_from_its_new_start_and_a_lost_service_hold_holds_until_acknowledged(
         broker: Any, spark: Any, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap, "goneback", 2, node_lease_ms=60_000)
-    events, bootstrap = settings.events_topic, broker.bootstrap
+    events, controls, bootstrap = settings.events_topic, settings.control_topic, broker.bootstrap
     seq = {"n1": 0, "n2": 0}
 
     def node(name: str, kind: str, wall: int, **fields: Any) -> tuple[str, dict[str, Any]]:
@@ -115,19 +115,20 @@ def test_a_topic_made_again_is_read_from_its_new_start_and_a_lost_service_hold_h
 
     ckpt = tmp_path / "ckpt"
     produce(bootstrap, events, [control("topology", 1_000, version=1, nodes={"n1": [], "n2": []}), *beats(1_000, 1_000)])
+    produce(bootstrap, controls, [control("resume", 1_001)])  # (not paused: ignored) the job reads the control topic too
     job = QueryJob(spark, settings, ckpt)
     try:
         wait_for(lambda: bool(compactions(bootstrap, settings.directives_topic)), 90, "a first directive", job)
         wait_for(lambda: bool(_ids(ckpt, "commits")), 60, "the batch committed", job)
     finally:
         job.stop()
-    # while the job is down: a backup's hold and a reader, then the topic is deleted and made again
-    produce(bootstrap, events, [control("service_hold", 2_000, holder="backup", ts=1_500, ttl_ms=600_000),
-                                node("n1", "reader_open", 2_001, reader_id="r", read_ts=1_600), *beats(2_002, 2_000)])
+    # while the job is down: a backup's hold and a reader, then both topics are deleted and made again
+    produce(bootstrap, controls, [control("service_hold", 2_000, holder="backup", ts=1_500, ttl_ms=600_000)])
+    produce(bootstrap, events, [node("n1", "reader_open", 2_001, reader_id="r", read_ts=1_600), *beats(2_002, 2_000)])
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.delete_topics([events], operation_timeout=10).values():
+    for fut in admin.delete_topics([events, controls], operation_timeout=10).values():
         fut.result(10)
-    wait_for(lambda: events not in admin.list_topics(timeout=10).topics, 20, "the topic deleted")
+    wait_for(lambda: not {events, controls} & set(admin.list_topics(timeout=10).topics), 20, "the topics deleted")
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     assert sum(topic_ends(settings.librdkafka(), events).values()) == 0
     # (a broker with topic ids tells a topic made again by its id; this one has none, and each partition
@@ -142,9 +143,10 @@ def test_a_topic_made_again_is_read_from_its_new_start_and_a_lost_service_hold_h
         def alerts(kind: str) -> list[dict[str, Any]]:
             return [a for a in read_topic(bootstrap, settings.alerts_topic, 2) if a["kind"] == kind]
 
-        wait_for(lambda: len([a for a in alerts("events_lost") if a["state"] == "raised"]) >= 1, 60, "events_lost", job)
+        wait_for(lambda: len([a for a in alerts("events_lost") if a["state"] == "raised"]) >= 2, 60, "events_lost", job)
         raised = [a for a in alerts("events_lost") if a["state"] == "raised"]
         assert any("made again" in a["detail"] for a in raised) and any("own events" in a["detail"] for a in raised)
+        assert any(controls in a["detail"] and "control events" in a["detail"] for a in raised), raised
         requests = [d for d in read_topic(bootstrap, settings.directives_topic, 2) if d["type"] == "snapshot_request"]
         assert {d["node"] for d in requests} == {"n1", "n2"} and {d["reason"] for d in requests} == {"events_lost"}
         # both restate (n1's reader was lost with the topic), and move on: the gap may hide a service hold
@@ -155,16 +157,17 @@ def test_a_topic_made_again_is_read_from_its_new_start_and_a_lost_service_hold_h
         first = compactions(bootstrap, settings.directives_topic)
         assert first[-1]["safe_ts"] < 1_500, "nothing advances while a lost service hold may matter"
         # the backup renews its hold; an operator acknowledges the gap: the safe point moves to it, not past
-        produce(bootstrap, events, [control("service_hold", 5_500, holder="backup", ts=1_500, ttl_ms=600_000)])
+        produce(bootstrap, controls, [control("service_hold", 5_500, holder="backup", ts=1_500, ttl_ms=600_000)])
         guide = shlex.split(block("docs/operations.md", "safepoint ack-gap c1").text.splitlines()[0], comments=True)
         assert guide == ["safepoint", "ack-gap", "c1"]
-        rc = cli([*guide[1:], "--bootstrap", bootstrap, "--events-topic", events, "--status-topic", settings.status_topic])
+        rc = cli([*guide[1:], "--bootstrap", bootstrap, "--control-topic", controls, "--status-topic", settings.status_topic])
         assert rc == 0, "applied: the guide's command waits for the job's outcome"
         produce(bootstrap, events, beats(6_000, 6_000))
         wait_for(lambda: compactions(bootstrap, settings.directives_topic)[-1]["safe_ts"] == 1_500, 60,
                  "the safe point at the renewed hold", job)
         wait_for(lambda: any(a["state"] == "cleared" for a in alerts("events_lost")), 30, "events_lost cleared", job)
-        produce(bootstrap, events, [control("service_release", 6_500, holder="backup"), *beats(7_000, 7_000)])
+        produce(bootstrap, controls, [control("service_release", 6_500, holder="backup")])
+        produce(bootstrap, events, beats(7_000, 7_000))
         wait_for(lambda: compactions(bootstrap, settings.directives_topic)[-1]["safe_ts"] == 1_600, 60,
                  "the safe point at the restated reader", job)
     finally:

@@ -71,7 +71,7 @@ threading.Thread(target=loop, daemon=True).start()
 """,
     "service-hold": """
 from safepoint.connectors.service_hold import ServiceHold
-hold = ServiceHold(B, "c1", "backup", ts=5, ttl_ms=600_000, events_topic=S.events_topic, status_topic=S.status_topic,
+hold = ServiceHold(B, "c1", "backup", ts=5, ttl_ms=600_000, control_topic=S.control_topic, status_topic=S.status_topic,
                    outcome_timeout_s=1).__enter__()
 """,
 }
@@ -92,7 +92,7 @@ def directives(n: int) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def settings(broker: Any) -> Any:
     tag = unique("idle")
-    s = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events",
+    s = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.ctl",
                              "directives_topic": f"{tag}.d", "alerts_topic": f"{tag}.a", "deadletter_topic": f"{tag}.dl",
                              "status_topic": f"{tag}.status"}, environ={})
     ensure_topics(s.librdkafka(), topic_specs(s.topics(), 2, log_append_time=False))
@@ -121,6 +121,7 @@ def child_code(settings: Any, body: str, ready: Any) -> str:
         "import threading, time, sys",
         "from safepoint.settings import load_settings",
         f"S = load_settings(flags={{'bootstrap': {settings.bootstrap!r}, 'events_topic': {settings.events_topic!r}, "
+        f"'control_topic': {settings.control_topic!r}, "
         f"'directives_topic': {settings.directives_topic!r}, 'alerts_topic': {settings.alerts_topic!r}, "
         f"'status_topic': {settings.status_topic!r}}}, environ={{}})",
         "B = S.bootstrap",

@@ -60,7 +60,7 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
     settings = load_settings(
         flags={
             "bootstrap": broker.bootstrap,
-            "events_topic": f"{tag}.events",
+            "events_topic": f"{tag}.events", "control_topic": f"{tag}.control",
             "directives_topic": f"{tag}.directives",
             "alerts_topic": f"{tag}.alerts",
             "deadletter_topic": f"{tag}.deadletter",

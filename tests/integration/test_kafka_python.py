@@ -40,7 +40,7 @@ PARTITIONS = 3
 def settings_for(bootstrap: str, name: str) -> Settings:
     tag = unique(name)
     settings = load_settings(flags={
-        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": 1_000_000,
         "node_lease_ms": 3_000}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), PARTITIONS, log_append_time=False))

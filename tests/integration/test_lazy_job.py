@@ -34,7 +34,7 @@ T0 = 1_700_000_000_000
 def settings_for(bootstrap: str) -> Settings:
     tag = unique("lazy")
     settings = load_settings(flags={
-        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": R,
         "node_lease_ms": 600_000, "directive_interval_ms": 0, "stall_ms": 0}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))

@@ -40,7 +40,7 @@ def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
 def settings_for(bootstrap: str, **values: Any) -> Settings:
     tag = unique("lost")
     settings = load_settings(flags={
-        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 4_000,
         "stall_ms": 0, "trigger_ms": 200, **values}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))

@@ -24,7 +24,7 @@ CLUSTERS = 20
 def test_twenty_clusters_each_get_their_own_safe_point(broker: Any, spark: Any, tmp_path: Any) -> None:
     tag = unique("multi")
     settings = load_settings(flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "retention": 500_000,
         "node_lease_ms": 3_000}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 4, log_append_time=False))

@@ -178,12 +178,22 @@ def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: A
     assert got[n + len(failed):] == expected[n:], "the rerun sent all of the batch's directives"
 
 
-def replay_batch(engine: Engine, bootstrap: str, topic: str, since: dict[int, int]) -> list[Output]:
-    """What ``engine`` emits over the topic's messages after ``since`` taken as one micro-batch,
-    in the job's order: per partition by offset, merged by log time (the broker's, else wall_ms)."""
-    rows = merge_log_order(_rows_since(bootstrap, topic, since), *BY_NAME)
-    return [o for r in rows
-            for o in engine.process(r["value"], Position(topic, r["partition"], r["offset"], r["key"]), r["broker"])]
+def replay_batch(engine: Engine, bootstrap: str, topic: str, since: dict[int, int], control: str | None = None
+                 ) -> list[Output]:
+    """What ``engine`` emits over the topic's messages after ``since`` (and all of the ``control``
+    topic's, which ``engine``'s origins must name) taken as one micro-batch, in the job's order: per
+    partition by offset, merged by log time (the broker's, else wall_ms)."""
+    from safepoint.core.origin import control_partition, is_control, kafka_partition
+
+    rows = _rows_since(bootstrap, topic, since)
+    if control is not None:
+        rows += [{**r, "partition": control_partition(r["partition"])} for r in _rows_since(bootstrap, control, {})]
+    out: list[Output] = []
+    for r in merge_log_order(rows, *BY_NAME):
+        p = r["partition"]
+        pos = Position(control if is_control(p) and control else topic, kafka_partition(p), r["offset"], r["key"])
+        out += engine.process(r["value"], pos, r["broker"])
+    return out
 
 
 def unkeyed(bootstrap: str, topic: str) -> list[str]:

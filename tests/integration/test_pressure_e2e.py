@@ -48,7 +48,7 @@ def pressure_log() -> list[dict[str, Any]]:
 def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any, spark: Any, tmp_path: Any) -> None:
     tag = unique("pressure")
     settings = load_settings(flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "node_lease_ms": 5_000,
         "pinned_warning_enter_bytes": 100, "pinned_warning_exit_bytes": 80,
         "pinned_critical_enter_bytes": 400, "pinned_critical_exit_bytes": 320,
@@ -113,7 +113,7 @@ def test_the_pressure_example_through_the_job_equals_replay(broker: Any, spark: 
     root = Path(__file__).resolve().parents[2] / "examples" / "pressure"
     tag = unique("pressure-example")
     settings = load_settings(root / "safepoint.toml", flags={
-        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": broker.bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control", "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter"}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 2, log_append_time=False))
     log = [json.loads(x) for x in (root / "events.jsonl").read_text().splitlines()]

@@ -69,7 +69,7 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
     def cli(key: str | None, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**job_env(), **({"SAFEPOINT_CONTROL_KEYS": key} if key else {})}
         return subprocess.run([sys.executable, "-m", "safepoint.cli", *args, "--bootstrap", broker.bootstrap,
-                               "--events-topic", settings.events_topic, "--status-topic", settings.status_topic],
+                               "--control-topic", settings.control_topic, "--status-topic", settings.status_topic],
                               capture_output=True, text=True, env=env, timeout=120, check=False)
 
     w = time.time_ns() // 1_000_000
@@ -82,16 +82,18 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
         held = cli(OLD, "hold", "set", "c1", "backup", "--ts", "1500", "--ttl", "10m", "--label", "nightly backup")
         assert held.returncode == 0, held
 
-        # a node's forgeries: a plain producer on the events topic, as any node may write it
-        send(broker.bootstrap, settings.events_topic, [
-            (0, "c1", {"v": 1, "type": "service_release", "cluster": "c1", "holder": "backup", "wall_ms": w + 10}),
-            (0, "c1", {"v": 1, "type": "pause", "cluster": "c1", "reason": "forged", "wall_ms": w + 11,
-                       "sig": "hmac-sha256:" + "0" * 64})])
+        # forgeries: a plain producer on the events topic, as any node may write it (misrouted), and
+        # one on the control topic without the key (a holder's credentials, a misconfigured ACL)
+        forged = [(0, "c1", {"v": 1, "type": "service_release", "cluster": "c1", "holder": "backup", "wall_ms": w + 10}),
+                  (0, "c1", {"v": 1, "type": "pause", "cluster": "c1", "reason": "forged", "wall_ms": w + 11,
+                             "sig": "hmac-sha256:" + "0" * 64})]
+        send(broker.bootstrap, settings.events_topic, forged)
+        send(broker.bootstrap, settings.control_topic, forged)
         beat(w + 1_000, 5_000)
         wait_for(lambda: status().get("cluster_wall_ms") == w + 1_000, 60, "the job to apply the beat", job)
         st = status()
         assert st["safe_ts"] == 1_500 and not st["paused"], st
-        assert st["control_ignored"] == {"unsigned": 1, "bad_signature": 1}, st["control_ignored"]
+        assert st["control_ignored"] == {"misrouted": 2, "unsigned": 1, "bad_signature": 1}, st["control_ignored"]
         alerts = [a for a in read_topic(broker.bootstrap, settings.alerts_topic) if a.get("kind") == "control_refused"]
         assert alerts and alerts[0]["severity"] == "critical" and "service_release of backup" in alerts[0]["detail"]
 
@@ -120,7 +122,7 @@ def test_forged_control_is_refused_and_a_rotation_loses_nothing(broker: Any, tmp
 
         # a holder's hold has an owner: a release without its token is refused, an operator's --force applies
         hold = ServiceHold(broker.bootstrap, "c1", "cdc", 9_000, 600_000, label="changefeed", control_key=NEW,
-                           events_topic=settings.events_topic, status_topic=settings.status_topic)
+                           control_topic=settings.control_topic, status_topic=settings.status_topic)
         hold.__enter__()
         hold._end_quietly()  # the holder dies: no renewal, no release
         stranger = cli(NEW, "hold", "release", "c1", "cdc")

@@ -33,7 +33,8 @@ T0 = 1_700_000_000_000
 
 def topics(bootstrap: str) -> Any:
     tag = unique("follow")
-    settings = load_settings(flags={"bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.d",
+    settings = load_settings(flags={"bootstrap": bootstrap, "events_topic": f"{tag}.events",
+                                    "control_topic": f"{tag}.control", "directives_topic": f"{tag}.d",
                                     "alerts_topic": f"{tag}.a", "deadletter_topic": f"{tag}.dl",
                                     "status_topic": f"{tag}.status"}, environ={})
     ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
@@ -143,7 +144,7 @@ def write_outcome(bootstrap: str, settings: Any, actions: list[dict[str, Any]]) 
 
 def test_the_cli_waits_for_the_outcome_and_exits_by_it(broker: Any, capsys: Any) -> None:
     settings = topics(broker.bootstrap)
-    kafka = ["--bootstrap", broker.bootstrap, "--events-topic", settings.events_topic, "--status-topic",
+    kafka = ["--bootstrap", broker.bootstrap, "--control-topic", settings.control_topic, "--status-topic",
              settings.status_topic]
     assert main(["pause", "c1", "--reason", "restore", "--wait-timeout", "2", *kafka]) == 3  # no job: no outcome
     out = capsys.readouterr()
@@ -153,11 +154,11 @@ def test_the_cli_waits_for_the_outcome_and_exits_by_it(broker: Any, capsys: Any)
     import threading
 
     def answer(outcome: str, reason: str | None) -> None:
-        """Plays the job: reads the action from the events topic and writes its outcome."""
+        """Plays the job: reads the action from the control topic and writes its outcome."""
         def run() -> None:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
-                events = [e for e in read_topic(broker.bootstrap, settings.events_topic, timeout_s=1)
+                events = [e for e in read_topic(broker.bootstrap, settings.control_topic, timeout_s=1)
                           if e.get("type") == "service_hold"]
                 if events:
                     e = events[-1]
@@ -186,7 +187,7 @@ def test_service_hold_raises_when_refused_and_reports_a_lost_hold(broker: Any) -
             time.sleep(after_s)
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
-                events = [e for e in read_topic(broker.bootstrap, settings.events_topic, timeout_s=1)
+                events = [e for e in read_topic(broker.bootstrap, settings.control_topic, timeout_s=1)
                           if e.get("type") == "service_hold" and e["action_id"] not in answered]
                 if events:
                     e = events[-1]
@@ -200,12 +201,12 @@ def test_service_hold_raises_when_refused_and_reports_a_lost_hold(broker: Any) -
     answered: set[str] = set()
     job_answers("refused", 0)
     with pytest.raises(HoldRefused) as refused:
-        ServiceHold(broker.bootstrap, "c1", "backup", ts=10, ttl_ms=60_000, events_topic=settings.events_topic,
+        ServiceHold(broker.bootstrap, "c1", "backup", ts=10, ttl_ms=60_000, control_topic=settings.control_topic,
                     status_topic=settings.status_topic).__enter__()
     assert refused.value.outcome["outcome"] == "refused"
 
     job_answers("applied", 0)
-    with ServiceHold(broker.bootstrap, "c1", "cdc", ts=900, ttl_ms=60_000, events_topic=settings.events_topic,
+    with ServiceHold(broker.bootstrap, "c1", "cdc", ts=900, ttl_ms=60_000, control_topic=settings.control_topic,
                      status_topic=settings.status_topic, on_lost=seen.append) as hold:
         assert hold.last_outcome is not None and hold.last_outcome["outcome"] == "applied"
         hold.check()

@@ -43,6 +43,7 @@ from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Policy, Position
 from safepoint.core.batch import BY_NAME, merge_log_order, route
 from safepoint.core.codec import encode
+from safepoint.core.origin import CONTROL, EVENTS, control_partition, is_control, kafka_partition
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import Settings, load_settings
 from safepoint.streaming.java import C1_ONLY
@@ -67,6 +68,18 @@ def events_by_partition(bootstrap: str, topic: str) -> list[tuple[int, int, byte
         return out
     finally:
         c.close()
+
+
+def log_rows(bootstrap: str, settings: Settings) -> list[tuple[int, int, bytes | None, bytes | None]]:
+    """Every message of the events and the control topics, at its routed partition (``core/origin.py``)."""
+    ctl = [(control_partition(p), *rest) for p, *rest in events_by_partition(bootstrap, settings.control_topic)]
+    return events_by_partition(bootstrap, settings.events_topic) + ctl  # type: ignore[arg-type]
+
+
+def log_ends(bootstrap: str, settings: Settings) -> dict[int, int]:
+    """The end offsets of both topics, by routed partition."""
+    ctl = {control_partition(p): e for p, e in topic_ends(bootstrap, settings.control_topic).items()}
+    return {**topic_ends(bootstrap, settings.events_topic), **ctl}
 
 
 def run_to_end(spark: Any, settings: Any, checkpoint: str) -> int:
@@ -367,9 +380,10 @@ def _ids(ckpt: Path, kind: str) -> list[int]:
 
 
 def batch_end(ckpt: Path, batch: int) -> dict[int, int]:
-    """The end offsets of one micro-batch, as the offset log recorded them."""
+    """The end offsets of one micro-batch, as the offset log recorded them (by routed partition: the
+    control topic's are negative, ``core/origin.py``)."""
     lines = (ckpt / "offsets" / str(batch)).read_text().splitlines()
-    return {int(p): int(o) for p, o in json.loads(lines[-1]).items() if p.isdigit()}
+    return {int(p): int(o) for p, o in json.loads(lines[-1]).items() if p.lstrip("-").isdigit()}
 
 
 def in_flight(ckpt: Path) -> int | None:
@@ -565,6 +579,7 @@ class QueryJob:
 def job_flags(settings: Settings, ckpt: Path, **extra: Any) -> dict[str, Any]:
     flags: dict[str, Any] = {
         "bootstrap": settings.bootstrap, "checkpoint": str(ckpt), "events_topic": settings.events_topic,
+        "control_topic": settings.control_topic, "control_on_events_topic": settings.control_on_events_topic,
         "directives_topic": settings.directives_topic, "alerts_topic": settings.alerts_topic,
         "deadletter_topic": settings.deadletter_topic, "accounting_topic": settings.accounting_topic,
         "status_topic": settings.status_topic,
@@ -582,7 +597,8 @@ def job_flags(settings: Settings, ckpt: Path, **extra: Any) -> dict[str, Any]:
 def make_settings(bootstrap: str, prefix: str, partitions: int, **values: Any) -> Settings:
     tag = unique(prefix)
     settings = load_settings(flags={
-        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "directives_topic": f"{tag}.directives",
+        "bootstrap": bootstrap, "events_topic": f"{tag}.events", "control_topic": f"{tag}.control",
+        "directives_topic": f"{tag}.directives",
         "alerts_topic": f"{tag}.alerts", "deadletter_topic": f"{tag}.deadletter", "accounting_topic": f"{tag}.acct",
         "status_topic": f"{tag}.status",
         "stall_ms": 0, **values}, environ={})
@@ -610,10 +626,11 @@ class Replayed:
 
 def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], batches: list[dict[int, int]],
                      settings: Settings) -> Replayed:
-    """``Engine`` over the log batch by batch, each batch merged per cluster as the job's operator
-    merges it: by the ``wall_ms`` the router gives each row (-1 for a dead letter)."""
-    policy, topic = settings.policy(), settings.events_topic
-    engine = Engine(policy, record=True)
+    """``Engine`` over the log (``log_rows``: both topics) batch by batch, each batch merged per cluster
+    as the job's operator merges it: by the ``wall_ms`` the router gives each row (-1 for a dead letter)."""
+    policy = settings.policy()
+    origins = {settings.events_topic: EVENTS, settings.control_topic: CONTROL}
+    engine = Engine(policy, record=True, origins=origins)
     total, per_batch = _outputs(), []
     order: dict[str, list[tuple[int, int]]] = defaultdict(list)
     start: dict[int, int] = {}
@@ -626,9 +643,11 @@ def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], ba
             for p, off, key, value, *broker in by_partition[part]:
                 if not start.get(part, 0) <= off < ends[part]:
                     continue
-                pos = Position(topic, p, off, key)
+                topic = settings.control_topic if is_control(p) else settings.events_topic
+                pos = Position(topic, kafka_partition(p), off, key)
                 stamp = broker[0] if broker else None
-                ((cluster, (routed,)),) = route([(p, off, key, value, stamp)], topic, policy).items()
+                ((cluster, (routed,)),) = route([(pos.partition, off, key, value, stamp)], topic, policy,
+                                                origin=origins[topic]).items()
                 groups[cluster].append({"partition": p, "offset": off, "log_ms": routed.log_ms, "pos": pos,
                                         "value": value, "broker": stamp})
         outs = _outputs()
@@ -677,14 +696,14 @@ class Verified:
     output_repeats: int
     accounting_repeats: int
     messages: int
-    """Messages in the events topic."""
+    """Messages in the events and control topics."""
 
 
 def verify(bootstrap: str, settings: Settings, ckpt: Path) -> Verified:
     """Everything the module docstring promises, for one finished run."""
-    rows = events_by_partition(bootstrap, settings.events_topic)
-    ends = topic_ends(bootstrap, settings.events_topic)
-    assert len(rows) == sum(ends.values()), "read the whole events topic back"
+    rows = log_rows(bootstrap, settings)
+    ends = log_ends(bootstrap, settings)
+    assert len(rows) == sum(ends.values()), "read the whole events and control topics back"
     batches = committed_batches(ckpt)
     prev: dict[int, int] = {}
     for b in batches:
@@ -697,6 +716,8 @@ def verify(bootstrap: str, settings: Settings, ckpt: Path) -> Verified:
     acct = read_topic(bootstrap, settings.accounting_topic, timeout_s=30)
     per_offset: dict[tuple[int, int], str] = {}
     for a in acct:
+        if a.get("control"):
+            a["partition"] = control_partition(a["partition"])
         got = per_offset.setdefault((a["partition"], a["offset"]), a["outcome"])
         assert got == a["outcome"], f"offset {a['partition']}:{a['offset']} accounted {got} then {a['outcome']}: applied twice"
     assert rep.engine.outcomes is not None

@@ -16,13 +16,23 @@ from typing import Any
 
 from pyspark.sql import Row
 
-from safepoint.streaming.processors import ClusterJob, Router
+from safepoint.core.engine import Position
+from safepoint.core.origin import CONTROL, EVENTS, is_control, kafka_partition
+from safepoint.streaming.processors import ClusterJob, Router, origins
 
-__all__ = ["LocalJob", "Message"]
+__all__ = ["LocalJob", "Message", "ORIGINS", "position"]
 
 Message = tuple[Any, ...]
 """(partition, offset, key, value) of a Kafka message, with its broker time (``LogAppendTime``) as a
-fifth field where the log has one."""
+fifth field where the log has one. ``partition`` is a routed partition (``core/origin.py``): the
+control topic's are ``control_partition(p)``."""
+ORIGINS = {"ev": EVENTS, "ctl": CONTROL}
+"""The tests' events and control topics, as ``Engine(origins=...)`` takes them."""
+
+
+def position(partition: int, offset: int, key: Any = None) -> Position:
+    """The ``Position`` of a message at routed ``partition``: in the control topic ``ctl`` or the events topic ``ev``."""
+    return Position("ctl" if is_control(partition) else "ev", kafka_partition(partition), offset, key)
 
 
 def broker_time(m: Message) -> int | None:
@@ -82,7 +92,7 @@ class LocalJob:
         self.topic = topics["events"]
         self.handle = _Handle()
         self.operator = ClusterJob(policy, buckets, topics, accounting_topic)
-        self.router = Router(policy, self.topic)
+        self.router = Router(policy, origins(self.topic, topics.get("control")))
         self.operator.init(self.handle)  # type: ignore[arg-type]
         self.accounting: list[dict[str, int]] = []
         """Per batch: the observed accounting counters."""
@@ -101,10 +111,11 @@ class LocalJob:
         for part in sorted(by_partition):  # one Arrow batch per Kafka partition, through the real Router
             msgs = by_partition[part]
             batch = pa.RecordBatch.from_arrays(
-                [pa.array([m[0] for m in msgs], pa.int32()), pa.array([m[1] for m in msgs], pa.int64()),
+                [pa.array([position(part, 0).topic] * len(msgs), pa.string()),
+                 pa.array([kafka_partition(m[0]) for m in msgs], pa.int32()), pa.array([m[1] for m in msgs], pa.int64()),
                  pa.array([m[2] for m in msgs], pa.binary()), pa.array([m[3] for m in msgs], pa.binary()),
                  pa.array([broker_time(m) for m in msgs], pa.int64())],
-                names=["partition", "offset", "key", "value", "timestamp"],
+                names=["topic", "partition", "offset", "key", "value", "timestamp"],
             )
             for out in self.router(iter([batch])):
                 for cluster, blob in zip(*(out.column(i).to_pylist() for i in range(2)), strict=True):
@@ -145,7 +156,6 @@ def replay_in_batches(engine: Any, batches: list[list[Message]], gaps: dict[int,
     ``gaps``: batch index -> the gaps the source hands that batch (``Engine.gap`` before it)."""
     import json
 
-    from safepoint.core import Position
     from safepoint.core.batch import merge_log_order, route
 
     channel = {"directives": "dir", "alerts": "al", "deadletter": "dl"}
@@ -155,10 +165,12 @@ def replay_in_batches(engine: Any, batches: list[list[Message]], gaps: dict[int,
             rows += [(channel[o.channel], o.key, json.dumps(o.value)) for o in engine.gap(gap)]
         groups: dict[str, list[Any]] = {}
         for m in batch:
-            ((cluster, (routed,)),) = route([(*m[:4], broker_time(m))], "ev", engine.policy).items()
+            pos = position(m[0], m[1])
+            ((cluster, (routed,)),) = route([(pos.partition, *m[1:4], broker_time(m))], pos.topic, engine.policy,
+                                            origin=ORIGINS[pos.topic]).items()
             groups.setdefault(cluster, []).append((m[0], m[1], routed.log_ms, m[2], m[3], broker_time(m)))
         for cluster in groups:
             for p, o, _log, k, v, b in merge_log_order(groups[cluster]):
                 rows += [(channel[out.channel], out.key, json.dumps(out.value))
-                         for out in engine.process(v, Position("ev", p, o, k), b)]
+                         for out in engine.process(v, position(p, o, k), b)]
     return rows

@@ -14,10 +14,14 @@ from typing import Any
 
 import pytest
 
-from safepoint.core import Engine, Policy, Position
+from safepoint.core import Engine, Policy
+from safepoint.core.origin import control_partition, is_control, kafka_partition, position_key
 from safepoint.devtools.simulate import SimConfig, generate_log
 from safepoint.ops.audit import AUDIT_KIND, Auditor
+from safepoint.schemas import CONTROL_EVENT_TYPES
 from safepoint.settings import load_settings
+
+from local_job import ORIGINS, position
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = 1_700_000_000_000
@@ -25,20 +29,21 @@ T0 = 1_700_000_000_000
 
 def run_core(events: list[dict[str, Any]], policy: Policy, partitions: int = 1) -> tuple[list[tuple[int, int, bytes]],
                                                                                         list[dict[str, Any]]]:
-    """The events as a topic would hold them (keyed by node, or by cluster, over ``partitions``) and
-    the compaction directives the core emits reading them in that topic's order."""
-    placed: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
+    """The events as the topics would hold them (keyed by node, or by cluster, over ``partitions``;
+    control events on the control topic's one partition, at its routed partition) and the
+    compaction directives the core emits reading them in that order."""
+    placed: dict[int, list[bytes]] = {p: [] for p in [*range(partitions), control_partition(0)]}
     order: list[tuple[int, int, bytes]] = []
     for ev in events:
         key = str(ev.get("node") or ev.get("cluster", "default"))
-        p = sum(key.encode()) % partitions
+        p = control_partition(0) if ev["type"] in CONTROL_EVENT_TYPES else sum(key.encode()) % partitions
         raw = json.dumps(ev).encode()
         order.append((p, len(placed[p]), raw))
         placed[p].append(raw)
-    engine = Engine(policy)
+    engine = Engine(policy, origins=ORIGINS)
     directives = []
     for p, o, raw in order:
-        for out in engine.process(raw, Position("ev", p, o, None)):
+        for out in engine.process(raw, position(p, o)):
             if out.channel == "directives" and out.value["type"] == "compaction":
                 directives.append(out.value)
     return order, directives
@@ -51,7 +56,8 @@ def audit(order: list[tuple[int, int, bytes]], directives: list[dict[str, Any]],
     if seed is None:
         items: list[tuple[str, Any]] = [("e", m) for m in order]
         for d in directives:  # after the last event its positions cover
-            reach = max((i for i, (p, o, _v) in enumerate(order) if o < d["positions"].get(str(p), 0)), default=-1)
+            reach = max((i for i, (p, o, _v) in enumerate(order) if o < d["positions"].get(position_key(p), 0)),
+                        default=-1)
             items.insert(reach + 1 + sum(1 for x in items[:reach + 1] if x[0] == "d"), ("d", d))
     else:
         rng = random.Random(seed)
@@ -62,10 +68,16 @@ def audit(order: list[tuple[int, int, bytes]], directives: list[dict[str, Any]],
             items.append(src.pop(0))
     for kind, item in items:
         if kind == "e":
-            a.event(*item)
+            feed(a, item)
         else:
             a.directive(json.dumps(item))
     return a
+
+
+def feed(a: Auditor, m: tuple[int, int, bytes]) -> list[Any]:
+    """One message of ``run_core``'s order to the auditor, from its topic."""
+    p, o, raw = m
+    return a.event(kafka_partition(p), o, raw, None, control=is_control(p))
 
 
 def example(name: str) -> tuple[list[dict[str, Any]], Policy]:
@@ -200,7 +212,7 @@ def test_a_directive_waits_for_the_events_it_covers() -> None:
     assert a.checked == 0
     found = []
     for m in order:
-        found += a.event(*m)
+        found += feed(a, m)
     assert found and "reader r1" in found[0].detail
     assert a.checked == 2
 
@@ -225,3 +237,21 @@ def test_events_the_auditor_missed_make_it_unsure_not_wrong() -> None:
     assert a.checked == 3
     full = audit(order, directives)
     assert full.violations == [] and full.unsure_holds == 0
+
+
+def test_a_control_event_on_the_events_topic_holds_nothing_unless_the_policy_takes_it() -> None:
+    """The job refuses a control event found on the events topic (``core/origin.py``): a forged hold
+    there is no hold the directives must respect, unless ``control_on_events_topic`` applies it."""
+    policy = Policy(retention=100, node_lease_ms=60_000)
+    order, ds = run_core(node_log(), policy)
+    forged = json.dumps({"v": 1, "type": "service_hold", "cluster": "c1", "holder": "forged", "ts": 1,
+                         "ttl_ms": 3_600_000, "wall_ms": T0 + 1, "action_id": "forged"}).encode()
+    first = order[0]
+    shifted = [first, (first[0], first[1] + 1, forged)] + [(p, o + (p == first[0]), v) for p, o, v in order[1:]]
+    moved = [{**d, "positions": {k: o + (k == position_key(first[0])) for k, o in d["positions"].items()}} for d in ds]
+    assert audit(shifted, moved).violations == [], "refused by the job: it holds nothing"
+    a = Auditor(control_on_events_topic=lambda cluster: cluster == "c1")
+    for m in shifted:
+        feed(a, m)
+    found = [v for d in moved for v in a.directive(json.dumps(d))]
+    assert any("service hold forged" in v.detail for v in found), [v.detail for v in found]

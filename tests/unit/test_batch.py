@@ -19,7 +19,17 @@ from typing import Any
 import pytest
 
 from safepoint.core import Engine, Position
-from safepoint.core.batch import METRICS, BucketNodes, bucket_of, counts_of, merge_log_order, pack_routed, route, unpack_routed
+from safepoint.core.batch import (
+    METRICS,
+    BucketNodes,
+    accounting_row,
+    bucket_of,
+    counts_of,
+    merge_log_order,
+    pack_routed,
+    route,
+    unpack_routed,
+)
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import step
 from safepoint.core.policy import Policy
@@ -29,9 +39,9 @@ from safepoint.errors import ConfigError
 from safepoint.replay import final_status
 
 from core_helpers import validator
-from local_job import LocalJob, Message, broker_time
+from local_job import ORIGINS, LocalJob, Message, broker_time, position
 
-TOPICS = {"events": "ev", "directives": "dir", "alerts": "al", "deadletter": "dl", "status": "st"}
+TOPICS = {"events": "ev", "control": "ctl", "directives": "dir", "alerts": "al", "deadletter": "dl", "status": "st"}
 JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "type": "heartbeat"}).encode(),
                    json.dumps({"v": 1, "type": "reader_open", "cluster": "c0"}).encode()]
 
@@ -85,7 +95,7 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
     """``Engine`` over each batch in the job's log order (per cluster: partitions merged by the
     router's ``wall_ms``, -1 for a dead letter); the accounting row of every message and the
     counters of every batch, as the job writes them."""
-    engine = Engine(policy, record=True)
+    engine = Engine(policy, record=True, origins=ORIGINS)
     written: list[tuple[str, str | None, str]] = []
     accounting: list[dict[str, int]] = []
     start = 0
@@ -94,16 +104,19 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
         groups: dict[str, list[Any]] = {}
         for m in msgs[start:end]:
             p, o, k, v = m[:4]
-            ((cluster, (routed,)),) = route([(p, o, k, v, broker_time(m))], "ev", policy).items()
+            pos = position(p, o, k)
+            ((cluster, (routed,)),) = route([(pos.partition, o, k, v, broker_time(m))], pos.topic, policy,
+                                            origin=ORIGINS[pos.topic]).items()
             groups.setdefault(cluster, []).append((p, o, routed.log_ms, k, v, broker_time(m)))
         labels = []
         for cluster in groups:
             for p, o, _w, k, v, b in merge_log_order(groups[cluster]):
-                outs = engine.process(v, Position("ev", p, o, k), b)
+                outs = engine.process(v, position(p, o, k), b)
                 assert engine.outcomes is not None
                 label = engine.outcomes[-1][2]
                 labels.append(label)
-                written.append(("acct", f"{p}:{o}", json.dumps({"partition": p, "offset": o, "outcome": label})))
+                _ch, key, row = accounting_row(p, o, label)
+                written.append(("acct", key, json.dumps(row)))
                 written += [(channel_topic[out.channel], out.key, json.dumps(out.value)) for out in outs]
         accounting.append(counts_of(Counter(labels)))
         start = end

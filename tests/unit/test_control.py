@@ -11,13 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_pressure import CRIT_AT, EXPIRE_AT, GIB, critical, expired, pressure_run
 
-from safepoint.core import Engine, Position
+from safepoint.core import Engine
+from safepoint.core.origin import control_partition
 from safepoint.core.policy import Policy
 from safepoint.replay import final_status
 
 from core_helpers import NodeClient, Run, check_output, topology
+from local_job import ORIGINS, position
 
 T0 = 1_700_000_000_000
+CTL = control_partition(0)
+"""The control topic's partition 0, as a routed partition of the tests' logs."""
 
 
 def hold(holder: str, ts: int, ttl_ms: int, wall: int, label: str | None = None, cluster: str = "c1") -> dict[str, Any]:
@@ -159,7 +163,7 @@ def test_bad_control_input_is_counted_or_dead_lettered() -> None:
 
 def control_log(seed: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
     """Two nodes advancing with service holds set, renewed, released and expiring, a pause and a
-    resume, spread over three partitions (cluster events on their own)."""
+    resume, spread over three events partitions (cluster events on their own) and the control topic."""
     rng = random.Random(seed)
     n1, n2 = NodeClient("n1", "c1"), NodeClient("n2", "c1")
     events: list[tuple[int, dict[str, Any]]] = [(0, topology(1, T0, {"n1": [], "n2": []}, cluster="c1"))]
@@ -170,18 +174,18 @@ def control_log(seed: int) -> list[tuple[int, int, bytes | None, bytes | None]]:
         events += [(1, n1.hb(wall, mvcc)), (2, n2.hb(wall + 1, mvcc))]
         r = rng.random()
         if i in (40, 80):
-            events.append((0, pause(wall + 2)))
+            events.append((CTL, pause(wall + 2)))
         elif i in (60, 81, 100):
-            events.append((0, resume(wall + 2)))
+            events.append((CTL, resume(wall + 2)))
         elif r < 0.15:  # mostly at the nodes' time (accepted), some below the safe point (refused)
             ts = mvcc - rng.choice([0, 0, 0, 400])
-            events.append((0, hold(rng.choice(["backup", "cdc"]), ts, rng.choice([2_000, 8_000]), wall + 2)))
+            events.append((CTL, hold(rng.choice(["backup", "cdc"]), ts, rng.choice([2_000, 8_000]), wall + 2)))
         elif r < 0.2:
-            events.append((0, release(rng.choice(["backup", "cdc"]), wall + 2)))
-    offsets = [0, 0, 0]
+            events.append((CTL, release(rng.choice(["backup", "cdc"]), wall + 2)))
+    offsets: dict[int, int] = {}
     msgs = []
     for part, ev in events:
-        msgs.append((part, offsets[part], (ev.get("node") or "c1").encode(), json.dumps(ev).encode()))
+        msgs.append((part, offsets.setdefault(part, 0), (ev.get("node") or "c1").encode(), json.dumps(ev).encode()))
         offsets[part] += 1
     return msgs
 
@@ -199,10 +203,10 @@ def test_the_jobs_batches_give_replays_outputs_with_control_events() -> None:
 @given(st.integers(min_value=0, max_value=10_000))
 def test_the_safe_point_never_passes_a_live_service_hold(seed: int) -> None:
     msgs = control_log(seed)
-    engine = Engine(Policy(node_lease_ms=5_000))
+    engine = Engine(Policy(node_lease_ms=5_000), origins=ORIGINS)
     last = None
     for p, o, k, v in sorted(msgs, key=lambda m: json.loads(m[3] or b"{}")["wall_ms"]):
-        outs = engine.process(v, Position("ev", p, o, k))
+        outs = engine.process(v, position(p, o, k))
         state = engine.clusters.get("c1")
         for out in outs:
             if out.value.get("type") == "compaction":
@@ -380,6 +384,6 @@ def test_the_jobs_batches_give_replays_outputs_with_compacted_revisions() -> Non
         msgs.append((0, 2 * i, b"agent", json.dumps(ev).encode()))
         below = i % 3 == 0
         held = hold("h", rev - 60 if below else rev - 10, 2_000, wall + 1)
-        msgs.append((0, 2 * i + 1, b"c1", json.dumps(held).encode()))
+        msgs.append((CTL, i, b"c1", json.dumps(held).encode()))
     got = job_equals_replay(msgs, list(range(17, len(msgs), 29)), Policy(node_lease_ms=5_000, retention=30), buckets=4)
     assert any(a["kind"] == "service_hold_refused" for _, a in got["al"])

@@ -39,8 +39,10 @@ class Log:
             p = PARTITION[ev.get("node") or ev.get("cluster", "default")]
             self.offsets[p] = self.offsets.get(p, -1) + 1
 
-    def gap(self, gid: int, partition: int, ms: int, kind: str = "lost") -> list[Output]:
-        return self._took(self.engine.gap(Gap(gid, "ev", partition, 0, self.offsets.get(partition, 0) + 1, kind, ms)))
+    def gap(self, gid: int, partition: int, ms: int, kind: str = "lost", control: bool = False) -> list[Output]:
+        """A gap of the events topic's ``partition`` (``control``: of the control topic's)."""
+        return self._took(self.engine.gap(Gap(gid, "ctl" if control else "ev", partition, 0,
+                                              self.offsets.get(partition, 0) + 1, kind, ms, control)))
 
     def _took(self, outs: list[Output]) -> list[Output]:
         for o in outs:
@@ -132,7 +134,7 @@ def test_a_node_outside_the_topology_whose_events_were_lost_restates_before_it_j
 def test_without_an_acknowledgement_the_hold_ends_when_every_lost_hold_would_have_run_out() -> None:
     log = Log(max_service_hold_ttl_ms=30_000)
     n1, n2 = start(log)
-    log.gap(1, PARTITION["c1"], T0 + 1_000)  # taken at the cluster's time then, T0
+    log.gap(1, 0, T0 + 1_000, control=True)  # the control topic's, taken at the cluster's time then, T0
     log.feed(n1.hb(T0 + 29_998, 3_000), n2.hb(T0 + 29_999, 3_000))
     assert log.safe() == 1_000
     log.feed(n1.hb(T0 + 30_000, 4_000), n2.hb(T0 + 30_001, 4_000))

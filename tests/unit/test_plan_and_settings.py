@@ -31,7 +31,7 @@ class _Marks(KafkaStreamReader):
     def _watermarks(self) -> dict[str, tuple[int, int]]:
         return self.marks
 
-    def _topic_id(self, known: str | None) -> str | None:
+    def _topic_id(self, topic: str, known: str | None) -> str | None:
         return None  # a broker without topic ids
 
 
@@ -496,6 +496,30 @@ def test_a_batch_planned_before_records_went_takes_them_as_a_gap_when_it_is_made
     assert kinds == [(0, "lost"), (1, "gone_back")]
     end = reader.latestOffset({"0": 10, "1": 9}, ReadMaxRows(100))
     assert [g["kind"] for g in end["gaps"]][:2] == ["lost", "gone_back"], "the next offset records them"
+
+
+def test_the_control_topic_is_read_with_the_events_topic_keyed_apart_and_its_gaps_say_so() -> None:
+    """``controlTopic``: its partition p is keyed ``control_partition(p)`` (-2 - p) beside the events
+    topic's; a checkpoint of a job that read only the events topic goes on, the control topic from
+    its start; a gap there is the control topic's (``control``) and numbered in the one sequence."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from safepoint.core.gaps import Gap
+    from safepoint.core.origin import control_partition
+
+    reader = _Marks({"controlTopic": "ctl"}, {"0": (0, 8), "1": (0, 3), "-2": (0, 4)})
+    first = reader.latestOffset({"0": 8, "1": 3}, ReadMaxRows(100))  # an older checkpoint: no control key
+    assert first == {"0": 8, "1": 3, "-2": 4} and "gaps" not in first, "no partition-count gap: the control topic is new"
+    tasks = reader.partitions({"0": 8, "1": 3}, first)
+    assert [(t.topic, t.partition, t.start, t.end) for t in tasks] == [("ctl", 0, 0, 4)]  # type: ignore[attr-defined]
+    reader.marks = {"0": (2, 9), "1": (0, 3), "-2": (6, 7)}  # the control topic lost offsets 4..5
+    later = reader.latestOffset(first, ReadMaxRows(100))
+    (gap,) = later["gaps"]
+    assert gap["control"] is True and (gap["topic"], gap["partition"], gap["first"], gap["end"]) == ("ctl", 0, 4, 6)
+    assert later["-2"] == 7 and later["0"] == 9
+    g = Gap.of(gap)
+    assert g.covers(control_partition(0)) and not g.covers(0), "a control gap covers no events partition"
+    assert Gap.of({**gap, "control": False}).covers(0) and not Gap.of({**gap, "control": False}).covers(control_partition(0))
 
 
 def test_the_security_pages_kafka_table_is_settings_whose_secrets_hide(tmp_path: Path) -> None:

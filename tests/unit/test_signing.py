@@ -97,6 +97,8 @@ def test_a_key_rotation_loses_nothing_and_each_cluster_has_its_own_keys() -> Non
 def test_the_jobs_batches_give_replays_outputs_with_signed_and_forged_control_events() -> None:
     from test_batch import job_equals_replay
 
+    from safepoint.core.origin import control_partition
+
     msgs = []
     for i in range(90):
         wall = T0 + i * 400
@@ -108,7 +110,7 @@ def test_the_jobs_batches_give_replays_outputs_with_signed_and_forged_control_ev
         fields = {"holder": "h"} | ({"ts": 1_000 + 10 * i - 30, "ttl_ms": 5_000} if kind == "service_hold" else {})
         if i % 5 == 0:  # owners too: a digest on sets, a token (right or wrong) on releases
             fields |= {"owner": "a" * 64} if kind == "service_hold" else {"owner_token": ["x", "y"][i % 2]}
-        msgs.append((0, 2 * i + 1, b"c1", json.dumps(control(kind, wall + 1, key, **fields)).encode()))
+        msgs.append((control_partition(0), i, b"c1", json.dumps(control(kind, wall + 1, key, **fields)).encode()))
     got = job_equals_replay(msgs, list(range(11, len(msgs), 37)), Policy(node_lease_ms=5_000, control_keys=KEY), buckets=4)
     assert any(a["kind"] == "control_refused" for _, a in got["al"])
 

@@ -33,6 +33,7 @@ from safepoint.core.engine import APPLIED, DEADLETTERED, step
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
 from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.node import NodeState
+from safepoint.core.origin import CONTROL, EVENTS, MISROUTED, control_partition, is_control, kafka_partition, misrouted
 from safepoint.core.outputs import DEADLETTER, Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
@@ -69,7 +70,7 @@ METRICS: tuple[str, ...] = (
     "ignored",
     "deadlettered",
     *(f"ignored_{r}" for r in IGNORE_REASONS),
-    *(f"deadlettered_{c}" for c in DEADLETTER_CODES),
+    *(f"deadlettered_{c}" for c in (*DEADLETTER_CODES, MISROUTED)),
 )
 """The per-batch accounting counters (the query's observedMetrics["accounting"])."""
 
@@ -109,24 +110,28 @@ def bucket_of(node: str, buckets: int) -> int:
 
 
 def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]], topic: str, policy: Policy,
-          gaps: Iterable[Gap] = ()) -> dict[str, list[Routed]]:
-    """Parse (partition, offset, key, value, broker time) messages and group them by cluster (dead
-    letters: ""). Each event's ``log_ms`` is set to its record's broker time (None: the topic keeps the
-    producers' times, and the event's own ``wall_ms`` stands in): whatever the message itself says.
+          gaps: Iterable[Gap] = (), origin: str = EVENTS) -> dict[str, list[Routed]]:
+    """Parse (partition, offset, key, value, broker time) messages of ``topic`` (its ``origin``:
+    ``core/origin.py``) and group them by cluster (dead letters: ""), each at its routed partition,
+    a misrouted event marked. Each event's ``log_ms`` is set to its record's broker time (None: the
+    topic keeps the producers' times, and the event's own ``wall_ms`` stands in): whatever the message itself says.
     Each cluster's group starts with a record of every gap of the topic the source has found so far
     (``gaps``; ``core/gaps.py``): its operator takes the ones it has not seen before its messages."""
     groups: dict[str, list[Routed]] = {}
     heads = [Routed(GAP_PARTITION, g.id, -1, g.to_json()) for g in gaps]
     limit = policy.max_message_bytes
+    control = origin == CONTROL
     for partition, offset, key, value, broker_ms in rows:
         event = parse(value, limit)
+        routed = control_partition(partition) if control else partition
         if isinstance(event, Rejected):
             out = dead_letter(event.error, value, key, topic, partition, offset)
-            item = Routed(partition, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))
+            item = Routed(routed, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))
             cluster = ""
         else:
             log = event["log_ms"] = event["wall_ms"] if broker_ms is None else broker_ms
-            item = Routed(partition, offset, log, event)
+            misrouted(event, origin, value, key, topic, partition, offset)
+            item = Routed(routed, offset, log, event)
             cluster = event["cluster"]
         group = groups.get(cluster)
         if group is None:
@@ -315,6 +320,15 @@ class BatchResult(NamedTuple):
     buckets: dict[int, bytes]
 
 
+def accounting_row(partition: int, offset: int, label: str) -> Emitted:
+    """A message's accounting record: its Kafka partition and offset (a control topic's with
+    ``"control": true``, keyed ``control:<partition>:<offset>``) and its final label."""
+    if is_control(partition):
+        p = kafka_partition(partition)
+        return None, f"control:{p}:{offset}", {"control": True, "partition": p, "offset": offset, "outcome": label}
+    return None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}
+
+
 def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
               accounting: bool, start: StartPlan | None = None, emit: Callable[[Emitted], Any] | None = None
               ) -> BatchResult:
@@ -351,7 +365,7 @@ def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: lis
             touched = True
         labels[label] += 1
         if accounting:
-            out((None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}))
+            out(accounting_row(partition, offset, label))
         for o in emitted:
             out((o.channel, o.key, o.value))
     if policy.status_holds and state is not None and touched:

@@ -37,7 +37,8 @@ from safepoint.core.gaps import Gap, Gaps
 from safepoint.core.ids import join_id
 from safepoint.core.members import Members
 from safepoint.core.node import QUIET_SHAPES, NodeState
-from safepoint.core.outputs import Output
+from safepoint.core.origin import MISROUTED, is_control
+from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import NodeRecord, NodeUpdate
 from safepoint.core.recovery import ASK, COMPLETED, Recovery, StartPlan
@@ -47,6 +48,8 @@ __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
 
 IGNORED_STALE_VERSION = "stale_version"
 
+
+MISROUTED_ID = "event_misrouted/-"
 
 class ClusterState:
     """One cluster's state: the round's figures and its parts."""
@@ -348,6 +351,28 @@ class ClusterState:
             if cleared is not None:
                 out.append(cleared)
 
+    def refuse_misrouted(self, event: dict[str, Any], out: list[Output]) -> None:
+        """A message on the wrong topic (``core/origin.py``): its dead letter, and a critical
+        ``event_misrouted`` naming its topic and key (raised again for each, cleared by the next
+        control event from the control topic); a control event's action is refused."""
+        letter = event[MISROUTED]
+        body = letter["value"]
+        now = self.cluster_time if self.cluster_time is not None else log_time(event)
+        control = event["type"] in CONTROL_TYPES
+        detail = (f"{body['error']} (partition {body['partition']}, offset {body['offset']}, key {body['key']!r}): "
+                  "refused and dead-lettered" + ("; whoever may write the events topic could otherwise steer the "
+                                                 "cluster (an old publisher needs control_on_events_topic)" if control
+                                                 else ""))
+        out.append(Output(DEADLETTER, letter["key"], body))
+        self.alerts.raised.pop(MISROUTED_ID, None)
+        out.append(self.alerts.raise_({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
+                                       "severity": "critical", "value": None, "threshold": None, "since": now,
+                                       "detail": detail}, now))
+        if control:
+            self.control.count(MISROUTED)
+            if self.control.action(event.get("action_id")) is None:  # a copy of a known action cannot change it
+                self.control.record(event, "refused", MISROUTED, detail, self.cluster_time)
+
     def _hold_bound(self) -> Bound | None:
         """The highest bound a service hold must not lie below: a bound already sent (``safe_ts``, a
         namespace's), or what the store itself has compacted already (``compacted_ts``)."""
@@ -375,8 +400,15 @@ class ClusterState:
         None. ``holds_of(node)``: the node's open readers and transactions (``NodeState.open_holds``),
         alerted when a topology makes it a member below the safe point."""
         kind = event["type"]
-        if partition is not None and partition != self.gaps.key_partition:
-            self.gaps.key_partition = partition  # where the cluster's own events (control events too) live
+        if partition is not None:  # where the cluster's own events live, in each topic (core/origin.py)
+            if kind in CONTROL_TYPES:
+                self.gaps.control_partition = partition
+            if not is_control(partition):
+                self.gaps.key_partition = partition
+            elif MISROUTED_ID in self.alerts.raised and self.cluster_time is not None:
+                cleared = self.alerts.clear(MISROUTED_ID, self.cluster_time)
+                if cleared is not None:
+                    out.append(cleared)
         if kind in CONTROL_TYPES and policy.control_keys:
             why = self.control.check_signature(event, policy.signing_keys, policy.control_signature_window_ms,
                                                self.cluster_time, self.alerts, out)
@@ -423,21 +455,29 @@ class ClusterState:
                 self.gaps.seen = gap.id
 
     def take_gap(self, gap: Gap, policy: Policy, out: list[Output]) -> None:
-        """A gap in the events topic: the nodes whose events may have been in it owe a snapshot (and so
-        does a node first seen on its partitions within a lease), the safe point holds meanwhile, and
-        while a service hold may have been lost with it, until every such hold would have run out."""
+        """A gap in the events or control topic: the nodes whose events may have been in it owe a snapshot
+        (and so does a node first seen on its partitions within a lease), the safe point holds meanwhile,
+        and while a service hold may have been lost with it, until every such hold would have run out."""
         if gap.id <= self.gaps.seen:
             return
         now = self.cluster_time
         at = gap.ms if now is None else now
-        owed = sorted(name for name, rec in self.members.nodes.items() if gap.covers(rec.partition))
-        if self.recovery is None:
-            self.recovery = Recovery((), whole=False)
-        self.recovery.owe(owed, gap.partition, at + policy.node_lease_ms, gap.id)
-        if gap.covers(self.gaps.key_partition):  # the cluster's own events may be in it: a topology, a catalog event
-            self.members.loosen({n for n, rec in self.members.nodes.items() if at - rec.last_wall <= policy.node_lease_ms})
-            self.catalog.held = True
-        self.gaps.take(gap, owed, now, policy.max_service_hold_ttl_ms, self.alerts, out)
+        owed: list[str] = []
+        cp = self.gaps.control_partition  # where its control events came from last (either topic, or not known)
+        if gap.control:  # the control topic: no node event lives there (core/origin.py)
+            own = holds = gap.covers(cp) if is_control(cp) else True
+        else:
+            owed = sorted(name for name, rec in self.members.nodes.items() if gap.covers(rec.partition))
+            if self.recovery is None:
+                self.recovery = Recovery((), whole=False)
+            self.recovery.owe(owed, gap.partition, at + policy.node_lease_ms, gap.id)
+            own = gap.covers(self.gaps.key_partition)
+            holds = gap.covers(cp) if cp is not None and not is_control(cp) else own and policy.control_on_events_topic
+            if own:  # the cluster's own events may be in it: a topology, a catalog event
+                self.members.loosen({n for n, rec in self.members.nodes.items()
+                                     if at - rec.last_wall <= policy.node_lease_ms})
+                self.catalog.held = True
+        self.gaps.take(gap, owed, own, holds, now, policy.max_service_hold_ttl_ms, self.alerts, out)
         self.aborts = AbortSync()
         self._rebuild_recovery()
         self.dirty = True

@@ -1,8 +1,9 @@
 """Levers an operator pulls through the event log: service holds with a TTL, pause and resume.
 
 Control events are cluster events (key: the cluster id, so one cluster's control events share a
-partition) without a ``version``. They take effect in **log order**: their position in the
-events topic, never their ``wall_ms``, orders them, so a publisher whose clock is behind or
+partition) without a ``version``, on the control topic (``core/origin.py``). They take effect in
+**log order**: their position in the control topic, merged with the events topic's by log time
+(the broker's append time), never their ``wall_ms``, orders them, so a publisher whose clock is behind or
 ahead can neither silence an action nor reorder two of them. Control events do not move cluster
 time (the largest log time of the cluster's node events, ``core/clock.py``).
 
@@ -56,7 +57,7 @@ __all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "GAP_ACK"]
 
 CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
 GAP_ACK = "gap_ack"
-"""An operator's acknowledgement of a gap in the events topic (``core/gaps.py``; the cluster applies it)."""
+"""An operator's acknowledgement of a gap in the log (``core/gaps.py``; the cluster applies it)."""
 ACTIONS_KEPT = 256
 """Outcomes of the most recent actions a cluster keeps (and its status shows)."""
 PAUSED_ID = "paused/-"

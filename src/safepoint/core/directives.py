@@ -2,9 +2,10 @@
 
 A compaction directive's size does not grow with the cluster: it names the blocker, the
 ``BASIS_LISTED`` members with the lowest minimums (their incarnation, seq and minimum), how many
-members there are, and ``positions``: per events partition, the offset after the cluster's last
-message the job had applied, from which a checker replays every node to where the job had it (one
-entry per partition, not per node). Every node's own figures are in the status. The member set
+members there are, and ``positions``: per partition of the events and control topics
+(``core/origin.py``'s ``position_key``), the offset after the cluster's last message the job had
+applied, from which a checker replays every node and the cluster's control events to where the
+job had them (one entry per partition, not per node). Every node's own figures are in the status. The member set
 itself, which a job that lost its checkpoint must wait for, goes out as a ``members`` record (key
 ``<cluster>/%members``) on the directives topic with the first directive after it changed.
 
@@ -25,6 +26,7 @@ from typing import Any
 from safepoint.core.control import Control
 from safepoint.core.ids import escape, join_id
 from safepoint.core.members import Members
+from safepoint.core.origin import position_key
 from safepoint.core.outputs import DIRECTIVES, Output
 from safepoint.core.tenants import Tenants
 
@@ -108,7 +110,7 @@ class Directives:
             "blocker": blocker_out,
             "basis": basis,
             "members": len(members),
-            "positions": {str(p): o for p, o in sorted(self.positions.items())},
+            "positions": {position_key(p): o for p, o in sorted(self.positions.items())},
             "retention": retention,
             **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
             **({"paused": {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}} if pause else {}),

@@ -12,13 +12,16 @@ one cluster, in the job's log order, with the nodes loaded bucket by bucket from
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
 
 from safepoint.core.clock import log_time
 from safepoint.core.cluster import ClusterState
+from safepoint.core.control import CONTROL_TYPES
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
+from safepoint.core.origin import CONTROL, FILE, MISROUTED, control_partition, misrouted
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
@@ -72,9 +75,16 @@ def _open_holds(ns: NodeState | None) -> list[tuple[str, str, int]]:
 
 def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: Policy, partition: int,
          offset: int) -> Outcome:
-    """Apply one validated event, the message at ``partition``/``offset``, to its node and cluster."""
+    """Apply one validated event, the message at routed ``partition``/``offset`` (``core/origin.py``),
+    to its node and cluster."""
     state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
     out: list[Output] = []
+    if MISROUTED in event:
+        if event["type"] in CONTROL_TYPES and policy.control_on_events_topic:  # an old publisher, allowed
+            del event[MISROUTED]
+        else:
+            state.refuse_misrouted(event, out)
+            return f"{DEADLETTERED}:{MISROUTED}", out
     if not is_node_event(event):
         ignored = state.apply_cluster_event(event, policy, out, lambda name: _open_holds(nodes.peek(state.name, name)),
                                             partition)
@@ -102,7 +112,7 @@ class Engine:
     """Every message of a log through ``step``, in order, with the accounting of every message."""
 
     def __init__(self, policy: Policy | Policies | None = None, record: bool = False, start: StartPlan | None = None,
-                 reference: bool = False) -> None:
+                 reference: bool = False, origins: Mapping[str, str] | None = None) -> None:
         self.policies = Policies.of_policy(policy)
         """Each cluster's policy (``Policies.of``)."""
         self.policy = self.policies.default
@@ -110,6 +120,9 @@ class Engine:
         self.reference = reference
         """Run the reference algorithms (every node's holds and every member's abort problems
         walked after every event): slow, the outputs the fast paths are tested against."""
+        self.origins = dict(origins or {})
+        """topic -> its origin (``core/origin.py``: ``events`` or ``control``), as the job reads them; a
+        topic not named (a file, for ``safepoint replay``) is ``file``: it may mix both kinds."""
         self.start = start or StartPlan()
         """How clusters met for the first time start (seeded and recovering after a lost checkpoint)."""
         self.nodes: dict[tuple[str, str], NodeState] = {}
@@ -117,7 +130,7 @@ class Engine:
         self._labels: dict[str, int] = {}
         """Every message's final label -> how many (``labels`` and ``counts`` read it)."""
         self.outcomes: list[tuple[int, int, str]] | None = [] if record else None
-        """With ``record``: (partition, offset, label) of every message, in order."""
+        """With ``record``: (routed partition, offset, label) of every message, in order (``core/origin.py``)."""
         self.gaps: list[Gap] = []
         """The gaps found in the log so far (``gap``): a cluster met later may take them."""
 
@@ -152,8 +165,11 @@ class Engine:
         """``process`` of the message at ``topic``/``partition``/``offset`` (its ``Position`` is built
         only for a dead letter: the commonest message needs none), with its log time ``log_ms``
         (``core/clock.py``: a Kafka record's broker time). Without one, the message's own ``log_ms``
-        (a replay file's line may carry its record's time) or else its ``wall_ms`` stands in."""
+        (a replay file's line may carry its record's time) or else its ``wall_ms`` stands in. ``topic``'s
+        origin (``origins``) decides what belongs there."""
         event = parse(value, self.policy.max_message_bytes)
+        origin = self.origins.get(topic, FILE)
+        routed = control_partition(partition) if origin == CONTROL else partition
         if isinstance(event, Rejected):
             label, outputs = dead_lettered(event, value, Position(topic, partition, offset, key))
         else:
@@ -162,11 +178,12 @@ class Engine:
                 event["log_ms"] = log_ms
             elif type(own) is not int:
                 event["log_ms"] = event["wall_ms"]
-            label, outputs = self.apply(event, partition, offset)
+            misrouted(event, origin, value, key, topic, partition, offset)
+            label, outputs = self.apply(event, routed, offset)
         labels = self._labels
         labels[label] = labels.get(label, 0) + 1
         if self.outcomes is not None:
-            self.outcomes.append((partition, offset, label))
+            self.outcomes.append((routed, offset, label))
         return outputs
 
     def apply(self, event: dict[str, Any], partition: int, offset: int) -> Outcome:

@@ -21,12 +21,17 @@ lost). Nothing that may have been in a gap is trusted:
   snapshot before the round counts it again (``core/recovery.py``: the round aborts with
   ``awaiting_snapshot`` meanwhile, and the node is asked with a ``snapshot_request``); so must a
   node first seen on those partitions within a lease after the gap;
-* the cluster's control events share its key's partition: when that partition is in the gap
-  (or not known yet), a service hold may have been set there, unseen. The safe point then holds
-  (``control_lost``) until every hold set in the gap would have run out, ``max_service_hold_ttl_ms``
-  of log time after the gap was found, or until an operator acknowledges the gap (``gap_ack``);
-  meanwhile no known hold expires either (a renewal may be what was lost). A pause or resume lost
-  there cannot be known at all, so such a gap stays listed, and alerted, until acknowledged.
+* the cluster's own events share its key's partition, in each topic (``core/origin.py``): its
+  topology and catalog events that of the events topic, its control events that of the control
+  topic. When the events partition is in the gap (or not known yet), every node live then or seen
+  since counts as a member until the next topology and the catalog floor holds. When the control
+  partition is (or, with ``control_on_events_topic``, the events one), a service hold may have
+  been set there, unseen: the safe point holds (``control_lost``) until every hold set in the gap
+  would have run out, ``max_service_hold_ttl_ms`` of log time after the gap was found, or until an
+  operator acknowledges the gap (``gap_ack``); meanwhile no known hold expires either (a renewal
+  may be what was lost). A topology, a pause or a resume lost there cannot be known at all, so
+  such a gap stays listed, and alerted, until acknowledged. A gap of the control topic owes no
+  node a snapshot: no node event lives there.
 
 A critical ``events_lost`` alert names each gap (topic, partition, the offsets gone, the nodes
 that owe a snapshot) and clears once they all restated and, where control events may have been
@@ -40,6 +45,7 @@ from typing import Any, NamedTuple
 
 from safepoint.core.alerts import AlertBook
 from safepoint.core.ids import join_id
+from safepoint.core.origin import control_partition, is_control
 from safepoint.core.outputs import Output
 
 __all__ = ["GAP_KINDS", "GAP_PARTITION", "NAMED", "Gap", "Gaps"]
@@ -52,7 +58,7 @@ NAMED = 10
 
 
 class Gap(NamedTuple):
-    """A stretch of the events topic the job could not read (see the module's docstring)."""
+    """A stretch of the events or the control topic the job could not read (see the module's docstring)."""
 
     id: int
     topic: str
@@ -65,18 +71,28 @@ class Gap(NamedTuple):
     kind: str
     ms: int
     """When the job found it (the planning driver's clock, kept in the checkpoint's offsets)."""
+    control: bool = False
+    """A gap of the control topic (``partition`` is its Kafka partition)."""
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Gap:
         return cls(int(data["id"]), str(data["topic"]), int(data["partition"]), int(data["first"]), int(data["end"]),
-                   str(data["kind"]), int(data["ms"]))
+                   str(data["kind"]), int(data["ms"]), bool(data.get("control")))
 
     def to_json(self) -> dict[str, Any]:
-        return self._asdict()
+        data = self._asdict()
+        if not self.control:
+            del data["control"]
+        return data
 
     def covers(self, partition: int | None) -> bool:
-        """Events of ``partition`` (None: not known) may have been in the gap."""
-        return self.partition == GAP_PARTITION or partition is None or partition == self.partition
+        """Events of routed ``partition`` (``core/origin.py``; None: not known) may have been in the gap."""
+        if partition is None:
+            return True
+        if is_control(partition) != self.control:
+            return False
+        return self.partition == GAP_PARTITION or partition == (control_partition(self.partition) if self.control
+                                                                  else self.partition)
 
     def what(self) -> str:
         where = f"{self.topic} (every partition)" if self.partition == GAP_PARTITION else f"{self.topic} partition {self.partition}"
@@ -89,13 +105,13 @@ class Gap(NamedTuple):
 
 
 class Gaps:
-    """A cluster's gaps: the newest id taken, the gaps still open, and the partition of its own key.
+    """A cluster's gaps: the newest id taken, the gaps still open, and the partitions of its own key.
 
     Invariant: a gap stays open while a node it names owes a snapshot or, where control events may
     have been lost, until it is acknowledged; its ``events_lost`` alert is raised exactly while it
     is open."""
 
-    __slots__ = ("seen", "open", "key_partition")
+    __slots__ = ("seen", "open", "key_partition", "control_partition")
 
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         self.seen = 0
@@ -104,31 +120,36 @@ class Gaps:
         """id -> {gap, owed (nodes that must restate), control (control events may be lost), until
         (cluster time the freeze ends; None: none), acked}."""
         self.key_partition: int | None = None
-        """The partition of the cluster's own events (cluster and control events): None until one is seen."""
+        """The events partition of the cluster's own events (topology, catalog; control events too with
+        ``control_on_events_topic``): None until one is seen."""
+        self.control_partition: int | None = None
+        """The routed partition of the cluster's last control event (the control topic's, or an events
+        partition where old publishers write them): None until one is seen."""
         if data:
             self.seen = int(data.get("seen") or 0)
             self.key_partition = data.get("key_partition")
+            self.control_partition = data.get("control_partition")
             self.open = {int(k): {**v, "owed": set(v["owed"])} for k, v in (data.get("open") or {}).items()}
 
     def __bool__(self) -> bool:
-        return bool(self.seen or self.open or self.key_partition is not None)
+        return bool(self.seen or self.open or self.key_partition is not None or self.control_partition is not None)
 
     def to_json(self) -> dict[str, Any]:
-        return {"seen": self.seen, "key_partition": self.key_partition,
+        return {"seen": self.seen, "key_partition": self.key_partition, "control_partition": self.control_partition,
                 "open": {str(k): {**v, "owed": sorted(v["owed"])} for k, v in self.open.items()}}
 
     def frozen(self, now: int | None) -> bool:
         """A gap may hide a service hold and its window has not run out, unacknowledged: the safe point holds."""
         return any(g["until"] is not None and not g["acked"] and (now is None or now < g["until"]) for g in self.open.values())
 
-    def take(self, gap: Gap, owed: Iterable[str], now: int | None, max_ttl: int, book: AlertBook,
-             out: list[Output]) -> None:
-        """Open ``gap``: ``owed`` must restate; control events may be lost when the cluster's key is in it."""
+    def take(self, gap: Gap, owed: Iterable[str], own: bool, holds: bool, now: int | None, max_ttl: int,
+             book: AlertBook, out: list[Output]) -> None:
+        """Open ``gap``: ``owed`` must restate; ``own``: the cluster's own events may be in it (it stays
+        open until acknowledged); ``holds``: a service hold may be (the safe point holds ``max_ttl``)."""
         self.seen = max(self.seen, gap.id)
-        control = gap.covers(self.key_partition)
         at = gap.ms if now is None else now
-        entry = {"gap": gap.to_json(), "owed": set(owed), "control": control,
-                 "until": at + max_ttl if control and max_ttl else None, "acked": False}
+        entry = {"gap": gap.to_json(), "owed": set(owed), "control": own,
+                 "until": at + max_ttl if own and holds and max_ttl else None, "acked": False}
         self.open[gap.id] = entry
         out.append(book.raise_(self._body(gap.id, entry, at), at))
 
@@ -137,16 +158,18 @@ class Gaps:
         owed = sorted(entry["owed"])
         nodes = ", ".join(owed[:NAMED]) + (f" and {len(owed) - NAMED} more" if len(owed) > NAMED else "")
         detail = gap.what() + (f"; nodes whose events live there must restate their holds (a snapshot): {nodes}"
-                               if owed else "; no known node's events live there")
+                               if owed else "" if gap.control else "; no known node's events live there")
         if entry["control"]:
-            detail += ("; the cluster's own events (service holds, pause, resume, topology, catalog) may have been lost: "
-                       "every node live then or seen since counts as a member until the next topology, the catalog "
-                       "floor holds, and the safe point holds until "
-                       f"cluster time {entry['until']} (max_service_hold_ttl_ms after the gap), each until an operator "
-                       "acknowledges the gap (safepoint ack-gap)") if entry["until"] is not None else (
-                       "; the cluster's own events (control events, topology, catalog) may have been lost: every node "
-                       "live then or seen since counts as a member until the next topology, and the catalog floor "
-                       "holds, until an operator acknowledges the gap (safepoint ack-gap)")
+            lost = ("the cluster's control events (service holds, pause, resume)" if gap.control else
+                    "the cluster's own events (topology, catalog" + (", control events)" if entry["until"] is not None
+                                                                     else ")"))
+            consequences = [] if gap.control else ["every node live then or seen since counts as a member until the "
+                                                   "next topology", "the catalog floor holds"]
+            if entry["until"] is not None:
+                consequences.append(f"the safe point holds until cluster time {entry['until']} "
+                                    "(max_service_hold_ttl_ms after the gap)")
+            detail += (f"; {lost} may have been lost" + (": " + ", ".join(consequences) if consequences else "") +
+                       "; the gap stays open until an operator acknowledges it (safepoint ack-gap)")
         return {"id": join_id("events_lost", str(gid)), "kind": "events_lost", "node": None, "severity": "critical",
                 "value": max(gap.end - gap.first, 0) if gap.kind == "lost" else None, "threshold": None, "since": now,
                 "detail": detail}

@@ -16,7 +16,7 @@ from safepoint.core.bands import BandSpec
 __all__ = ["MVCC_UNITS", "Policies", "Policy"]
 
 GIB = 1 << 30
-_BOOL_FIELDS = frozenset({"expire_enabled"})
+_BOOL_FIELDS = frozenset({"expire_enabled", "control_on_events_topic"})
 _STR_FIELDS = frozenset({"mvcc_unit"})
 SECRET_FIELDS = frozenset({"control_keys", "node_key_secret"})
 """Policy keys that are secrets: no flag, never printed, left out of what the source is given."""
@@ -44,6 +44,9 @@ class Policy:
     """With it, every node event of the cluster must be signed by the node it names, with the key
     derived from this secret for that node (``core/signing.py``; empty: node events are not
     signed). A secret."""
+    control_on_events_topic: bool = False
+    """Accept control events found on the events topic (old publishers that predate the control topic).
+    Off: they are refused (``core/origin.py``), since every node may write the events topic."""
     control_signature_window_ms: int = 300_000
     """A signed control event whose ``wall_ms`` lies further than this from its log time is refused
     (``stale_signature``): a signed event sent again later cannot act twice (0: no window)."""

@@ -1,7 +1,9 @@
 """Signed control events: only who holds a control key steers a cluster.
 
-Any producer allowed to write the events topic (every database node is) could otherwise publish a
-``service_release`` of an operator's hold or a ``pause``: nothing in an event says who sent it. With
+Any producer allowed to write the control topic (``core/origin.py``: ACLs give it to operators and
+holders; with ``control_on_events_topic``, the events topic, which every database node writes) could
+otherwise publish a ``service_release`` of an operator's hold or a ``pause``: nothing in an event
+says who sent it. With
 ``control_keys`` set (the top level, or a cluster's ``[clusters.NAME]`` table) every control event
 of the cluster must carry ``sig``, an HMAC-SHA256 over its canonical fields with one of the keys
 (two or more are accepted at once while a key is rotated: publishers sign with the first).

@@ -115,6 +115,8 @@ class _Checker:
             for d in ds:
                 if "positions" in d:
                     for part, offset in d["positions"].items():
+                        if not part.isdigit():
+                            continue  # the control topic's ("control:0"): this checker reads the events topic
                         self.at_offset[(int(part), offset)].append((cluster, d, prev))
                         self.pending += 1
                 else:  # an older job's directive: every member at its own (incarnation, seq)

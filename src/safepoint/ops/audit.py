@@ -1,14 +1,17 @@
 """A live safety auditor: every compaction directive checked against the holds live when it was made.
 
-``safepoint audit`` follows the events and directives topics beside the job and checks, with a
-model of its own (it imports none of the job's rules, only ``core/ids.py`` for the alert id's
-format: a bug in the core would have to be made again here to slip through), that no directive
-passes a live hold and that no bound goes back:
+``safepoint audit`` follows the events, control and directives topics beside the job and checks,
+with a model of its own (it imports none of the job's rules, only ``core/ids.py`` for the alert
+id's format and ``core/origin.py``'s naming of the control topic's partitions: a bug in the core
+would have to be made again here to slip through), that no directive passes a live hold and that
+no bound goes back:
 
-* **Holds.** A compaction directive carries ``positions``: per events partition, the offset after
-  the cluster's last message the job had applied. The auditor keeps each cluster's events queued
-  per partition and applies them up to a directive's positions before checking it, so every node
-  is exactly where the job had it. Then every member's open readers and transactions (prepared
+* **Holds.** A compaction directive carries ``positions``: per partition of the events and control
+  topics, the offset after the cluster's last message the job had applied. The auditor keeps each
+  cluster's events queued per partition and applies them up to a directive's positions before
+  checking it, so every node and service hold is exactly where the job had it. A control event on
+  the events topic (unless the cluster's ``control_on_events_topic``) and a node event on the
+  control topic are skipped: the job refuses them. Then every member's open readers and transactions (prepared
   or not), its retention bound (``mvcc_now - retention``, the directive's ``retention``), its
   groups' published times and the cluster's service holds must lie at or above their bound: a
   hold with a namespace its namespace's bound (``namespaces[ns]``, else ``namespace_safe_ts``,
@@ -44,11 +47,13 @@ import json
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.ids import escape, join_id
+from safepoint.core.origin import control_partition, routed_of
 from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, SnapshotParts, validate_event
 
 __all__ = ["AUDIT_KIND", "Auditor", "Violation", "follow_and_audit", "run_audit"]
@@ -120,7 +125,7 @@ class _Cluster:
         self.waiting: deque[dict[str, Any]] = deque()
         """Directives whose positions the events read so far do not reach yet."""
         self.key_partition: int | None = None
-        """The partition of the cluster's own events (its control events)."""
+        """The routed partition of the cluster's control events (``core/origin.py``)."""
         self.unsure: set[str] = set()
         """Service holders whose release may have been lost (not checked until they set their hold again)."""
 
@@ -158,8 +163,8 @@ class _Cluster:
                 self.lost(partition)
             return
         kind = ev["type"]
-        if kind in CONTROL_TYPES or kind in CLUSTER_TYPES:
-            self.key_partition = partition if partition is not None else self.key_partition
+        if kind in CONTROL_TYPES and partition is not None:
+            self.key_partition = partition
         if kind in CONTROL_TYPES:
             self._control(ev)
         elif kind in CLUSTER_TYPES:
@@ -248,10 +253,14 @@ class Auditor:
     """The model and the checks; ``event`` and ``directive`` take the topics' messages in any
     interleaving (a directive waits until the events read reach its positions)."""
 
-    def __init__(self, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING, control_on_events_topic: Callable[[str], bool] | None = None
+                 ) -> None:
         self.clusters: dict[str, _Cluster] = {}
         self.read_to: dict[int, int] = {}
-        """Events partition -> the offset after the last message read."""
+        """Routed partition (``core/origin.py``: the control topic's are negative) -> the offset after
+        the last message read."""
+        self.control_on_events_topic = control_on_events_topic or (lambda _cluster: False)
+        """Whether a cluster's policy takes control events on the events topic (else the job refuses them)."""
         self.max_pending = max_pending
         self.violations: list[Violation] = []
         self.checked = 0
@@ -269,10 +278,13 @@ class Auditor:
         return c
 
     # -- input -------------------------------------------------------------------------------
-    def event(self, partition: int, offset: int, value: bytes | str | None, broker_ms: int | None = None
-              ) -> list[Violation]:
-        """One message of the events topic (bad ones are skipped: the job dead-letters them), with its
-        record's broker time where the topic is stamped by the broker."""
+    def event(self, partition: int, offset: int, value: bytes | str | None, broker_ms: int | None = None,
+              control: bool = False) -> list[Violation]:
+        """One message of the events topic (``control``: of the control topic) with its record's
+        broker time where the topic is stamped by the broker. Bad ones, and misrouted ones, are
+        skipped: the job dead-letters them."""
+        if control:
+            partition = control_partition(partition)
         before = self.read_to.get(partition)
         if before is not None and offset > before:  # offsets skipped: records deleted before they were read
             for c in self.clusters.values():
@@ -280,6 +292,9 @@ class Auditor:
                     c.queue[partition].append((offset - 1, None, None))
         self.read_to[partition] = max(self.read_to.get(partition, 0), offset + 1)
         ev, _why = validate_event(value)
+        if ev is not None and (ev["type"] in CONTROL_TYPES) != control and (
+                control or not self.control_on_events_topic(ev.get("cluster", "default"))):
+            ev = None  # misrouted (core/origin.py): the job applies none of it
         if ev is not None:
             c = self._cluster(ev.get("cluster", "default"))
             q = c.queue.setdefault(partition, deque())
@@ -315,7 +330,7 @@ class Auditor:
         positions = d.get("positions")
         if not isinstance(positions, dict):
             return True  # an older job's directive: checked for its order only
-        return all(self.read_to.get(int(p), 0) >= o for p, o in positions.items())
+        return all(self.read_to.get(routed_of(p), 0) >= o for p, o in positions.items())
 
     # -- checks ------------------------------------------------------------------------------
     def _check(self, c: _Cluster, d: dict[str, Any]) -> list[Violation]:
@@ -328,7 +343,7 @@ class Auditor:
         if isinstance(positions, dict):
             ahead = False
             for part, offset in positions.items():
-                p = int(part)
+                p = routed_of(part)
                 if c.applied_to.get(p, 0) > offset:
                     ahead = True  # forced past it: this directive cannot be checked exactly
                 q = c.queue.get(p)
@@ -437,10 +452,10 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
     from safepoint.connectors.producer import make_producer, producer_conf
 
     conf = settings.librdkafka()
-    auditor = Auditor()
+    auditor = Auditor(control_on_events_topic=lambda c: settings.policies().of(c).control_on_events_topic)
     # a growing topic is read in rounds of idle_s (connectors/idle.py): the auditor needs no
     # quarter-second latency, and a round costs an end-offset request per partition
-    follower = TopicFollower(conf, [settings.events_topic, settings.directives_topic],
+    follower = TopicFollower(conf, [settings.events_topic, settings.control_topic, settings.directives_topic],
                              "beginning" if from_beginning else "end", idle_s=1.0, client_id="safepoint-audit")
     producer = make_producer("confluent", producer_conf(conf, linger_ms=5)) if alerts else None
     quiet_since = time.monotonic()
@@ -458,10 +473,11 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
             if msgs:
                 quiet_since = time.monotonic()
             for m in msgs:
-                if m.topic() == settings.events_topic:
+                if m.topic() in (settings.events_topic, settings.control_topic):
                     kind, stamp = m.timestamp()
                     found = auditor.event(m.partition(), m.offset(), m.value(),
-                                          stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None)
+                                          stamp if kind == TIMESTAMP_LOG_APPEND_TIME else None,
+                                          control=m.topic() == settings.control_topic)
                 else:
                     found = auditor.directive(m.value())
                 for v in found:

@@ -1,8 +1,8 @@
 """Pull the levers from a shell: ``safepoint hold set|release|list``, ``safepoint pause|resume`` and
-``safepoint ack-gap`` (an operator's acknowledgement of a gap in the events topic, ``core/gaps.py``).
+``safepoint ack-gap`` (an operator's acknowledgement of a gap in the log, ``core/gaps.py``).
 
-Every action is a control event with an ``action_id`` of its own, published to the events topic
-(key: the cluster id) through ``connectors/control.py``'s ``ControlPublisher``, so it is audited,
+Every action is a control event with an ``action_id`` of its own, published to the control topic
+(``control_topic``; key: the cluster id) through ``connectors/control.py``'s ``ControlPublisher``, so it is audited,
 replayed by ``safepoint replay`` and applied by the job like any other event; nothing changes
 behind the log's back. Then the command waits (``--wait-timeout``, default 60 s; ``--no-wait``
 does not) for the job to report the action's outcome in the cluster's status: exit 0 when it was
@@ -51,7 +51,7 @@ def publisher(settings: Settings) -> ControlPublisher:
     """The control publisher of ``settings``' broker, after checking that the broker answers."""
     conf = settings.librdkafka()
     check_reachable(conf, CONTROL_REACH_TIMEOUT_S)
-    return ControlPublisher(quiet(conf), settings.events_topic, max_message_bytes=settings.max_message_bytes,
+    return ControlPublisher(quiet(conf), settings.control_topic, max_message_bytes=settings.max_message_bytes,
                             signer=signer_of(settings))
 
 
@@ -74,7 +74,7 @@ def act(settings: Settings, event: dict[str, Any], wait_s: float | None) -> int:
     outcomes = ActionOutcomes(quiet(settings.librdkafka()), settings.status_topic, cluster) if wait_s else None
     try:
         aid = pub.publish(event)
-        print(f"safepoint: {what} published to {settings.events_topic} for cluster {cluster} (action {aid})", flush=True)
+        print(f"safepoint: {what} published to {settings.control_topic} for cluster {cluster} (action {aid})", flush=True)
         if outcomes is None:
             return 0
         if not outcomes.available:
@@ -140,7 +140,7 @@ def add_parsers(sub: Any, bootstrap_flag: Any) -> None:
     q = sub.add_parser("resume", help="resume a paused CLUSTER")
     q.add_argument("cluster")
     bootstrap_flag(q)
-    g = sub.add_parser("ack-gap", help="acknowledge a gap of the events topic (events lost before the job read them) "
+    g = sub.add_parser("ack-gap", help="acknowledge a gap of the events or control topic (events lost before the job read them) "
                                        "once checked: control events that may have been lost in it stop holding "
                                        "the safe point")
     g.add_argument("cluster")

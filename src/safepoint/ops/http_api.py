@@ -106,7 +106,7 @@ class OutcomeOut(BaseModel):
 
 
 ADMIN: dict[int | str, dict[str, Any]] = {
-    202: {"model": ActionOut, "description": "the control event was published to the events topic"},
+    202: {"model": ActionOut, "description": "the control event was published to the control topic"},
     400: {"model": ErrorOut, "description": "the body is not JSON"},
     401: {"model": ErrorOut, "description": "no or a wrong bearer token"},
     403: {"model": ErrorOut, "description": "admin actions are off (no admin_token configured)"},
@@ -180,7 +180,7 @@ def make_app(store: StatusStore, health: Callable[[], dict[str, Any]] | None = N
              publish: Callable[[dict[str, Any]], str] | None = None, admin_token: str | Mapping[str, str] = "",
              mvcc_unit: str = "none") -> Any:
     """The app over ``store``, behind ``AdminGate``; ``health()`` adds the job's own figures to
-    ``/healthz``; ``publish`` sends a control event to the events topic for the POST actions
+    ``/healthz``; ``publish`` sends a control event to the control topic for the POST actions
     (returns its action id), which need ``admin_token`` as a bearer token (none configured, or
     no ``publish``: every POST is 403). ``mvcc_unit``: the dashboard shows MVCC times as UTC times
     and spans as durations when it is a time unit (``ns``, ``us``, ``ms``, ``s``)."""

@@ -63,7 +63,7 @@ class StatusCollector(Collector):
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
         info = _gauge("safepoint_cluster_info", "1 per cluster, with what its MVCC timestamps count (its policy's "
                                                 "mvcc_unit): every MVCC figure of the cluster is in that unit", ["cluster", "mvcc_unit"])
-        gaps = _gauge("safepoint_gaps_open", "Gaps of the events topic (events lost before the job read them) the "
+        gaps = _gauge("safepoint_gaps_open", "Gaps of the events and control topics (events lost before the job read them) the "
                                             "cluster has not closed: nodes still owe a snapshot, or it is unacknowledged", c)
         compacted = _gauge("safepoint_compacted_ts", "What the store itself has compacted (an etcd agent's compacted "
                            "revision, MVCC units): no service hold is taken below it", c)
@@ -159,7 +159,7 @@ class StatusCollector(Collector):
         lag = _gauge("safepoint_input_lag_messages", "Messages of the events topic not yet read by the job", [])
         active = _gauge("safepoint_query_active", "1 while the job's streaming query runs", [])
         batches = CounterMetricFamily("safepoint_batches", "Micro-batches the job finished since it started", labels=[])
-        found = CounterMetricFamily("safepoint_events_topic_gaps", "Gaps the job found in the events topic since it "
+        found = CounterMetricFamily("safepoint_events_topic_gaps", "Gaps the job found in the events and control topics since it "
                                     "started (events lost before it read them), by kind", labels=["kind"])
         if job is not None:
             for kind, n in sorted((job.get("gaps_total") or {}).items()):
