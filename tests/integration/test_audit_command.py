@@ -46,7 +46,8 @@ def core_directives(events: list[dict[str, Any]], policy: Any) -> list[dict[str,
 def audit(settings: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "safepoint.cli", "audit", "--bootstrap", settings.bootstrap, "--until-idle", "3",
-         "--events-topic", settings.events_topic, "--directives-topic", settings.directives_topic,
+         "--events-topic", settings.events_topic, "--control-topic", settings.control_topic,
+         "--directives-topic", settings.directives_topic,
          "--alerts-topic", settings.alerts_topic],
         capture_output=True, text=True, timeout=120, check=False)
 

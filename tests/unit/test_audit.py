@@ -255,3 +255,30 @@ def test_a_control_event_on_the_events_topic_holds_nothing_unless_the_policy_tak
         feed(a, m)
     found = [v for d in moved for v in a.directive(json.dumps(d))]
     assert any("service hold forged" in v.detail for v in found), [v.detail for v in found]
+
+
+def test_an_event_without_the_signature_its_cluster_requires_holds_nothing() -> None:
+    """With ``node_key_secret`` the job refuses a node event its node did not sign: the auditor,
+    given the same settings, does not take the forged reader for a live hold."""
+    from safepoint.core.policy import Policies
+    from safepoint.core.signing import node_key, sign_node
+    from safepoint.ops.audit import signatures
+
+    secret = "audit-secret"
+    policy = Policy(retention=100, node_lease_ms=60_000, node_key_secret=secret)
+    signed_log = [e if "node" not in e else {**e, "sig": sign_node(e, node_key(secret, "c1", e["node"]))}
+                  for e in node_log()]
+    order, ds = run_core(signed_log, policy)
+    forged = json.dumps({"v": 1, "type": "reader_open", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 99,
+                         "wall_ms": T0 + 1, "reader_id": "forged", "read_ts": 1}).encode()
+    first = order[0]
+    shifted = [first, (first[0], first[1] + 1, forged)] + [(p, o + (p == first[0]), v) for p, o, v in order[1:]]
+    moved = [{**d, "positions": {k: o + (k == position_key(first[0])) for k, o in d["positions"].items()}} for d in ds]
+    checked = Auditor(signed=signatures(Policies(policy)))
+    for m in shifted:
+        feed(checked, m)
+    assert [v for d in moved for v in checked.directive(json.dumps(d))] == [], "refused by the job: it holds nothing"
+    blind = Auditor()
+    for m in shifted:
+        feed(blind, m)
+    assert any("forged" in v.detail for d in moved for v in blind.directive(json.dumps(d)))

@@ -2,16 +2,17 @@
 
 ``safepoint audit`` follows the events, control and directives topics beside the job and checks,
 with a model of its own (it imports none of the job's rules, only ``core/ids.py`` for the alert
-id's format and ``core/origin.py``'s naming of the control topic's partitions: a bug in the core
-would have to be made again here to slip through), that no directive passes a live hold and that
+id's format, ``core/origin.py``'s naming of the control topic's partitions and ``core/signing.py``'s
+HMACs: a bug in the core would have to be made again here to slip through), that no directive passes a live hold and that
 no bound goes back:
 
 * **Holds.** A compaction directive carries ``positions``: per partition of the events and control
   topics, the offset after the cluster's last message the job had applied. The auditor keeps each
   cluster's events queued per partition and applies them up to a directive's positions before
   checking it, so every node and service hold is exactly where the job had it. A control event on
-  the events topic (unless the cluster's ``control_on_events_topic``) and a node event on the
-  control topic are skipped: the job refuses them. Then every member's open readers and transactions (prepared
+  the events topic (unless the cluster's ``control_on_events_topic``), a node event on the
+  control topic, and an event without the signature its cluster's keys require (the auditor is
+  given the settings' ``control_keys`` and ``node_key_secret``) are skipped: the job refuses them. Then every member's open readers and transactions (prepared
   or not), its retention bound (``mvcc_now - retention``, the directive's ``retention``), its
   groups' published times and the cluster's service holds must lie at or above their bound: a
   hold with a namespace its namespace's bound (``namespaces[ns]``, else ``namespace_safe_ts``,
@@ -54,6 +55,8 @@ from typing import Any
 from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.ids import escape, join_id
 from safepoint.core.origin import control_partition, routed_of
+from safepoint.core.policy import Policies
+from safepoint.core.signing import verify, verify_node
 from safepoint.ops.contract_check import CLUSTER_TYPES, CONTROL_TYPES, INT64_MIN, SnapshotParts, validate_event
 
 __all__ = ["AUDIT_KIND", "Auditor", "Violation", "follow_and_audit", "run_audit"]
@@ -253,14 +256,17 @@ class Auditor:
     """The model and the checks; ``event`` and ``directive`` take the topics' messages in any
     interleaving (a directive waits until the events read reach its positions)."""
 
-    def __init__(self, max_pending: int = MAX_PENDING, control_on_events_topic: Callable[[str], bool] | None = None
-                 ) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING, control_on_events_topic: Callable[[str], bool] | None = None,
+                 signed: Callable[[dict[str, Any], int | None], bool] | None = None) -> None:
         self.clusters: dict[str, _Cluster] = {}
         self.read_to: dict[int, int] = {}
         """Routed partition (``core/origin.py``: the control topic's are negative) -> the offset after
         the last message read."""
         self.control_on_events_topic = control_on_events_topic or (lambda _cluster: False)
         """Whether a cluster's policy takes control events on the events topic (else the job refuses them)."""
+        self.signed = signed or (lambda _event, _broker_ms: True)
+        """Whether an event carries the signature its cluster's keys require (``signatures``): the job
+        refuses one that does not, so it holds nothing."""
         self.max_pending = max_pending
         self.violations: list[Violation] = []
         self.checked = 0
@@ -295,6 +301,8 @@ class Auditor:
         if ev is not None and (ev["type"] in CONTROL_TYPES) != control and (
                 control or not self.control_on_events_topic(ev.get("cluster", "default"))):
             ev = None  # misrouted (core/origin.py): the job applies none of it
+        if ev is not None and not self.signed(ev, broker_ms):
+            ev = None  # refused by the job (core/signing.py)
         if ev is not None:
             c = self._cluster(ev.get("cluster", "default"))
             q = c.queue.setdefault(partition, deque())
@@ -443,6 +451,22 @@ class Auditor:
                 f"{len(self.violations)} violation(s)")
 
 
+def signatures(policies: Policies) -> Callable[[dict[str, Any], int | None], bool]:
+    """Whether an event is signed as its cluster's policy requires (``core/signing.py``: control
+    events with ``control_keys``, node events with ``node_key_secret``), as the job checks it."""
+    def signed(event: dict[str, Any], broker_ms: int | None) -> bool:
+        policy = policies.of(event.get("cluster", "default"))
+        if event["type"] in CONTROL_TYPES:
+            keys = policy.signing_keys
+            log = broker_ms if broker_ms is not None else event["wall_ms"]
+            return not keys or verify(event, keys, log, policy.control_signature_window_ms) is None
+        if "node" in event and policy.node_key_secret:
+            return verify_node(event, policy.node_key_secret) is None
+        return True
+
+    return signed
+
+
 def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_beginning: bool = True,
                      alerts: bool = True, out: Any = sys.stdout, stop: Any = None) -> Auditor:
     """Follow the events and directives topics and audit every directive: until both topics were
@@ -452,7 +476,9 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
     from safepoint.connectors.producer import make_producer, producer_conf
 
     conf = settings.librdkafka()
-    auditor = Auditor(control_on_events_topic=lambda c: settings.policies().of(c).control_on_events_topic)
+    policies = settings.policies()
+    auditor = Auditor(control_on_events_topic=lambda c: policies.of(c).control_on_events_topic,
+                      signed=signatures(policies))
     # a growing topic is read in rounds of idle_s (connectors/idle.py): the auditor needs no
     # quarter-second latency, and a round costs an end-offset request per partition
     follower = TopicFollower(conf, [settings.events_topic, settings.control_topic, settings.directives_topic],
@@ -493,6 +519,8 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
     except KeyboardInterrupt:
         pass
     finally:
+        if follower.error:  # a topic not made yet (the job makes them) leaves every topic unread
+            print(f"audit: warning: {follower.error}: nothing was read", file=sys.stderr, flush=True)
         follower.close()
         if producer is not None:
             producer.flush(10)
