@@ -15,7 +15,8 @@ from markdown_it import MarkdownIt
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md", "docs/etcd.md",
-        "docs/security.md")
+        "docs/security.md", "docs/deploying.md", "docs/configuration.md", "docs/benchmark.md", "docs/development.md",
+        "docs/client.md")
 
 
 @dataclass(frozen=True)
@@ -59,9 +60,9 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("README.md", "pip install ."): "tests/integration/test_bare_install.py::test_the_bare_package_is_the_node_client",
     ("README.md", "from safepoint.connectors.reporter import Reporter"):
         "tests/integration/test_readme.py::test_the_readme_node_example_runs_and_compacts",
-    ("README.md", "docker compose -f docker/compose.yaml build"):
+    ("docs/deploying.md", "docker compose -f docker/compose.yaml build"):
         "tests/integration/test_docker.py::test_the_readmes_compose_commands",
-    ("README.md", "spark-submit --master spark://master:7077"):
+    ("docs/deploying.md", "spark-submit --master spark://master:7077"):
         "tests/integration/test_submit.py::test_the_readmes_spark_submit_command",
     ("README.md", ".venv/bin/safepoint bench"): "tests/integration/test_submit.py::test_the_readmes_bench_command",
     ("docs/operations.md", "nodes --(safepoint.events"): "shown: the data flow diagram",

@@ -64,9 +64,9 @@ def test_integration_suite_against_a_real_kafka_container() -> None:
 
 
 def test_the_readmes_compose_commands() -> None:
-    """Each line of the README's Docker block names the compose file and services that exist (checked
+    """Each line of the deployment page's Docker block names the compose file and services that exist (checked
     here on any machine); with a Docker engine the lines run as written, each to exit 0."""
-    lines = [ln.split("#", 1)[0].strip() for ln in block("README.md", "docker compose -f docker/compose.yaml build").text.splitlines()]
+    lines = [ln.split("#", 1)[0].strip() for ln in block("docs/deploying.md", "docker compose -f docker/compose.yaml build").text.splitlines()]
     services = set(re.findall(r"^  ([a-z][a-z-]*):$", re.split(r"^services:$", COMPOSE.read_text(), flags=re.M)[1], re.M))
     verbs = []
     for line in filter(None, lines):
@@ -80,7 +80,7 @@ def test_the_readmes_compose_commands() -> None:
     assert verbs == ["build", "up", "up", "run", "down"]
     why = docker_engine()
     if why:
-        pytest.skip(f"the README's compose lines are checked against the file but not run: {why}")
+        pytest.skip(f"the deployment page's compose lines are checked against the file but not run: {why}")
     for line in filter(None, lines):
         timeout = 1800 if " build" in line else 600
         if " run " in line:  # the live view runs until Ctrl-C: give it 30 s to show a safe point

@@ -1,4 +1,4 @@
-"""The README's "Submitting to a Spark cluster" and "Benchmark" commands, run from their blocks.
+"""The deployment page's "Submitting to a Spark cluster" and the README's "Benchmark" commands, run from their blocks.
 
 spark-submit: the command as written, with the addresses replaced (the master by ``local[2]``,
 the brokers by a broker of this test, the checkpoint by a local directory). This machine has no
@@ -8,7 +8,7 @@ same directives: ``test_builtin_kafka.py``). Everything else runs as written: ``
 the RocksDB provider, 16 shuffle partitions, 16 event partitions and 32 node buckets.
 
 bench: the README's command with small sizes (the full run takes about 7 minutes; the flags are
-the ones the README lists), to exit 0 and write its report with the plain consumer's and the
+the ones docs/benchmark.md lists), to exit 0 and write its report with the plain consumer's and the
 job's rows."""
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def heartbeat(node: str, seq: int, wall_ms: int) -> tuple[str, dict[str, object]
 
 
 def test_the_readmes_spark_submit_command(kafka: EmbeddedBroker, tmp_path: Path) -> None:
-    cmd = submit_command(block("README.md", "spark-submit --master spark://master:7077").text, kafka.bootstrap,
+    cmd = submit_command(block("docs/deploying.md", "spark-submit --master spark://master:7077").text, kafka.bootstrap,
                          tmp_path / "ckpt")
     assert "docker/submit.py" in cmd and cmd[cmd.index("--node-buckets") + 1] == "32"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SAFEPOINT_")}

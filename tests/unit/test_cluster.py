@@ -1,7 +1,7 @@
 """The cluster stage: topology, discovery, leases, the monotonic safe point, horizon violations,
 the catalog floor, directive numbering, rate limiting and alert de-duplication.
 
-Each test cites the CONTRACT section (or seed) it checks.
+Each test cites the section of docs/contract.md ("CONTRACT") it checks.
 """
 
 from __future__ import annotations

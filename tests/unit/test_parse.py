@@ -264,7 +264,7 @@ def test_oversized_message_bytes_and_text() -> None:
 
 
 def test_deeply_nested_json_is_dead_lettered() -> None:
-    """CONTRACT Dead letters: bad input never kills the query (STYLE rule 6)."""
+    """docs/contract.md, Outputs (dead letters): bad input never kills the query (docs/contributing.md, rule 6)."""
     text = "[" * 100_000 + "]" * 100_000
     assert rejected(text, 1 << 20).startswith("not JSON")
 

@@ -1,4 +1,4 @@
-"""Hypothesis properties of the core over generated event logs (STYLE.md rule 9).
+"""Hypothesis properties of the core over generated event logs (docs/contributing.md, rule 9).
 
 A generated log comes from a small simulated cluster: several nodes opening and closing readers
 and transactions, preparing some, heartbeating with advancing ``mvcc_now`` and ``wall_ms``,

@@ -1,6 +1,6 @@
 """Outputs on the wire: JSON Schema conformance, exact bytes, and state persistence.
 
-STYLE.md rule 8: the JSON Schema files in ``schemas/`` are the single source; a test pins each
+docs/contributing.md, rule 8: the JSON Schema files in ``schemas/`` are the single source; a test pins each
 schema's exact bytes on the wire for a few examples.
 """
 
@@ -85,7 +85,7 @@ def wire_examples() -> tuple[Run, list[Any]]:
 
 
 def test_contract_directive_example_exact_bytes() -> None:
-    """CONTRACT Directives example; STYLE rule 8: exact bytes of a directive, keys in contract order."""
+    """docs/contract.md, Outputs; docs/contributing.md, rule 8: exact bytes of a directive, keys in contract order."""
     run = contract_example_run()
     [m, d] = [o for o in run.outputs if o.channel == "directives"]
     assert d.key == "c1"
@@ -106,7 +106,7 @@ def test_alert_and_dead_letter_exact_bytes() -> None:
 
 
 def test_codec_is_compact_form_of_the_same_bytes() -> None:
-    """STYLE rule 8: the one encoding the job writes (core/codec.py) is the same object, compact."""
+    """docs/contributing.md, rule 8: the one encoding the job writes (core/codec.py) is the same object, compact."""
     if importlib.util.find_spec("safepoint.core.codec") is None:
         pytest.skip("safepoint.core.codec is not there yet")
     from safepoint.core.codec import encode
@@ -118,7 +118,7 @@ def test_codec_is_compact_form_of_the_same_bytes() -> None:
 
 
 def test_output_schemas_are_valid_draft7_and_strict_enough() -> None:
-    """STYLE rule 8: the output schemas load through safepoint.schemas.load and reject wrong shapes."""
+    """docs/contributing.md, rule 8: the output schemas load through safepoint.schemas.load and reject wrong shapes."""
     for name in OUTPUT_NAMES:
         schema = load("outputs", name)
         jsonschema.Draft7Validator.check_schema(schema)
@@ -171,7 +171,7 @@ def roundtrip(state: Any) -> Any:
 
 
 def test_state_round_trips_through_json() -> None:
-    """STYLE rule 1 / task: state objects serialise via to_json()/from_json() and survive a JSON round trip."""
+    """docs/contributing.md, rules 1 and 20: state objects serialise via to_json()/from_json() and survive a JSON round trip."""
     run, _ = wire_examples()
     run.feed(cluster_event("index_build", 1, T0, cluster="c1", index="i", catalog_version=7, state="started"))
     for node in run.engine.nodes.values():

@@ -125,7 +125,9 @@ def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, bo
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)
     for aid in gone:
-        out.append(book.stamp(raised.pop(aid), "cleared", now))
+        cleared = book.clear(aid, now)
+        if cleared is not None:
+            out.append(cleared)
     if found:
         raise_new(book, found, now, out)
     return aborted

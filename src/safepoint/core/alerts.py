@@ -75,10 +75,33 @@ class AlertBook:
         self.raised[body["id"]] = body
         return self.stamp(body, "raised", now)
 
-    def clear(self, aid: str, now: int) -> Output | None:
-        """Take ``aid`` out of the book and say it is cleared (None: it was not raised)."""
+    def raise_again(self, body: dict[str, Any], now: int) -> Output:
+        """Raise ``body`` anew: said again even when its id is raised (a newer pause, another
+        refusal), and kept as the book's newest."""
+        self.raised.pop(body["id"], None)
+        return self.raise_(body, now)
+
+    def carry(self, body: dict[str, Any]) -> None:
+        """Put ``body`` in the book as raised without saying so: it was said before a lost checkpoint
+        (``core/recovery.py``), and its clearing will be said."""
+        self.raised[body["id"]] = body
+
+    def clear(self, aid: str, now: int, **changes: Any) -> Output | None:
+        """Take ``aid`` out of the book and say it is cleared, with ``changes`` to its body (its
+        ``value``, its ``detail``); None: it was not raised."""
         body = self.raised.pop(aid, None)
-        return None if body is None else self.stamp(body, "cleared", now)
+        return None if body is None else self.stamp({**body, **changes} if changes else body, "cleared", now)
+
+    def floor_of(self, node: str) -> str | None:
+        """The id of ``node``'s raised retention or group violation, if any."""
+        return self.floor.get(node)
+
+    def set_floor(self, node: str, aid: str | None) -> None:
+        """``node``'s raised retention or group violation is now ``aid`` (None: none)."""
+        if aid is None:
+            self.floor.pop(node, None)
+        else:
+            self.floor[node] = aid
 
     def stamp(self, body: dict[str, Any], state: str, now: int) -> Output:
         """The alert message of ``body`` in ``state`` (raised or cleared) at cluster time ``now``."""
@@ -102,7 +125,9 @@ def sync_abort_alerts(book: AlertBook, found: dict[str, Problem], now: int, out:
     if not found and not book:
         return
     for aid in [a for a in book.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
-        out.append(book.stamp(book.raised.pop(aid), "cleared", now))
+        cleared = book.clear(aid, now)
+        if cleared is not None:
+            out.append(cleared)
     raise_new(book, found, now, out)
 
 
@@ -200,16 +225,16 @@ def check_floor(book: AlertBook, node: str, floor: Floor | None, limit: Bound | 
     aid = None
     if floor is not None and limit is not None and floor.ts < limit[0]:
         aid = join_id("horizon_violation", node, floor.kind, floor.id or "-")
-    prev = book.floor.get(node)
+    prev = book.floor_of(node)
     if prev is not None and prev != aid:
-        del book.floor[node]
+        book.set_floor(node, None)
         cleared = book.clear(prev, now)
         if cleared is not None:
             out.append(cleared)
     if aid is not None and aid not in book:
         assert floor is not None and limit is not None
         out.append(violation(book, node, floor.kind, floor.id or "-", floor.ts, limit, now))
-        book.floor[node] = aid
+        book.set_floor(node, aid)
 
 
 def never_problem(node: str) -> Problem:

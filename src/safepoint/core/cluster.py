@@ -364,8 +364,7 @@ class ClusterState:
                                                  "cluster (an old publisher needs control_on_events_topic)" if control
                                                  else ""))
         out.append(Output(DEADLETTER, letter["key"], body))
-        self.alerts.raised.pop(MISROUTED_ID, None)
-        out.append(self.alerts.raise_({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
+        out.append(self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
                                        "severity": "critical", "value": None, "threshold": None, "since": now,
                                        "detail": detail}, now))
         if control:

@@ -116,9 +116,9 @@ class Control:
         self.holds = {h: {**_hold_of(v), "applied_ms": None, "expires_ms": None} for h, v in holds.items()}
         self.paused = dict(pause) if pause else None
         if pause:
-            book.raised[PAUSED_ID] = {"id": PAUSED_ID, "kind": "paused", "node": None, "severity": "warning",
-                                      "value": None, "threshold": None, "since": pause.get("since_wall_ms"),
-                                      "detail": f"paused: {pause.get('reason')} (carried over a lost checkpoint)"}
+            book.carry({"id": PAUSED_ID, "kind": "paused", "node": None, "severity": "warning", "value": None,
+                        "threshold": None, "since": pause.get("since_wall_ms"),
+                        "detail": f"paused: {pause.get('reason')} (carried over a lost checkpoint)"})
 
     def action(self, action_id: str | None) -> dict[str, Any] | None:
         if action_id is None:
@@ -175,8 +175,7 @@ class Control:
             was = self.paused
             self.paused = {"reason": event["reason"], "since_wall_ms": was["since_wall_ms"] if was else now,
                            "action_id": event.get("action_id")}
-            book.raised.pop(PAUSED_ID, None)
-            out.append(book.raise_(_body(PAUSED_ID, "paused", None, None, now,
+            out.append(book.raise_again(_body(PAUSED_ID, "paused", None, None, now,
                                          f"paused: {event['reason']}; no directive advances and no forced expiry "
                                          "is issued until resume"), now))
             self.announce = True
@@ -227,8 +226,7 @@ class Control:
         what = f"{event['type']}" + (f" of {event['holder']}" if "holder" in event else "")
         detail = (f"{what} refused: {SIGNATURE_WORDS[why]}; only a holder of the cluster's control key steers it "
                   f"(action {event.get('action_id') or '-'}, wall_ms {event['wall_ms']}, log time {log})")
-        book.raised.pop(CONTROL_REFUSED_ID, None)
-        out.append(book.raise_(_body(CONTROL_REFUSED_ID, "control_refused", None, None, now, detail, "critical"), now))
+        out.append(book.raise_again(_body(CONTROL_REFUSED_ID, "control_refused", None, None, now, detail, "critical"), now))
         if self.action(event.get("action_id")) is None:  # a forged copy of a known action cannot change its outcome
             self.record(event, "refused", why, detail, known)
         return why
@@ -242,8 +240,7 @@ class Control:
             detail = (f"service hold {holder} at ts {ts} refused: its ttl_ms {ttl} is above max_service_hold_ttl_ms "
                       f"{max_ttl}; renew it more often with a shorter TTL")
             aid = join_id("service_hold_refused", holder)
-            book.raised.pop(aid, None)
-            out.append(book.raise_(_body(aid, "service_hold_refused", ttl, max_ttl, now, detail), now))
+            out.append(book.raise_again(_body(aid, "service_hold_refused", ttl, max_ttl, now, detail), now))
             self.record(event, "refused", "ttl_too_long", detail, known)
             return False
         if bound is not None and ts < bound[0]:
@@ -254,8 +251,7 @@ class Control:
                       f"service hold {holder} at ts {ts} refused: below {bound[1]} {bound[0]} already sent "
                       "(that history may be compacted)")
             aid = join_id("service_hold_refused", holder)
-            book.raised.pop(aid, None)
-            out.append(book.raise_(_body(aid, "service_hold_refused", ts, bound[0], now, detail), now))
+            out.append(book.raise_again(_body(aid, "service_hold_refused", ts, bound[0], now, detail), now))
             self.record(event, "refused", reason, detail, known)
             return False
         previous = self.holds.get(holder)
@@ -295,8 +291,7 @@ class Control:
                   f"({'a different owner digest' if what == 'set' else 'no matching owner_token'}); its owner's "
                   "token, or --force by an operator, is needed")
         aid = join_id("service_hold_refused", holder)
-        book.raised.pop(aid, None)
-        out.append(book.raise_(_body(aid, "service_hold_refused", None, None, now, detail), now))
+        out.append(book.raise_again(_body(aid, "service_hold_refused", None, None, now, detail), now))
         self.record(event, "refused", "not_owner", detail, known)
         return True
 

@@ -89,11 +89,11 @@ class Emergency:
             return False
         calm = self.calm_since
         self.since = self.calm_since = None
-        body = book.raised.pop(EMERGENCY_ID, None)
-        if body is not None:
-            out.append(book.stamp({**body, "value": 0, "detail": (
-                f"emergency over: no node has been in the critical band with growing debt for {now - calm} ms of "
-                f"cluster time (emergency_exit_ms {policy.emergency_exit_ms})")}, "cleared", now))
+        cleared = book.clear(EMERGENCY_ID, now, value=0, detail=(
+            f"emergency over: no node has been in the critical band with growing debt for {now - calm} ms of "
+            f"cluster time (emergency_exit_ms {policy.emergency_exit_ms})"))
+        if cleared is not None:
+            out.append(cleared)
         return True
 
     def directive_fields(self, policy: Policy) -> dict[str, Any]:

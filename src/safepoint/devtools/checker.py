@@ -3,7 +3,7 @@ letters out, and the contract's safety, order, liveness and accounting rules bet
 
 It never imports ``safepoint.core``: its model of a node (readers, transactions, restarts,
 snapshots, duplicates) and its validation of a message are written again here, as simply as
-possible, from CONTRACT.md. A bug shared by the job and this module would have to be made twice.
+possible, from docs/contract.md. A bug shared by the job and this module would have to be made twice.
 
 Safety. A compaction directive carries ``positions``: for every events partition, the offset
 after the cluster's last message the job had applied when it emitted the directive. A node's
