@@ -2,10 +2,10 @@
 
 ``Router`` runs before the shuffle (in the Python source's read tasks, or as a ``mapInArrow``
 after Spark's kafka source) and calls ``core.batch.route``: one packed row per cluster and Arrow
-batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it calls
-``core.batch.run_batch`` over the cluster's messages of the batch, with the cluster's state in a
+batch. ``ClusterJob`` is the job's one stateful operator, keyed by cluster: it runs
+``core.batch.BatchRun`` over the cluster's messages of the batch, with the cluster's state in a
 value and its nodes' in a map of buckets (read and written only when the batch touches them), and
-produces the outputs itself (``produce``): each is sent the moment the batch logic emits it, and
+produces the outputs itself (``produce``): each is sent the moment the batch logic yields it, and
 every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
 Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
 batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and
@@ -14,7 +14,7 @@ translate rows. Packed rows (``Routed`` records, ``pack_routed``) live only insi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from pyspark.sql import Row
@@ -22,7 +22,7 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
 from safepoint.connectors.kafka_sink import Outbox
-from safepoint.core.batch import METRICS, BucketNodes, Emitted, Routed, pack_routed, route, run_batch, unpack_routed
+from safepoint.core.batch import METRICS, BatchRun, BucketNodes, Emitted, Routed, pack_routed, route, unpack_routed
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import CONTROL, EVENTS
@@ -141,39 +141,35 @@ class ClusterJob(StatefulProcessor):
                               DEADLETTER: topics["deadletter"], STATUS: topics.get("status", ""),
                               None: self.accounting_topic}
         self.outbox = Outbox(self.produce) if self.produce is not None else None
-        self.emit = self._emitter()
 
     def _bucket(self, bucket: int) -> bytes | None:
         value = self.nodes.getValue((bucket,))
         return None if value is None else bytes(value[0])
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802, N803
+        topics = self.channel_topic
+        returned: list[Emitted] = []
         with paused():
             items = unpack(rows)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
-            result = run_batch(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
-                               items, self.policies.of(key[0]), bool(self.accounting_topic), self.start, self.emit)
+            run = BatchRun(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
+                           items, self.policies.of(key[0]), bool(self.accounting_topic), self.start)
+            if self.outbox is not None:  # each output sent the moment the batch logic makes it
+                send = self.outbox.send
+                for channel, okey, ovalue in run.outputs():
+                    send(topics[channel], okey, encode(ovalue))
+            else:
+                returned = list(run.outputs())
             del items
+        result = run.result
+        assert result is not None
         for bucket, value in result.buckets.items():
             self.nodes.updateValue((bucket,), (value,))
         if result.cluster is not None:
             self.cluster.update((result.cluster,))
-        topics = self.channel_topic
-        for channel, okey, ovalue in result.outputs:  # none when the operator produced them itself
+        for channel, okey, ovalue in returned:  # none when the operator produced them itself
             yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
         yield Row(topic="", key=None, value="", **result.counts)
-
-    def _emitter(self) -> Callable[[Emitted], None] | None:
-        """With ``produce``: what sends one output on at once (else None: ``run_batch`` returns them)."""
-        if self.outbox is None:
-            return None
-        send, topics = self.outbox.send, self.channel_topic
-
-        def emit(output: Emitted) -> None:
-            channel, okey, ovalue = output
-            send(topics[channel], okey, encode(ovalue))
-
-        return emit
 
     def close(self) -> None:
         """At the end of the task, before Spark commits its state: with ``produce``, wait for the

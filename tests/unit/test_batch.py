@@ -378,11 +378,11 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
     assert "above" in node.readers
 
 
-def test_each_output_is_handed_to_emit_the_moment_it_is_made() -> None:
-    """With ``emit`` (the operator producing its outputs itself), ``run_batch`` hands over each
-    output as the batch logic makes it, in the order it would have returned them: a directive
-    leaves before the messages after it are worked through."""
-    from safepoint.core.batch import run_batch
+def test_each_output_is_yielded_the_moment_it_is_made() -> None:
+    """``BatchRun.outputs()`` (what the operator sends on at once) yields each output as the batch
+    logic makes it, in the order ``run_batch`` collects them: a directive leaves before the
+    messages after it are worked through."""
+    from safepoint.core.batch import BatchRun, run_batch
 
     policy = Policy(retention=100_000, node_lease_ms=2_000)
     msgs = messages(5, partitions=1, clusters=1)
@@ -392,11 +392,12 @@ def test_each_output_is_handed_to_emit_the_moment_it_is_made() -> None:
         return BucketNodes("c0", 8, lambda _b: None)
 
     returned = run_batch("c0", None, fresh(), items, policy, True)
-    emitted: list[Any] = []
-    handed = run_batch("c0", None, fresh(), items, policy, True, emit=emitted.append)
-    assert handed.outputs == [] and emitted == returned.outputs
-    assert {"directives", "status", None} <= {channel for channel, _k, _v in emitted}
-    assert (handed.counts, handed.cluster, handed.buckets) == (returned.counts, returned.cluster, returned.buckets)
+    run = BatchRun("c0", None, fresh(), items, policy, True)
+    yielded = list(run.outputs())
+    assert run.result is not None and run.result.outputs == [] and yielded == returned.outputs
+    assert {"directives", "status", None} <= {channel for channel, _k, _v in yielded}
+    assert (run.result.counts, run.result.cluster, run.result.buckets) == (returned.counts, returned.cluster,
+                                                                           returned.buckets)
 
     nodes = BucketNodes("c0", 8, lambda _b: None)
     at_first: list[int] = []
@@ -405,9 +406,7 @@ def test_each_output_is_handed_to_emit_the_moment_it_is_made() -> None:
         """How far the batch has got: the sum of the nodes' last applied ``seq``."""
         return sum(state.seq + 1 for state in nodes.touched.values())
 
-    def note_first_directive(output: Any) -> None:
+    for output in BatchRun("c0", None, nodes, items, policy, False).outputs():
         if output[0] == "directives" and not at_first:
             at_first.append(applied())
-
-    run_batch("c0", None, nodes, items, policy, False, emit=note_first_directive)
     assert 0 < at_first[0] < applied() / 2, "the batch was worked through before the first directive left"

@@ -1172,6 +1172,7 @@ def test_a_graceful_expiry_is_not_made_hard_once_pressure_left_critical() -> Non
     from safepoint.core.bands import band_step
     from safepoint.core.node import NodeState
     from safepoint.core.policy import Policy
+    from safepoint.core.signals import ExpireOrder
 
     policy = Policy(pinned_warning_enter_bytes=100, pinned_warning_exit_bytes=80, pinned_critical_enter_bytes=200,
                     pinned_critical_exit_bytes=160, band_enter_window_ms=0, band_exit_window_ms=0,
@@ -1181,10 +1182,11 @@ def test_a_graceful_expiry_is_not_made_hard_once_pressure_left_critical() -> Non
     state.apply({**ev, "type": "heartbeat", "seq": 0, "wall_ms": 0, "mvcc_now": 10, "pinned_bytes": 0}, policy)
     state.apply({**ev, "type": "reader_open", "seq": 1, "wall_ms": 1, "reader_id": "r", "read_ts": 5}, policy)
     u = state.apply({**ev, "type": "heartbeat", "seq": 2, "wall_ms": 2, "mvcc_now": 10, "pinned_bytes": 500}, policy)
-    assert isinstance(u, object) and [s[1]["mode"] for s in u.signals if s[0] == "expire"] == ["graceful"]
+    assert not isinstance(u, str) and [s.body["mode"] for s in u.signals if isinstance(s, ExpireOrder)] == ["graceful"]
     u = state.apply({**ev, "type": "heartbeat", "seq": 3, "wall_ms": 3, "mvcc_now": 10, "pinned_bytes": 0}, policy)
     u = state.apply({**ev, "type": "heartbeat", "seq": 4, "wall_ms": 5_000, "mvcc_now": 10, "pinned_bytes": 0}, policy)
-    assert state.pressure.pinned_band.level == 0 and not [s for s in u.signals if s[0] == "expire"]
+    assert not isinstance(u, str)
+    assert state.pressure.pinned_band.level == 0 and not [s for s in u.signals if isinstance(s, ExpireOrder)]
     assert band_step is not None
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "Routed",
     "bucket_of",
     "route",
+    "BatchRun",
     "run_batch",
     "merge_log_order",
     "pack_routed",
@@ -310,8 +311,8 @@ Emitted = tuple[str | None, str, dict[str, Any]]
 
 
 class BatchResult(NamedTuple):
-    """One cluster's micro-batch: what it emits (none here when ``run_batch`` handed each to its
-    ``emit``), the labels' counters, and what to store (None: leave the cluster's value as it is;
+    """One cluster's micro-batch: what it emits (``run_batch``; none from ``BatchRun``, which yields
+    them), the labels' counters, and what to store (None: leave the cluster's value as it is;
     buckets: only those the batch touched)."""
 
     outputs: list[Emitted]
@@ -329,48 +330,66 @@ def accounting_row(partition: int, offset: int, label: str) -> Emitted:
     return None, f"{partition}:{offset}", {"partition": partition, "offset": offset, "outcome": label}
 
 
-def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
-              accounting: bool, start: StartPlan | None = None, emit: Callable[[Emitted], Any] | None = None
-              ) -> BatchResult:
+class BatchRun:
     """One cluster's messages of one micro-batch through ``step``, in log order (cluster ``""``
-    holds the batch's dead letters). With ``emit``, each output is handed to it the moment it is
-    made (the operator sends it on at once) instead of coming back in ``outputs``."""
-    state = decode_cluster(stored) if stored is not None else None
-    outputs: list[Emitted] = []
-    out = outputs.append if emit is None else emit
-    labels: Counter[str] = Counter()
-    touched = False
-    gaps: dict[int, Gap] = {}
-    for partition, offset, _log, payload in merge_log_order(items):
-        if partition == GAP_PARTITION:  # the source's gaps, ahead of the batch's messages (core/gaps.py)
-            assert isinstance(payload, dict)
-            gap = Gap.of(payload)
-            gaps[gap.id] = gap
-            continue
-        if isinstance(payload, DeadLetterPayload):
-            label = f"{DEADLETTERED}:{payload.code}"
-            emitted = [Output(DEADLETTER, payload.key, payload.value)]
-        else:
-            if state is None or gaps:
-                fresh = state is None
-                if state is None:
-                    state = ClusterState.starting(cluster, start)
-                taken: list[Output] = []
-                state.meet_gaps(sorted(gaps.values()), payload["log_ms"] if fresh else None, policy, taken)
-                for o in taken:
-                    out((o.channel, o.key, o.value))
-                gaps = {}
+    holds the batch's dead letters). ``outputs()`` yields each output the moment a rule makes it (the
+    operator sends it on at once); once they are all taken, ``result`` says what to store and the
+    labels' counters. The core hands nothing to Kafka itself."""
+
+    __slots__ = ("cluster", "stored", "nodes", "items", "policy", "accounting", "start", "result")
+
+    def __init__(self, cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
+                 accounting: bool, start: StartPlan | None = None) -> None:
+        self.cluster, self.stored, self.nodes, self.items = cluster, stored, nodes, items
+        self.policy, self.accounting, self.start = policy, accounting, start
+        self.result: BatchResult | None = None
+        """Set when ``outputs()`` has run to its end (its ``outputs`` empty: they were yielded)."""
+
+    def outputs(self) -> Iterator[Emitted]:
+        cluster, nodes, policy = self.cluster, self.nodes, self.policy
+        state = decode_cluster(self.stored) if self.stored is not None else None
+        labels: Counter[str] = Counter()
+        touched = False
+        gaps: dict[int, Gap] = {}
+        for partition, offset, _log, payload in merge_log_order(self.items):
+            if partition == GAP_PARTITION:  # the source's gaps, ahead of the batch's messages (core/gaps.py)
+                assert isinstance(payload, dict)
+                gap = Gap.of(payload)
+                gaps[gap.id] = gap
+                continue
+            if isinstance(payload, DeadLetterPayload):
+                label = f"{DEADLETTERED}:{payload.code}"
+                emitted = [Output(DEADLETTER, payload.key, payload.value)]
+            else:
+                if state is None or gaps:
+                    fresh = state is None
+                    if state is None:
+                        state = ClusterState.starting(cluster, self.start)
+                    taken: list[Output] = []
+                    state.meet_gaps(sorted(gaps.values()), payload["log_ms"] if fresh else None, policy, taken)
+                    for o in taken:
+                        yield o.channel, o.key, o.value
+                    gaps = {}
+                    touched = True
+                label, emitted = step(state, nodes, payload, policy, partition, offset)
                 touched = True
-            label, emitted = step(state, nodes, payload, policy, partition, offset)
-            touched = True
-        labels[label] += 1
-        if accounting:
-            out(accounting_row(partition, offset, label))
-        for o in emitted:
-            out((o.channel, o.key, o.value))
-    if policy.status_holds and state is not None and touched:
-        for name, ns in sorted(nodes.touched.items()):
-            out((STATUS, status_key(cluster, name), node_status(ns, policy)))
-        out((STATUS, status_key(cluster), cluster_status(state, policy)))
-    new_state = encode_cluster(state) if state is not None and touched else None
-    return BatchResult(outputs, counts_of(labels), new_state, nodes.dump())
+            labels[label] += 1
+            if self.accounting:
+                yield accounting_row(partition, offset, label)
+            for o in emitted:
+                yield o.channel, o.key, o.value
+        if policy.status_holds and state is not None and touched:
+            for name, ns in sorted(nodes.touched.items()):
+                yield STATUS, status_key(cluster, name), node_status(ns, policy)
+            yield STATUS, status_key(cluster), cluster_status(state, policy)
+        new_state = encode_cluster(state) if state is not None and touched else None
+        self.result = BatchResult([], counts_of(labels), new_state, nodes.dump())
+
+
+def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
+              accounting: bool, start: StartPlan | None = None) -> BatchResult:
+    """A ``BatchRun`` taken whole: its outputs collected in the result (tests, the bench)."""
+    run = BatchRun(cluster, stored, nodes, items, policy, accounting, start)
+    outputs = list(run.outputs())
+    assert run.result is not None
+    return run.result._replace(outputs=outputs)

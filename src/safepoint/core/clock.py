@@ -23,6 +23,7 @@ from typing import Any
 from safepoint.core.bands import Band, BandSpec, band_step
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
+from safepoint.core.signals import Signal, alert_change
 
 __all__ = ["ClockWatch", "log_time"]
 
@@ -68,7 +69,7 @@ class ClockWatch:
             return None if not self.offset else [self.offset]
         return [self.offset, self.band.to_json()]
 
-    def take(self, wall: int, log: int, policy: Policy, signals: list[list[Any]]) -> None:
+    def take(self, wall: int, log: int, policy: Policy, signals: list[Signal]) -> None:
         """One applied event of the node: its offset, and the alert raised or cleared when the band moves."""
         offset = self.offset = wall - log
         if not policy.max_clock_skew_ms:
@@ -88,6 +89,5 @@ class ClockWatch:
         else:
             state = "cleared"
             detail = f"node {self.node}'s clock is within {policy.max_clock_skew_ms} ms of the log's time again"
-        signals.append(["alert", {"id": join_id("clock_skew", self.node), "kind": "clock_skew", "state": state,
-                                  "severity": "warning", "node": self.node, "value": offset,
-                                  "threshold": policy.max_clock_skew_ms, "since": since, "detail": detail}])
+        signals.append(alert_change(self.node, "clock_skew", join_id("clock_skew", self.node), state, "warning",
+                                    offset, policy.max_clock_skew_ms, since, detail))

@@ -42,6 +42,7 @@ from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
 from safepoint.core.records import NodeRecord, NodeUpdate
 from safepoint.core.recovery import ASK, COMPLETED, Recovery, StartPlan
+from safepoint.core.signals import AlertChange, BandChange, DebtReport, ExpireOrder, Signal, SnapshotAsk
 from safepoint.core.tenants import Tenants
 
 __all__ = ["ClusterState", "IGNORED_STALE_VERSION", "ABORT_KINDS"]
@@ -306,28 +307,31 @@ class ClusterState:
                     out.append(cleared)
         return True
 
-    def _signals(self, node: str, signals: list[list[Any]], now: int, out: list[Output]) -> None:
-        """What the node stage decided on the node's clock, stamped with the cluster's identity and time:
-        alerts, expire and snapshot_request directives, band changes, the emergency's debt signal."""
-        for kind, body in signals:
-            if kind == "expire" or body.get("kind") == "forced_expiry":
+    def _signals(self, node: str, signals: list[Signal], now: int, out: list[Output]) -> None:
+        """What the node stage decided on the node's clock (``core/signals.py``), stamped with the
+        cluster's identity and time: alerts, expire and snapshot_request directives, band changes, the
+        emergency's debt report, what the store compacted."""
+        for sig in signals:
+            if isinstance(sig, AlertChange):
+                if sig.body["kind"] == "forced_expiry" and self.control.paused is not None:
+                    self.control.count("expiry_while_paused")
+                    continue
+                out.append(self.alerts.stamp(sig.body, sig.state, now))
+            elif isinstance(sig, ExpireOrder):
                 if self.control.paused is not None:
                     self.control.count("expiry_while_paused")
                     continue
-            if kind == "expire":
-                out.append(self.directives.expire(node, body, now))
-            elif kind == "snapshot_request":
-                out.append(self.directives.snapshot_request(node, body["reason"], now))
-            elif kind == "band":
-                out.append(self.directives.band(node, body["band"], now))
-            elif kind == "debt":
-                self.emergency.take(node, body["growing"], body["debt_bytes_per_s"])
-            elif kind == "compacted":
-                was = self.compacted
-                if was is None or body["ts"] > was[0]:
-                    self.compacted = [body["ts"], 0 if was is None else was[1] + 1]
+                out.append(self.directives.expire(node, sig.body, now))
+            elif isinstance(sig, SnapshotAsk):
+                out.append(self.directives.snapshot_request(node, sig.reason, now))
+            elif isinstance(sig, BandChange):
+                out.append(self.directives.band(node, sig.band, now))
+            elif isinstance(sig, DebtReport):
+                self.emergency.take(node, sig.growing, sig.rate)
             else:
-                out.append(self.alerts.stamp({k: v for k, v in body.items() if k != "state"}, body["state"], now))
+                was = self.compacted
+                if was is None or sig.ts > was[0]:
+                    self.compacted = [sig.ts, 0 if was is None else was[1] + 1]
 
     def refuse_node_event(self, event: dict[str, Any], why: str, out: list[Output]) -> None:
         """A node event its node did not sign (``core/signing.py``): nothing of it is applied; a

@@ -27,6 +27,7 @@ from typing import Any
 
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
+from safepoint.core.signals import AlertChange, Signal, alert_change
 
 __all__ = ["GONE_KEPT", "Incarnations", "LATE", "TWIN", "alt_key", "own_id"]
 
@@ -160,7 +161,7 @@ class Incarnations:
         """Every incarnation that still speaks for the node."""
         return sorted(set(self.lives) | ({newest} if not self.dropped(newest) else set()))
 
-    def settle(self, newest: int, log: int, policy: Policy, signals: list[list[Any]]) -> None:
+    def settle(self, newest: int, log: int, policy: Policy, signals: list[Signal]) -> None:
         """After drops: clear ``duplicate_node`` once one process is left, and forget the newest's own
         entry once no other incarnation lives."""
         if self.raised and len(self.live(newest)) <= 1:
@@ -169,7 +170,7 @@ class Incarnations:
         if set(self.lives) <= {newest}:
             self.lives.clear()
 
-    def alert(self, state: str, newest: int, log: int, policy: Policy) -> list[Any]:
+    def alert(self, state: str, newest: int, log: int, policy: Policy) -> AlertChange:
         live = self.live(newest)
         if state == "raised":
             detail = (f"node {self.node} is spoken for by {len(live)} live processes (incarnations "
@@ -179,6 +180,5 @@ class Incarnations:
         else:
             detail = f"node {self.node} is spoken for by one process again (incarnation {', '.join(map(str, live)) or '-'})"
         older = [i for i in live if i != newest]
-        return ["alert", {"id": join_id("duplicate_node", self.node), "kind": "duplicate_node", "state": state,
-                          "severity": "critical", "node": self.node, "value": min(older) if older else None,
-                          "threshold": newest, "since": log, "detail": detail}]
+        return alert_change(self.node, "duplicate_node", join_id("duplicate_node", self.node), state, "critical",
+                            min(older) if older else None, newest, log, detail)

@@ -17,6 +17,7 @@ from typing import Any
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.records import Hold
+from safepoint.core.signals import AlertChange, Signal, SnapshotAsk, alert_change
 
 __all__ = ["LeakWatch"]
 
@@ -37,12 +38,11 @@ class LeakWatch:
     def __bool__(self) -> bool:
         return self.state is not None
 
-    def _alert(self, state: str, value: int | None, threshold: int | None, since: int, detail: str) -> list[Any]:
-        return ["alert", {"id": join_id("leaked_hold", self.node), "kind": "leaked_hold", "state": state,
-                          "severity": "warning", "node": self.node, "value": value, "threshold": threshold,
-                          "since": since, "detail": detail}]
+    def _alert(self, state: str, value: int | None, threshold: int | None, since: int, detail: str) -> AlertChange:
+        return alert_change(self.node, "leaked_hold", join_id("leaked_hold", self.node), state, "warning", value,
+                            threshold, since, detail)
 
-    def _end(self, why: str, signals: list[list[Any]]) -> None:
+    def _end(self, why: str, signals: list[Signal]) -> None:
         leak = self.state
         if leak is not None:
             if leak.get("alerted"):
@@ -50,7 +50,7 @@ class LeakWatch:
             self.state = None
 
     def check(self, readers: dict[str, Hold], txs: dict[str, Hold], event: dict[str, Any], now: int, policy: Policy,
-              signals: list[list[Any]]) -> None:
+              signals: list[Signal]) -> None:
         """After one applied event of the node (at its time ``now``): start, raise, repeat the
         request for, or clear a leak."""
         if event["type"] == "snapshot" or not policy.leak_window_ms:
@@ -84,4 +84,4 @@ class LeakWatch:
         elif now - leak.get("requested", now) < policy.leak_window_ms:
             return
         leak["requested"] = now
-        signals.append(["snapshot_request", {"node": self.node, "reason": "leaked_hold"}])
+        signals.append(SnapshotAsk("leaked_hold"))

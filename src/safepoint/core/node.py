@@ -16,6 +16,7 @@ from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
 from safepoint.core.pressure import NEVER, Holds, Pressure
 from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
+from safepoint.core.signals import Compacted, Signal, SnapshotAsk
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
            "STORED_FIELDS"]
@@ -218,7 +219,7 @@ class NodeState:
             self.parts = None  # another event between a snapshot's parts: they are not one set any more
         opened: list[OpenedHold] = []
         closed: list[HoldRef] = []
-        said: list[list[Any]] = []
+        said: list[Signal] = []
         log = log_time(event)
         restarted = self._identity(event, verdict == TWIN or not twin, log, opened, closed, said, policy) or twin
         wall = event["wall_ms"]
@@ -230,7 +231,7 @@ class NodeState:
         if kind == "heartbeat":
             groups_changed = self._heartbeat(event)
             if "compacted_ts" in event:  # the store's own compaction: the cluster refuses holds below it
-                said.append(["compacted", {"ts": event["compacted_ts"]}])
+                said.append(Compacted(event["compacted_ts"]))
         elif kind == "snapshot":
             full = self._collect(event) if event.get("parts", 1) > 1 else event
             whole = full is not None
@@ -264,7 +265,7 @@ class NodeState:
         return update
 
     def _identity(self, event: dict[str, Any], speaks: bool, log: int, opened: list[OpenedHold],
-                  closed: list[HoldRef], said: list[list[Any]], policy: Policy) -> bool:
+                  closed: list[HoldRef], said: list[Signal], policy: Policy) -> bool:
         """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
         that speaks after it (``speaks``; or the newest after its holds went) is a second live process;
         the newest's ``seq`` moves on. True when the incarnations changed or others live (no shortcut)."""
@@ -285,7 +286,7 @@ class NodeState:
             if raise_now:
                 said.append(self.incs.alert("raised", self.incarnation, log, policy))
             if was_dropped:  # its holds went with its silence: it must restate them
-                said.append(["snapshot_request", {"node": self.node, "reason": "duplicate_node"}])
+                said.append(SnapshotAsk("duplicate_node"))
             restarted = True
         if not twin:
             self.seq = event["seq"]

@@ -11,8 +11,8 @@ rate of ``pinned_bytes`` (and of ``debt_bytes``) is fitted over the heartbeats o
 ``forecast_horizon_ms`` at that rate, ``pressure_forecast`` is raised with the projected time (it
 clears once the projection is 25% past the horizon, the growth stops, or the node is critical:
 the critical band alert speaks then). What it decides comes out as the
-update's ``signals``: ``["alert", body]`` or ``["expire", body]``, which the cluster stage stamps
-with the cluster's identity and time.
+update's ``signals`` (``core/signals.py``: alert changes, expire orders, band changes, the debt's
+report), which the cluster stage stamps with the cluster's identity and time.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from safepoint.core.bands import LEVEL_NAMES, Band, BandSpec, band_step
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.records import Expiry, Hold, HoldRef
+from safepoint.core.signals import AlertChange, BandChange, DebtReport, ExpireOrder, Signal, alert_change
 
 __all__ = ["Forecast", "Holds", "Pressure"]
 
@@ -71,9 +72,8 @@ class Holds:
 
 
 def _alert(node: str, kind: str, aid: str, state: str, severity: str, value: int | None, threshold: int | None,
-           since: int, detail: str) -> list[Any]:
-    return ["alert", {"id": aid, "kind": kind, "state": state, "severity": severity, "node": node,
-                      "value": value, "threshold": threshold, "since": since, "detail": detail}]
+           since: int, detail: str) -> AlertChange:
+    return alert_change(node, kind, aid, state, severity, value, threshold, since, detail)
 
 
 _specs: list[Any] = [None, None, None]
@@ -221,7 +221,7 @@ class Pressure:
         return min(first_opened + limit, first_prepared + policy.in_doubt_timeout_ms)
 
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
-             signals: list[list[Any]], debt: int | None = None) -> None:
+             signals: list[Signal], debt: int | None = None) -> None:
         """Move the bands, in-doubt and expiry state after one event at the node's time ``now``;
         append what it decides."""
         node = holds.node
@@ -257,7 +257,7 @@ class Pressure:
             self._expire(holds, now, policy, signals)
 
     def _forecast(self, holds: Holds, pinned: int, debt: int | None, now: int, policy: Policy,
-                  signals: list[list[Any]]) -> None:
+                  signals: list[Signal]) -> None:
         """Fit the growth rates to this heartbeat and raise or clear ``pressure_forecast``."""
         f = self.forecast
         f.add(now, pinned, debt, policy.forecast_window_ms)
@@ -265,7 +265,7 @@ class Pressure:
         if growing != self.debt_growing and policy.emergency_exit_ms:
             self.debt_growing = growing
             debt_rate = round((f.debt_per_ms or 0) * 1000)
-            signals.append(["debt", {"growing": growing, "debt_bytes_per_s": debt_rate}])
+            signals.append(DebtReport(growing, debt_rate))
         if not policy.forecast_horizon_ms:
             return
         critical = policy.pinned_critical_enter_bytes
@@ -289,7 +289,7 @@ class Pressure:
             signals.append(_alert(node, "pressure_forecast", aid, "cleared", "warning", ttc, horizon, since,
                                   f"pinned bytes {pinned}: {why}"))
 
-    def _expire(self, holds: Holds, now: int, policy: Policy, signals: list[list[Any]]) -> None:
+    def _expire(self, holds: Holds, now: int, policy: Policy, signals: list[Signal]) -> None:
         """Under critical pressure sustained for expire_after_ms, expire the holds that pin the
         most (lowest ts first) among those open longer than max_reader_lifetime_ms, graceful
         first and hard after the grace period, at most max_expiries_per_window per window.
@@ -331,7 +331,7 @@ class Pressure:
             self.expiries[join_id(kind, hid)] = Expiry(kind, "graceful", now, hid)
             self._emit_expire(holds, kind, hid, "graceful", now, signals)
 
-    def _emit_expire(self, holds: Holds, kind: str, hid: str, mode: str, now: int, signals: list[list[Any]]) -> None:
+    def _emit_expire(self, holds: Holds, kind: str, hid: str, mode: str, now: int, signals: list[Signal]) -> None:
         self.expire_walls.append(now)
         h = holds.of(kind)[hid]
         node = holds.node
@@ -339,13 +339,13 @@ class Pressure:
                   f"{now - h.opened_wall} ms pins ts {h.ts}")
         body: dict[str, Any] = {"v": 1, "type": "expire", "node": node,
                                 ("reader_id" if kind == "reader" else "tx_id"): hid, "reason": reason, "mode": mode}
-        signals.append(["expire", body])
+        signals.append(ExpireOrder(body))
         signals.append(_alert(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "raised",
                               "critical" if mode == "hard" else "warning", h.ts, None, now,
                               f"{mode} expiry of {kind} {hid}" + (f" ({h.label})" if h.label else "") + f": {reason}"))
 
 
-def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: int, signals: list[list[Any]],
+def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: int, signals: list[Signal],
           oldest: Oldest | None = None) -> None:
     change = band_step(band, spec, now, value)
     if change is None:
@@ -358,7 +358,7 @@ def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: 
         what += f"; oldest {oldest[0]} {oldest[1]}" + (f" ({oldest[3]})" if oldest[3] else "")
     node = holds.node
     if kind == "pinned_bytes":  # the node's admission control follows its pinned band (a band directive)
-        signals.append(["band", {"band": LEVEL_NAMES[new]}])
+        signals.append(BandChange(LEVEL_NAMES[new]))
     if new == 0:
         signals.append(_alert(node, kind, join_id(kind, node), "cleared", LEVEL_NAMES[old], value,
                               spec.exit(old), since, f"{what}: back below the {LEVEL_NAMES[old]} exit threshold"))

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from safepoint.core.signals import Signal
+
 __all__ = ["Blocker", "Expiry", "Floor", "Hold", "HoldRef", "NodeRecord", "NodeUpdate", "OpenedHold"]
 
 FLOOR_KINDS = ("retention", "group")
@@ -216,8 +218,8 @@ class NodeUpdate:
     opened: list[OpenedHold]  # holds added by this event
     closed: list[HoldRef]  # holds removed by this event
     changed: bool  # local_min, unknown or groups changed
-    signals: list[list[Any]] = field(default_factory=list)
-    """Pressure outputs decided on the node's clock: ["alert", body] or ["expire", body]."""
+    signals: list[Signal] = field(default_factory=list)
+    """What the node's rules decided on its clock, for the cluster to stamp (``core/signals.py``)."""
     snapshot: bool = False
     """The event was a snapshot: the node's complete set of readers and transactions."""
     floor: Floor | None = None
@@ -235,7 +237,7 @@ class NodeUpdate:
 
     def __init__(self, node: str, log_ms: int, incarnation: int, seq: int, local_min: int | None, unknown: str | None,
                  blocker: Blocker | None, groups: list[str] | None, opened: list[OpenedHold], closed: list[HoldRef],
-                 changed: bool, signals: list[list[Any]] | None = None, snapshot: bool = False,
+                 changed: bool, signals: list[Signal] | None = None, snapshot: bool = False,
                  floor: Floor | None = None, ns: list[Any] | None = None, led: list[str] | None = None) -> None:
         self.node = node
         self.log_ms = log_ms
