@@ -28,6 +28,30 @@ class Catalog:
         """Catalog events may have been lost (a gap in the events topic, ``core/gaps.py``): the floor
         stays where it is until an operator acknowledges the gap."""
 
+    def to_stored(self) -> dict[str, Any]:
+        """Its fields of the cluster's stored form (``ClusterState.to_json``)."""
+        return {"catalogs": [[v, a] for v, a in self.activated.items()], "index_builds": self.index_builds,
+                "rebalances": self.rebalances, "catalog_floor": self.floor, **({"catalog_held": True} if self.held else {})}
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> Catalog:
+        c = cls()
+        c.activated = {v: a for v, a in data["catalogs"]}
+        c.index_builds = data["index_builds"]
+        c.rebalances = data["rebalances"]
+        c.floor = data["catalog_floor"]
+        c.held = bool(data.get("catalog_held"))
+        return c
+
+    def hold(self, held: bool) -> None:
+        """Hold the floor where it is while catalog events may have been lost (``core/gaps.py``), or not."""
+        self.held = held
+
+    def advance(self, floor: int | None) -> None:
+        """The floor a directive now carries (it only goes forward: ``floor_at``), or a seed's after a
+        lost checkpoint."""
+        self.floor = floor
+
     def apply(self, event: dict[str, Any]) -> None:
         """Take a ``catalog``, ``index_build`` or ``rebalance`` event (past its version gate)."""
         kind = event["type"]

@@ -40,7 +40,7 @@ from safepoint.core.node import QUIET_SHAPES, NodeState
 from safepoint.core.origin import MISROUTED, is_control
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
-from safepoint.core.records import NodeRecord, NodeUpdate
+from safepoint.core.records import NodeUpdate
 from safepoint.core.recovery import ASK, COMPLETED, Recovery, StartPlan
 from safepoint.core.signals import AlertChange, BandChange, DebtReport, ExpireOrder, Signal, SnapshotAsk
 from safepoint.core.tenants import Tenants
@@ -121,30 +121,20 @@ class ClusterState:
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        d, m, c = self.directives, self.members, self.catalog
+        """The stored form: the cluster's own fields and each part's (``to_stored``), one flat map."""
         return {
             "name": self.name,
-            "nodes": {n: rec.to_json() for n, rec in m.nodes.items()},
-            "topology": m.topology,
+            **self.members.to_stored(),
             "versions": self.versions,
-            "catalogs": [[v, a] for v, a in c.activated.items()],
-            "index_builds": c.index_builds,
-            "rebalances": c.rebalances,
+            **self.catalog.to_stored(),
             "cluster_time": self.cluster_time,
             "first_wall": self.first_wall,
             "safe_ts": self.safe_ts,
-            "catalog_floor": c.floor,
-            "dseq": d.seq,
-            "last_directive_wall": d.last_wall,
+            **self.directives.to_stored(),
             "dirty": self.dirty,
             "raised": self.alerts.raised,
             "topology_wall": self.topology_wall,
-            "eseq": d.node_seq,
             "last_advance_wall": self.last_advance_wall,
-            "positions": [[p, o] for p, o in sorted(d.positions.items())],
-            "members_announced": m.announced,
-            **({"members_extra": sorted(m.extra)} if m.extra is not None else {}),
-            **({"catalog_held": True} if c.held else {}),
             "recovery": None if self.recovery is None else self.recovery.to_json(),
             **({"control": self.control.to_json()} if self.control else {}),
             **({"tenants": self.tenants.to_json()} if self.tenants else {}),
@@ -156,26 +146,13 @@ class ClusterState:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ClusterState:
         state = cls(data["name"])
-        state.members = Members({n: NodeRecord.from_json(rec) for n, rec in data["nodes"].items()}, data["topology"])
-        state.members.announced = bool(data.get("members_announced"))  # a state from before: announce them again
-        if data.get("members_extra") is not None:
-            state.members.extra = set(data["members_extra"])
-            state.members.rebuild()
+        state.members = Members.from_stored(data)
         state.versions = data["versions"]
-        c = state.catalog
-        c.activated = {v: a for v, a in data["catalogs"]}
-        c.index_builds = data["index_builds"]
-        c.rebalances = data["rebalances"]
-        c.floor = data["catalog_floor"]
-        c.held = bool(data.get("catalog_held"))
+        state.catalog = Catalog.from_stored(data)
         state.cluster_time = data["cluster_time"]
         state.first_wall = data["first_wall"]
         state.safe_ts = data["safe_ts"]
-        d = state.directives
-        d.seq = data["dseq"]
-        d.last_wall = data["last_directive_wall"]
-        d.node_seq = data.get("eseq", 0)
-        d.positions = {p: o for p, o in data.get("positions") or ()}
+        state.directives = Directives.from_stored(state.name, data)
         state.dirty = data["dirty"]
         state.alerts = AlertBook(state.name, data["raised"])
         state.topology_wall = data["topology_wall"]
@@ -389,9 +366,8 @@ class ClusterState:
                        expected: tuple[str, ...] | list[str]) -> None:
         """Continue from a seed and require a snapshot of every node before it counts again."""
         self.safe_ts = safe_ts
-        self.catalog.floor = catalog_floor
-        self.directives.seq = seq
-        self.directives.node_seq = node_seq
+        self.catalog.advance(catalog_floor)
+        self.directives.seed(seq, node_seq)
         self.recovery = Recovery(expected)
         self.members.rebuild()
         self.aborts = AbortSync()
@@ -404,11 +380,8 @@ class ClusterState:
         alerted when a topology makes it a member below the safe point."""
         kind = event["type"]
         if partition is not None:  # where the cluster's own events live, in each topic (core/origin.py)
-            if kind in CONTROL_TYPES:
-                self.gaps.control_partition = partition
-            if not is_control(partition):
-                self.gaps.key_partition = partition
-            elif MISROUTED_ID in self.alerts.raised and self.cluster_time is not None:
+            self.gaps.home(partition, kind in CONTROL_TYPES)
+            if is_control(partition) and MISROUTED_ID in self.alerts.raised and self.cluster_time is not None:
                 cleared = self.alerts.clear(MISROUTED_ID, self.cluster_time)
                 if cleared is not None:
                     out.append(cleared)
@@ -454,8 +427,8 @@ class ClusterState:
         for gap in gaps:
             if first_log is None or first_log <= gap.ms + policy.node_lease_ms:
                 self.take_gap(gap, policy, out)
-            elif gap.id > self.gaps.seen:
-                self.gaps.seen = gap.id
+            else:
+                self.gaps.skip(gap.id)
 
     def take_gap(self, gap: Gap, policy: Policy, out: list[Output]) -> None:
         """A gap in the events or control topic: the nodes whose events may have been in it owe a snapshot
@@ -479,7 +452,7 @@ class ClusterState:
             if own:  # the cluster's own events may be in it: a topology, a catalog event
                 self.members.loosen({n for n, rec in self.members.nodes.items()
                                      if at - rec.last_wall <= policy.node_lease_ms})
-                self.catalog.held = True
+                self.catalog.hold(True)
         self.gaps.take(gap, owed, own, holds, now, policy.max_service_hold_ttl_ms, self.alerts, out)
         self.aborts = AbortSync()
         self._rebuild_recovery()
@@ -496,7 +469,7 @@ class ClusterState:
             self.dirty = True
             if not any(g["control"] and not g["acked"] for g in self.gaps.open.values()):
                 self.members.tighten()  # the operator checked the topology and the catalog too
-                self.catalog.held = False
+                self.catalog.hold(False)
                 self.aborts = AbortSync()
                 self._rebuild_recovery()
             self.control.record(event, "applied", None, f"acknowledged gap(s) {', '.join(map(str, acked))}",
@@ -578,7 +551,7 @@ class ClusterState:
         if safe == self.safe_ts and floor == self.catalog.floor and not tenants_moved:
             return False
         self.safe_ts = safe
-        self.catalog.floor = floor
+        self.catalog.advance(floor)
         self.last_advance_wall = now
         cleared = self.alerts.clear("stall/-", now)
         if cleared is not None:
@@ -587,7 +560,7 @@ class ClusterState:
         return True
 
     def _emit(self, gnode: str, now: int, policy: Policy, out: list[Output]) -> None:
-        self.control.announce = False
+        self.control.announced()
         out += self.directives.compaction(safe_ts=self.safe_ts, catalog_floor=self.catalog.floor, gnode=gnode,
                                           members=self.members, control=self.control, tenants=self.tenants, now=now,
                                           retention=policy.retention, extra=self.emergency.directive_fields(policy))

@@ -91,6 +91,10 @@ class Control:
     def __bool__(self) -> bool:
         return bool(self.holds or self.paused or self.ignored or self.actions or self.announce)
 
+    def announced(self) -> None:
+        """A compaction directive carries the holds and the pause as they are now."""
+        self.announce = False
+
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"holds": self.holds, "paused": self.paused, "ignored": self.ignored,
                                 "actions": self.actions, "announce": self.announce}

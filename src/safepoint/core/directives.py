@@ -69,6 +69,28 @@ class Directives:
         """Cluster time of the last compaction directive (``directive_interval_ms`` counts from it)."""
         self.positions: dict[int, int] = {}
 
+    def to_stored(self) -> dict[str, Any]:
+        """Its fields of the cluster's stored form (``ClusterState.to_json``)."""
+        return {"dseq": self.seq, "last_directive_wall": self.last_wall, "eseq": self.node_seq,
+                "positions": [[p, o] for p, o in sorted(self.positions.items())]}
+
+    @classmethod
+    def from_stored(cls, cluster: str, data: dict[str, Any]) -> Directives:
+        d = cls(cluster)
+        d.seq = data["dseq"]
+        d.last_wall = data["last_directive_wall"]
+        d.node_seq = data.get("eseq", 0)
+        d.positions = {p: o for p, o in data.get("positions") or ()}
+        return d
+
+    def seed(self, seq: int, node_seq: int) -> None:
+        """Continue the sequences of a job that lost its checkpoint (``core/recovery.py``)."""
+        self.seq, self.node_seq = seq, node_seq
+
+    def saw(self, partition: int, offset: int) -> None:
+        """The message at routed ``partition``/``offset`` was applied: a directive out of it counts it."""
+        self.positions[partition] = offset + 1
+
     def compaction(self, *, safe_ts: int | None, catalog_floor: int | None, gnode: str, members: Members,
                    control: Control, tenants: Tenants, now: int, retention: int,
                    extra: dict[str, Any] | None = None) -> list[Output]:
@@ -77,8 +99,7 @@ class Directives:
         self.seq += 1
         self.last_wall = now
         out: list[Output] = []
-        if not members.announced:
-            members.announced = True
+        if members.announce():
             out.append(Output(DIRECTIVES, members_key(self.cluster), {
                 "v": 1, "type": "members", "cluster": self.cluster, "seq": self.seq, "nodes": sorted(members.names)}))
         blocker = members.nodes[gnode].blocker if gnode else None

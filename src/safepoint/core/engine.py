@@ -77,7 +77,7 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
          offset: int) -> Outcome:
     """Apply one validated event, the message at routed ``partition``/``offset`` (``core/origin.py``),
     to its node and cluster."""
-    state.directives.positions[partition] = offset + 1  # a directive out of this message counts it
+    state.directives.saw(partition, offset)
     out: list[Output] = []
     if MISROUTED in event:
         if event["type"] in CONTROL_TYPES and policy.control_on_events_topic:  # an old publisher, allowed

@@ -138,6 +138,17 @@ class Gaps:
         return {"seen": self.seen, "key_partition": self.key_partition, "control_partition": self.control_partition,
                 "open": {str(k): {**v, "owed": sorted(v["owed"])} for k, v in self.open.items()}}
 
+    def home(self, partition: int, control: bool) -> None:
+        """The cluster's own event (``control``: a control event) came from routed ``partition``."""
+        if control:
+            self.control_partition = partition
+        if not is_control(partition):
+            self.key_partition = partition
+
+    def skip(self, gid: int) -> None:
+        """Gap ``gid`` cannot concern the cluster (met later than a lease after it): mark it seen."""
+        self.seen = max(self.seen, gid)
+
     def frozen(self, now: int | None) -> bool:
         """A gap may hide a service hold and its window has not run out, unacknowledged: the safe point holds."""
         return any(g["until"] is not None and not g["acked"] and (now is None or now < g["until"]) for g in self.open.values())

@@ -44,6 +44,28 @@ class Members:
         never read (``core/gaps.py``): the nodes live then, and any seen since; None: the topology alone."""
         self.rebuild()
 
+    def to_stored(self) -> dict[str, Any]:
+        """Its fields of the cluster's stored form (``ClusterState.to_json``)."""
+        return {"nodes": {n: rec.to_json() for n, rec in self.nodes.items()}, "topology": self.topology,
+                "members_announced": self.announced,
+                **({"members_extra": sorted(self.extra)} if self.extra is not None else {})}
+
+    @classmethod
+    def from_stored(cls, data: dict[str, Any]) -> Members:
+        m = cls({n: NodeRecord.from_json(rec) for n, rec in data["nodes"].items()}, data["topology"])
+        m.announced = bool(data.get("members_announced"))  # a state from before: announce them again
+        if data.get("members_extra") is not None:
+            m.extra = set(data["members_extra"])
+            m.rebuild()
+        return m
+
+    def announce(self) -> bool:
+        """True when the member set is to go out (a ``members`` record), once per change."""
+        if self.announced:
+            return False
+        self.announced = True
+        return True
+
     def rebuild(self) -> None:
         """Recompute every index from the records and the topology."""
         self.names: set[str] = set(self.topology) if self.topology is not None else set(self.nodes)
