@@ -110,7 +110,7 @@ def source_ignores_max_offsets() -> str | None:
     """Whether the job's Python source sees maxOffsetsPerTrigger the way Spark hands options over."""
     from pyspark.sql.datasource import CaseInsensitiveDict
 
-    from safepoint.connectors.kafka_source import KafkaStreamReader
+    from safepoint.streaming.kafka_source import KafkaStreamReader
 
     opts = CaseInsensitiveDict({"bootstrap.servers": "x", "subscribe": "t", "maxOffsetsPerTrigger": "123", "startingOffsets": "latest"})
     reader = KafkaStreamReader(opts)  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from safepoint.connectors.directives import Directive
+from safepoint.connectors.directive_models import Directive
 from safepoint.connectors.etcd_gateway import EtcdError, EtcdGateway, EtcdUnavailable, MemberStatus, RevisionCompacted
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import DEFAULT_EVENTS_TOPIC, Reporter

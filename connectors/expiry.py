@@ -17,7 +17,7 @@ from safepoint.connectors.handles import ExpireCallback, Handle, Reader, Transac
 from safepoint.errors import ReaderExpired
 
 if TYPE_CHECKING:
-    from safepoint.connectors.directives import ExpireDirective
+    from safepoint.connectors.directive_models import ExpireDirective
 
 __all__ = ["ExpiryMixin"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 from safepoint.errors import ReaderRefused, SafepointError
 
 if TYPE_CHECKING:
-    from safepoint.connectors.directives import ExpireDirective
+    from safepoint.connectors.directive_models import ExpireDirective
     from safepoint.connectors.reporter import Reporter
 
 __all__ = ["ExpireCallback", "Handle", "Outcome", "Reader", "Transaction", "add_optional", "check_id", "check_ts", "new_id", "refuse_below_safe"]

@@ -52,7 +52,7 @@ from safepoint.connectors.clients import (
     set_paused,
 )
 from safepoint.connectors.delivery import consumer_conf, deliver_until_stopped
-from safepoint.connectors.directives import (
+from safepoint.connectors.directive_models import (
     BAND,
     DEFAULT_DIRECTIVES_TOPIC,
     SNAPSHOT_REQUEST,

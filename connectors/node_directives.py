@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from safepoint.connectors.directives import ExpireDirective
+from safepoint.connectors.directive_models import ExpireDirective
 
 if TYPE_CHECKING:
     from safepoint.connectors.reporter import Reporter

@@ -5,7 +5,7 @@
         run_the_backup()          # the safe point stays at or below snapshot_ts meanwhile
         hold.check()              # raises HoldLost if the job refused or expired the hold
 
-On entry it publishes a ``service_hold`` event (through ``connectors/control.py``, with an
+On entry it publishes a ``service_hold`` event (through ``connectors/actions.py``, with an
 ``action_id``), waits for the broker's acknowledgement (a hold the job never saw protects
 nothing) and then for the job's outcome in the cluster's status (``outcome_timeout_s``): a hold
 the job refuses raises ``HoldRefused`` (its ``ts`` lies below a bound already sent: that history
@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from safepoint.connectors.control import LOST, ActionOutcomes, ActionRefused, ControlPublisher
+from safepoint.connectors.actions import LOST, ActionOutcomes, ActionRefused, ControlPublisher
 from safepoint.core.signing import owner_digest
 from safepoint.errors import SafepointError
 

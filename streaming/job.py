@@ -4,7 +4,7 @@
       (or Spark's kafka source, then the Router as a mapInArrow)
     -> group by cluster -> ClusterJob                          (streaming/processors.py ->
                                                                  core/batch.py run_batch)
-       which produces its outputs when its task ends           (connectors/kafka_sink.py deliver)
+       which produces its outputs when its task ends           (streaming/kafka_sink.py deliver)
     -> noop sink (Spark's kafka format: Spark's Kafka sink writes the (topic, key, value) rows)
 
 ``ClusterJob`` is the one stateful operator (``transformWithState`` on the RocksDB state store);

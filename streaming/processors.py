@@ -21,7 +21,6 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from safepoint.connectors.kafka_sink import Outbox
 from safepoint.core.batch import METRICS, BatchRun, BucketNodes, Emitted, Routed, pack_routed, route, unpack_routed
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
@@ -31,6 +30,7 @@ from safepoint.core.policy import Policies
 from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
+from safepoint.streaming.kafka_sink import Outbox
 
 __all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
 

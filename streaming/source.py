@@ -16,8 +16,8 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
-from safepoint.connectors.kafka_source import KafkaDataSource, KafkaStreamReader, gaps_of
 from safepoint.core.policy import SECRET_FIELDS
+from safepoint.streaming.kafka_source import KafkaDataSource, KafkaStreamReader, gaps_of
 from safepoint.streaming.processors import Router, origins
 
 __all__ = ["PackingKafkaDataSource", "PACK_OPTION", "ROUTED_DDL", "pack_options"]

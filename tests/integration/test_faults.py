@@ -392,7 +392,7 @@ def test_sink_rebuilds_its_producer_after_a_fatal_error(tmp_path: Path, caplog: 
     produce with OUT_OF_ORDER_SEQUENCE_NUMBER. The sink's task (and the job's operator, which sends
     through the same ``Outbox``) drops the dead producer and sends its rows again on a new one,
     instead of failing the batch (and with it the local query)."""
-    from safepoint.connectors.kafka_sink import KafkaStreamWriter
+    from safepoint.streaming.kafka_sink import KafkaStreamWriter
 
     kafka = EmbeddedBroker(port=free_port(), data_dir=str(tmp_path / "broker")).start()
     try:
@@ -404,7 +404,7 @@ def test_sink_rebuilds_its_producer_after_a_fatal_error(tmp_path: Path, caplog: 
         assert writer.write(iter(rows[:100])).count == 100  # type: ignore[attr-defined]
         kafka.kill()  # loses what it acknowledged in the last second: the producer's sequence breaks
         kafka.start()
-        with caplog.at_level("WARNING", logger="safepoint.connectors.kafka_sink"):
+        with caplog.at_level("WARNING", logger="safepoint.streaming.kafka_sink"):
             assert writer.write(iter(rows[100:])).count == 100  # type: ignore[attr-defined]
         assert "failed fatally" in caplog.text, "the broker kept the first rows: no fatal error to recover from"
         got = [m["seq"] for m in read_topic(kafka.bootstrap, topic)]

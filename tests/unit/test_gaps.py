@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from safepoint.connectors.kafka_source import find_gaps
 from safepoint.core import Engine, Output, Policy, Position
 from safepoint.core.gaps import Gap
+from safepoint.streaming.kafka_source import find_gaps
 
 from core_helpers import NodeClient, alerts, check_output, cluster_event, directives
 

@@ -31,7 +31,7 @@ ALLOWED = {
 operators run never needs what developers run."""
 
 NODE_CLIENT = ["reporter", "sender", "handles", "publishing", "admission", "heartbeat", "incarnation", "expiry", "listener",
-               "directives", "node_directives", "delivery", "service_hold", "control", "follow", "idle", "clients",
+               "directive_models", "node_directives", "delivery", "service_hold", "actions", "follow", "idle", "clients",
                "producer", "topics"]
 """The connectors a database node runs (``pip install safepoint`` without extras)."""
 HEAVY = {"pyspark", "pyarrow", "pandas", "fastapi", "uvicorn", "starlette", "prometheus_client", "rich", "noida_db",

@@ -10,15 +10,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from safepoint.cli import main
-from safepoint.connectors.kafka_source import (
+from safepoint.errors import ConfigError
+from safepoint.settings import Secret, Settings, load_settings
+from safepoint.streaming.kafka_source import (
     KafkaInputPartition,
     KafkaReadTask,
     KafkaStreamReader,
     group_ranges,
     plan_offsets,
 )
-from safepoint.errors import ConfigError
-from safepoint.settings import Secret, Settings, load_settings
 
 
 class _Marks(KafkaStreamReader):

@@ -312,7 +312,7 @@ def test_lowering_max_namespaces_never_evicts_a_tracked_namespace() -> None:
 
 
 def test_compact_up_to_reads_a_namespaces_bound_from_a_directive_or_its_json() -> None:
-    from safepoint.connectors.directives import Directive, compact_up_to
+    from safepoint.connectors.directive_models import Directive, compact_up_to
 
     raw = {"v": 1, "type": "compaction", "cluster": "c1", "seq": 4, "safe_ts": 100, "catalog_floor": None,
            "cluster_wall_ms": 1, "blocker": None, "basis": {}, "namespace_safe_ts": 300, "namespaces": {"a": 150}}

@@ -1,7 +1,7 @@
 """Events lost from the log before the job read them: what a gap is, and what a cluster does about it.
 
 The job's source compares where it stands in each events partition with the partition's first
-and last offsets whenever it plans a batch (``connectors/kafka_source.py``). A **gap** is what it
+and last offsets whenever it plans a batch (``streaming/kafka_source.py``). A **gap** is what it
 finds there, numbered in the order found (``id``):
 
 * ``lost``: the next offset to read lies below the partition's first offset (retention, deleted

@@ -2,7 +2,7 @@
 ``safepoint ack-gap`` (an operator's acknowledgement of a gap in the log, ``core/gaps.py``).
 
 Every action is a control event with an ``action_id`` of its own, published to the control topic
-(``control_topic``; key: the cluster id) through ``connectors/control.py``'s ``ControlPublisher``, so it is audited,
+(``control_topic``; key: the cluster id) through ``connectors/actions.py``'s ``ControlPublisher``, so it is audited,
 replayed by ``safepoint replay`` and applied by the job like any other event; nothing changes
 behind the log's back. Then the command waits (``--wait-timeout``, default 60 s; ``--no-wait``
 does not) for the job to report the action's outcome in the cluster's status: exit 0 when it was
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from safepoint.connectors.control import LOST, ActionOutcomes, ControlPublisher
+from safepoint.connectors.actions import LOST, ActionOutcomes, ControlPublisher
 from safepoint.connectors.topics import check_reachable, quiet
 from safepoint.core.signing import owner_digest
 from safepoint.errors import SafepointError

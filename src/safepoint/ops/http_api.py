@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from safepoint import __version__
-from safepoint.connectors.control import ControlPublisher
+from safepoint.connectors.actions import ControlPublisher
 from safepoint.core.signing import owner_digest
 from safepoint.core.status import by_cost
 from safepoint.errors import SafepointError

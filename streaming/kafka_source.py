@@ -51,11 +51,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from safepoint.connectors.kafka_sink import KafkaStreamWriter, client_conf
 from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import control_partition, is_control, kafka_partition
 from safepoint.gcfreeze import freeze_once
+from safepoint.streaming.kafka_sink import KafkaStreamWriter, client_conf
 
 __all__ = ["GAPS", "KafkaDataSource", "KafkaReadTask", "KafkaStreamReader", "SOURCE_SCHEMA", "find_gaps", "gaps_of",
            "group_ranges", "partition_offsets", "plan_offsets"]
