@@ -11,7 +11,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["EVENT_TYPES", "NODE_EVENT_TYPES", "CLUSTER_EVENT_TYPES", "CONTROL_EVENT_TYPES", "OUTPUT_NAMES", "load"]
+__all__ = ["ALERT_KINDS", "EVENT_TYPES", "NODE_EVENT_TYPES", "CLUSTER_EVENT_TYPES", "CONTROL_EVENT_TYPES", "OUTPUT_NAMES",
+           "load"]
 
 NODE_EVENT_TYPES = (
     "reader_open",
@@ -25,7 +26,8 @@ NODE_EVENT_TYPES = (
 CLUSTER_EVENT_TYPES = ("topology", "catalog", "index_build", "rebalance", "service_hold", "service_release", "pause",
                        "resume", "gap_ack")
 CONTROL_EVENT_TYPES = ("service_hold", "service_release", "pause", "resume", "gap_ack")
-"""Cluster events an operator publishes (``core/control.py``): no ``version``, ordered by ``wall_ms``."""
+"""Cluster events an operator or a holder publishes on the control topic (``core/control.py``,
+``core/origin.py``): no ``version``, in their order in the log."""
 EVENT_TYPES = NODE_EVENT_TYPES + CLUSTER_EVENT_TYPES
 OUTPUT_NAMES = ("compaction", "members", "expire", "snapshot_request", "band", "alert", "deadletter")
 
@@ -39,3 +41,8 @@ def load(kind: str, name: str) -> dict[str, Any]:
     text = resources.files(__name__).joinpath(kind, f"{name}.json").read_text(encoding="utf-8")
     schema: dict[str, Any] = json.loads(text)
     return schema
+
+
+ALERT_KINDS: tuple[str, ...] = tuple(load("outputs", "alert")["properties"]["kind"]["enum"])
+"""Every kind of alert the job raises (``outputs/alert.json``'s ``kind``); the operator guide's
+alert reference has a row for each."""

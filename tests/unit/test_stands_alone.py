@@ -34,3 +34,16 @@ def test_every_link_between_the_pages_leads_somewhere() -> None:
             if not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert broken == [], broken
+
+
+def test_the_alert_reference_has_a_row_for_every_kind_the_schema_names() -> None:
+    """Alerts are typed kinds (``schemas/outputs/alert.json``'s ``kind``: an alert of another kind
+    fails every test that checks outputs against the schemas); the guide says each one's meaning."""
+    from safepoint.schemas import ALERT_KINDS
+
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    table = text[text.index("| kind | severity | raised when | cleared when |"):]
+    rows = [line.split("`")[1] for line in table.splitlines()[2:] if line.startswith("| `")]
+    end = next((i for i, line in enumerate(table.splitlines()[2:]) if not line.startswith("|")), None)
+    rows = [line.split("`")[1] for line in table.splitlines()[2:2 + end] if line.startswith("| `")] if end else rows
+    assert sorted(rows) == sorted(ALERT_KINDS)
