@@ -33,7 +33,7 @@ class Surface(Protocol):
 def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
     """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
     from safepoint.streaming.job import batch_accounting, build_query, gaps_in, messages_in
-    from safepoint.streaming.session import build_session
+    from safepoint.streaming.session import build_session, stop_session
 
     if not settings.checkpoint:
         msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
@@ -89,6 +89,6 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
         if query.isActive:
             query.stop()
         surface.close()
-        spark.stop()
+        stop_session(spark)
     print("safepoint run: stopped", flush=True)
     return 0

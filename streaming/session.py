@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from safepoint.errors import JavaMissingError
@@ -16,6 +17,9 @@ __all__ = ["GC_OPTIONS", "JIT_OPTIONS", "check_java", "build_session", "quiet_ac
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+LOG_CONFIG = Path(__file__).resolve().with_name("log4j2.properties")
+"""Spark's log configuration for the JVMs the project starts itself (warnings only, without the
+lines normal operation prints)."""
 JIT_OPTIONS = {"c1": "-XX:TieredStopAtLevel=1", "tiered": ""}
 """The ``jvm_jit`` setting's Java options. ``c1``: the JVM compiles with its quick compiler only.
 On 2 cores the optimizing one (C2) took 8.6-9.2 of the JVM's 20 CPU-s from the session's start to
@@ -65,6 +69,9 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
         "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        # adaptive query execution does not run in a stateful stream: said off, Spark does not warn
+        # at every start that it turned it off
+        "spark.sql.adaptive.enabled": "false",
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
@@ -130,6 +137,9 @@ def build_session(
     _add_java_options(conf, DRIVER_JAVA_OPTIONS, GC_OPTIONS[gc], unless="GC")  # extra's own collector stands
     # the class-data archive, where one was made (streaming/classes.py), unless this JVM makes one
     _add_java_options(conf, DRIVER_JAVA_OPTIONS, java_options(), unless="ArchiveClassesAtExit")
+    if master.startswith("local"):  # executors elsewhere keep their cluster's log configuration
+        for key in (DRIVER_JAVA_OPTIONS, EXECUTOR_JAVA_OPTIONS):
+            _add_java_options(conf, key, f"-Dlog4j2.configurationFile={LOG_CONFIG}", unless="log4j2.configurationFile")
     if master not in ("", "submit"):
         _launch_jvm_apart(master, app, conf, log_file)
     builder = SparkSession.builder.appName(app)
@@ -141,6 +151,16 @@ def build_session(
     spark.sparkContext.setLogLevel("WARN")
     quiet_accumulator_hangup(getattr(spark.sparkContext, "_accumulatorServer", None))
     return spark
+
+
+def stop_session(spark: Any) -> None:
+    """Stop ``spark`` without a trace on the way: the state stores' maintenance is stopped first
+    (it would otherwise run once more as the context goes, and log that ``SparkEnv`` is gone)."""
+    try:
+        spark.sparkContext._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+    except Exception:  # noqa: BLE001, S110 - a JVM already gone: the stop below says so if it matters
+        pass
+    spark.stop()
 
 
 def _add_java_options(conf: dict[str, str], key: str, options: str, unless: str) -> None:

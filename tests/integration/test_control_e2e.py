@@ -33,6 +33,7 @@ from tests_support import (
     job_env,
     job_flags,
     make_settings,
+    noisy_lines,
     send,
     topic_ends,
     verify,
@@ -213,5 +214,7 @@ def test_service_holds_pause_and_ttl_through_the_job(broker: Any, tmp_path: Path
         raise
     finally:
         assert job.stop() == 0, job.tail()
+    quiet = noisy_lines((tmp_path / "job.log").read_text(errors="replace"))
+    assert quiet == [], f"Spark's noise in the job's log: {quiet[:5]}"
     v = verify(broker.bootstrap, settings, ckpt)
     assert v.directives["c1"][-1]["safe_ts"] == 7_000

@@ -7,20 +7,35 @@ workers' notices go to the log file the demo names, not to the screen."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from doc_blocks import ROOT, block
+from observers import dashboard_text
+from tests_support import noisy_lines, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c() -> None:
+def stuck_cost(base: str) -> int:
+    """The bytes the stuck report alone keeps, by the API (0 while it is not there or costs nothing)."""
+    try:
+        with urllib.request.urlopen(base + "api/v1/clusters/default/holds?order=cost", timeout=5) as resp:  # noqa: S310
+            held = json.loads(resp.read())["holds"]
+    except (OSError, ValueError):
+        return 0
+    return max([h.get("cost_bytes") or 0 for h in held if h.get("label") == "stuck-report"], default=0)
+
+
+def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c(tmp_path: Path) -> None:
     command = block("README.md", "./scripts/demo.sh").text
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
     t0 = time.monotonic()
@@ -28,11 +43,20 @@ def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c() 
                             text=True, env=env, start_new_session=True)
     finished_at = interrupted_at = first_at = None
     lines = []
+    costs: dict[str, str] | None = None
     assert proc.stdout is not None
     try:
         for line in proc.stdout:
             lines.append(line)
             seen = re.search(r"directives seen: (\d+)", line)
+            if seen and int(seen.group(1)) >= 1 and costs is None:  # the dashboard, as a person sees it
+                url = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)", "".join(lines))
+                assert url, "".join(lines)[:3000]
+                # the stuck report (opened about 20 s into the demo) keeps history of its own once it is
+                # older than the retention: the costliest holds name it with its bytes
+                base = url.group(1)
+                wait_for(lambda: stuck_cost(base) > 0, 150, "the stuck report's cost above 0")  # noqa: B023
+                costs = dashboard_text(base, ["costliest holds", "stuck-report"], tmp_path / "demo.png", 60)
             if seen and int(seen.group(1)) >= 3 and interrupted_at is None:
                 first_at = first_at or time.monotonic()
                 if time.monotonic() - first_at >= 5:  # a few more, for the auditor to check
@@ -56,6 +80,12 @@ def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c() 
     assert finished_at is not None and finished_at - interrupted_at < 30, text[-3000:]
     found = re.search(r"demo finished: (\d+) directives", text)
     assert found and int(found.group(1)) >= 1, text[-3000:]
+    shown = costs.get("default:", "") if costs is not None else ""
+    costliest = shown[shown.find("costliest holds"):]
+    assert re.search(r"stuck-report.*\b[1-9]\d*(\.\d+)? [kMG]B", costliest), (
+        "the stuck report's cost is on the dashboard: " + costliest[:2000])
+    assert re.search(r"^  cluster \S+: seq \d+, safe point \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC \(\d+\)$", text, re.M), (
+        "the summary speaks in UTC times: " + text[-1500:])
     assert ended - finished_at < 30, f"the demo took {ended - finished_at:.0f} s to end after it finished"
     spark_lines = [x for x in lines if re.match(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|INFO|ERROR) ", x)
                    or "TransformWithStateInPandas Python worker" in x]
@@ -67,6 +97,7 @@ def test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c() 
     assert named, text[:2000]
     log = open(named.group(1), encoding="utf-8", errors="replace").read()
     assert "WARN" in log or "Python worker" in log, "Spark wrote its lines to the file the demo named"
+    assert noisy_lines(log) == [], noisy_lines(log)[:5]
     os.unlink(named.group(1))
     print(f"[demo] first directive at {first_at - t0:.0f} s, Ctrl-C at {interrupted_at - t0:.0f} s; {found.group(1)} "
           f"directives; ended {ended - finished_at:.1f} s after 'demo finished'")

@@ -33,6 +33,9 @@ def test_a_short_soak_is_safe_and_reports_its_figures(tmp_path: Path) -> None:
     assert data["safety_ok"] and check["violations"] == 0 and check["basis_unverified"] == 0
     assert data["events"] > 3_000 and data["events_per_s"] > 50
     assert check["directives"] >= 3 and check["basis_checked"] >= 3 * 5
+    logged = data["spark_log"]  # Spark's JVM said nothing of its normal operation, and stopped without a trace
+    assert logged["errors"] == 0 and logged["traces"] == 0, logged
+    assert set(logged["by_logger"]) <= {"WARN ProcessingTimeExecutor"}, logged
     audit = data["audit"]  # the live auditor ran beside the job and stayed silent
     assert audit["violations"] == 0 and audit["directives_checked"] >= 3 and audit["holds_checked"] > 0, audit
     assert check["bad"] > 0 and check["dead_letters"] == check["bad"] and check["ignored"] > 0

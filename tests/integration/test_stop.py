@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests_support import job_env, make_settings
+from tests_support import job_env, make_settings, noisy_lines
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +26,7 @@ def test_a_signal_to_the_process_group_stops_the_job_cleanly(broker: Any, tmp_pa
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", "run", "--bootstrap", broker.bootstrap,
                                  "--checkpoint", str(tmp_path / "ck"), "--events-topic", settings.events_topic,
+                                 "--control-topic", settings.control_topic,
                                  "--directives-topic", settings.directives_topic, "--alerts-topic", settings.alerts_topic,
                                  "--deadletter-topic", settings.deadletter_topic, "--trigger-ms", "200"],
                                 stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
@@ -40,6 +41,7 @@ def test_a_signal_to_the_process_group_stops_the_job_cleanly(broker: Any, tmp_pa
         assert proc.wait(60) == 0, log.read_text(errors="replace")[-3000:]
         text = log.read_text(errors="replace")
         assert "safepoint run: stopped" in text and "Traceback" not in text, text[-3000:]
+        assert noisy_lines(text) == [], text[-3000:]
         gone, alive = psutil.wait_procs(family, timeout=30)
         assert not alive, f"left behind: {[p.cmdline()[:3] for p in alive]}"
     finally:

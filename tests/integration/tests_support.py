@@ -576,6 +576,17 @@ class QueryJob:
         return 1 if failed else 0
 
 
+NOISE = ("doesn't contain a value", "doesn't contain key", "Failed to cancel job group", "SparkEnv not active",
+         "cannot do maintenance", "No more data to read from the socket", "NativeCodeLoader", "AQE")
+"""What Spark printed in normal operation of the job before its log configuration left it out
+(``streaming/log4j2.properties``) and its stop stopped the state stores first."""
+
+
+def noisy_lines(text: str) -> list[str]:
+    """The lines of a job's log that are Spark's noise, not the job's own word or a real warning."""
+    return [line for line in text.splitlines() if any(n in line for n in NOISE)]
+
+
 def job_flags(settings: Settings, ckpt: Path, **extra: Any) -> dict[str, Any]:
     flags: dict[str, Any] = {
         "bootstrap": settings.bootstrap, "checkpoint": str(ckpt), "events_topic": settings.events_topic,

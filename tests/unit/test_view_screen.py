@@ -115,3 +115,8 @@ def test_the_screen_shows_each_namespaces_bound() -> None:
     state.directive({**d, "namespace_safe_ts": 19_000, "namespaces": {"t0": 9_500}})
     out = text(state, T, width=160)
     assert "cluster c1 per namespace: t0 9500; every other namespace 19000" in out
+
+
+def test_a_safe_point_reads_as_a_utc_time_where_the_unit_is_a_time() -> None:
+    assert ViewState("us").ts_full(1_795_836_637_233_000) == "2026-11-28 03:30:37.233 UTC (1795836637233000)"
+    assert ViewState("none").ts_full(42) == "42" and ViewState("us").ts_full(None) == "-"

@@ -26,7 +26,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import batch_accounting, build_query, messages_in
-    from safepoint.streaming.session import build_session, check_java
+    from safepoint.streaming.session import build_session, check_java, stop_session
 
     check_java()
     tty = sys.stdout.isatty()
@@ -48,7 +48,8 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     try:
         ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
         expiries: queue.Queue[tuple[str, str, str]] = queue.Queue()
-        sim_cfg = SimConfig(nodes=nodes, rate=rate, stuck_reader_every_ms=60_000, namespaces=namespaces)
+        sim_cfg = SimConfig(nodes=nodes, rate=rate, stuck_reader_every_ms=60_000, namespaces=namespaces,
+                            history_curve=True)
         sim_thread = threading.Thread(
             target=run_simulator,
             args=(broker.bootstrap, settings.events_topic, sim_cfg, duration_s, 0),
@@ -95,7 +96,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             print(flush=True)
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
-            print(f"  cluster {name}: seq {d['seq']} safe_ts {d['safe_ts']}", flush=True)
+            print(f"  cluster {name}: seq {d['seq']}, safe point {view.state.ts_full(d['safe_ts'])}", flush=True)
         audit_stop.set()
         audit_thread.join(15)
         if audit_box:
@@ -111,7 +112,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         if surface is not None:
             surface.close()
         if spark is not None:
-            spark.stop()
+            stop_session(spark)
         broker.cleanup()
         if own_ckpt:
             shutil.rmtree(checkpoint, ignore_errors=True)

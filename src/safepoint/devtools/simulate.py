@@ -20,6 +20,9 @@ from typing import Any
 __all__ = ["ClusterSim", "SimConfig", "generate_log", "run_simulator", "bad_message", "BAD_KINDS"]
 
 
+HISTORY_POINTS = 16
+"""The most points of a simulated history curve (its lowest holds' timestamps)."""
+
 @dataclass(frozen=True)
 class SimConfig:
     nodes: int = 3
@@ -44,6 +47,10 @@ class SimConfig:
     namespaces: int = 0
     """Tenants ``t0`` .. ``t<n-1>``: each reader and transaction belongs to one (0: none, as before);
     the stuck reader belongs to ``t0``, so ``t0`` is held back while the others are not."""
+    history_curve: bool = False
+    """Heartbeats carry the node's history curve (``history_above``): the bytes only a read below each
+    open hold's timestamp needs, as the pinned bytes grow (``pinned_bytes_per_s_of_age`` per second of
+    history), so the job can say what each hold alone keeps (the demo turns it on)."""
 
 
 @dataclass
@@ -125,6 +132,10 @@ class ClusterSim:
             "active_readers": len(n.readers),
             "active_txs": len(n.txs),
         }
+        if self.cfg.history_curve:
+            now, rate = self._mvcc(), self.cfg.pinned_bytes_per_s_of_age
+            marks = sorted({ts for ts, *_ in [*n.readers.values(), *n.txs.values()] if ts < now})[:HISTORY_POINTS]
+            hb["history_above"] = [{"ts": ts, "bytes": (now - ts) * rate // 1_000_000} for ts in marks]
         if self.cfg.groups_per_node:
             hb["groups"] = [
                 {"group": f"g{n.name}-{k}", "leader": True, "published_min_tx_time": oldest}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -170,12 +171,13 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import build_query
-    from safepoint.streaming.session import build_session, check_java
+    from safepoint.streaming.session import build_session, check_java, stop_session
 
     out = out or sys.stdout
     check_java()
     workdir = tempfile.mkdtemp(prefix="safepoint-soak-")
     checkpoint = os.path.join(workdir, "checkpoint")
+    spark_log = os.path.join(workdir, "spark.log")
     broker = EmbeddedBroker(data_dir=os.path.join(workdir, "broker"))
     spark = query = None
     samples: list[Sample] = []
@@ -220,6 +222,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
                 "spark.sql.streaming.minBatchesToRetain": str(cfg.min_batches_to_retain),
                 "spark.sql.streaming.stateStore.maintenanceInterval": "10s",
             },
+            log_file=spark_log,
             **settings.jvm(),
         )
         try:
@@ -269,7 +272,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         drained_s = time.monotonic() - start - run_s
         query.stop()
         query = None
-        spark.stop()
+        stop_session(spark)
         spark = None
         audit_stop.set()  # the live auditor finishes once it read what the job wrote
         auditor.join(120)
@@ -288,6 +291,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         )
         check_s = time.monotonic() - check_start
         report = _report(cfg, result, samples, run_s, drained_s, check_s, accounting, sim_rc)
+        report["spark_log"] = spark_log_counts(spark_log)
         report["audit"] = None if audit is None else {
             "directives_checked": audit.checked, "holds_checked": audit.holds_checked, "excused": audit.excused,
             "unverified": audit.unverified, "violations": len(audit.violations)}
@@ -307,7 +311,7 @@ def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -
         if query is not None and query.isActive:
             query.stop()
         if spark is not None:
-            spark.stop()
+            stop_session(spark)
         broker.cleanup()
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -358,6 +362,34 @@ def _report(
     }
 
 
+_LOG_LINE = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (WARN|ERROR) (\S+?):")
+
+
+def spark_log_counts(path: str) -> dict[str, Any]:
+    """What Spark's JVM logged during the run (``streaming/log4j2.properties`` leaves out its normal
+    operation): warnings and errors, by level and logger, and stack traces (``\tat`` frames' heads)."""
+    counts: dict[str, int] = {}
+    warnings = errors = traces = 0
+    in_trace = False
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        found = _LOG_LINE.match(line)
+        if found:
+            level, logger = found.groups()
+            warnings += level == "WARN"
+            errors += level == "ERROR"
+            key = f"{level} {logger}"
+            counts[key] = counts.get(key, 0) + 1
+        is_frame = line.startswith(("\tat ", "        at "))
+        if is_frame and not in_trace:
+            traces += 1
+        in_trace = is_frame
+    return {"warnings": warnings, "errors": errors, "traces": traces, "by_logger": counts}
+
+
 def format_report(report: dict[str, Any]) -> str:
     """The short text report (the JSON report has every figure)."""
     c = report["check"]
@@ -390,6 +422,11 @@ def format_report(report: dict[str, Any]) -> str:
     )
     for ex in c["violation_examples"][:10]:
         lines.append(f"  violation: {ex}")
+    logged = report.get("spark_log")
+    if logged is not None:
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(logged["by_logger"].items())) or "none"
+        lines.append(f"Spark's log: {logged['warnings']} warnings, {logged['errors']} errors, {logged['traces']} stack "
+                     f"traces (by level and logger: {kinds})")
     audit = report.get("audit")
     if audit is not None:
         lines.append(

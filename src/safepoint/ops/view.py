@@ -113,6 +113,13 @@ class ViewState:
         when = dt.datetime.fromtimestamp(ts * self.seconds_per_unit, tz=dt.UTC)
         return when.strftime("%H:%M:%S.%f")[:-3]
 
+    def ts_full(self, ts: int | None) -> str:
+        """``ts`` as a UTC date and time when the MVCC unit is a time (with the number beside it), else the number."""
+        if ts is None or self.seconds_per_unit is None:
+            return "-" if ts is None else str(ts)
+        when = dt.datetime.fromtimestamp(ts * self.seconds_per_unit, tz=dt.UTC)
+        return f"{when.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} UTC ({ts})"
+
     def lag_ms(self, safe_ts: int, now_ms: int) -> float | None:
         """How far the safe point is behind now, in ms (None when the MVCC unit is not a time)."""
         if self.seconds_per_unit is None:
