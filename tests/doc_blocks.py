@@ -87,6 +87,8 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
     ("examples/README.md", ".venv/bin/safepoint replay --config examples/"):
         "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
+    ("README.md", ".venv/bin/safepoint demo --engine etcd"):
+        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_beside_the_simulated_cluster",
     ("README.md", ".venv/bin/python examples/etcd/run.py"):
         "tests/integration/test_etcd_example.py::test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold",
     ("docs/etcd.md", ".venv/bin/python examples/etcd/run.py"):

@@ -34,7 +34,18 @@ def test_the_sessions_jvm_compiles_with_the_quick_compiler_only(spark: Any) -> N
     assert "-XX:TieredStopAtLevel=1" in list(mf.getRuntimeMXBean().getInputArguments())
     bean = mf.getPlatformMXBean(jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
     assert bean.getVMOption("TieredStopAtLevel").getValue() == "1"
-    assert spark.conf.get("spark.executor.extraJavaOptions") == "-XX:TieredStopAtLevel=1"
+    executors = spark.conf.get("spark.executor.extraJavaOptions").split()
+    assert executors[0] == "-XX:TieredStopAtLevel=1", executors
+
+
+def test_the_sessions_jvms_log_with_the_projects_configuration(spark: Any) -> None:
+    """A local master: the JVM (driver and executors) logs with ``streaming/log4j2.properties``."""
+    from safepoint.streaming.session import LOG_CONFIG
+
+    option = f"-Dlog4j2.configurationFile={LOG_CONFIG}"
+    args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert option in args, args
+    assert option in spark.conf.get("spark.executor.extraJavaOptions").split()
 
 
 def test_the_sessions_jvm_collects_with_the_serial_collector(spark: Any) -> None:

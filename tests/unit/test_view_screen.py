@@ -120,3 +120,11 @@ def test_the_screen_shows_each_namespaces_bound() -> None:
 def test_a_safe_point_reads_as_a_utc_time_where_the_unit_is_a_time() -> None:
     assert ViewState("us").ts_full(1_795_836_637_233_000) == "2026-11-28 03:30:37.233 UTC (1795836637233000)"
     assert ViewState("none").ts_full(42) == "42" and ViewState("us").ts_full(None) == "-"
+
+
+def test_each_cluster_reads_in_its_own_unit() -> None:
+    """A job serving a simulated cluster in microseconds and an etcd in revisions: a revision is no time."""
+    state = ViewState("us", {"etcd-main": "revision"})
+    assert state.ts_text(1_234, "etcd-main") == "1234" and state.lag_ms(1_234, 10_000, "etcd-main") is None
+    assert state.ts_full(1_234, "etcd-main") == "1234"
+    assert state.ts_full(1_795_836_637_233_000, "default") == "2026-11-28 03:30:37.233 UTC (1795836637233000)"

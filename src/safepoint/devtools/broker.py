@@ -141,7 +141,9 @@ class EmbeddedBroker:
             self.data_dir,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # a session of its own: a Ctrl-C to the command that runs it (the demo) lets that command stop it last
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
         log.close()
         try:
             deadline = time.monotonic() + timeout_s

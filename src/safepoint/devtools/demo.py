@@ -1,4 +1,10 @@
-"""``safepoint demo``: embedded broker, simulated cluster, the job, and a live terminal view."""
+"""``safepoint demo``: embedded broker, simulated cluster, the job, and a live terminal view.
+
+``--engine etcd`` runs a real engine beside the simulated cluster: a one-member etcd on loopback
+(Debian's ``etcd``, as the tests start it), a writer putting keys, and ``EtcdAgent`` reporting it
+as cluster ``etcd-main`` (its own policy: revisions, a retention of ``ETCD_RETENTION``) and
+compacting it at each directive, so the dashboard shows a real store's revisions and compactions
+beside the simulated cluster's times."""
 
 from __future__ import annotations
 
@@ -10,6 +16,7 @@ import tempfile
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from safepoint.ops.audit import follow_and_audit
@@ -17,11 +24,101 @@ from safepoint.ops.serve import JobSurface
 from safepoint.ops.view import LiveView, show
 from safepoint.settings import Settings
 
-__all__ = ["run_demo"]
+__all__ = ["ENGINES", "run_demo"]
+
+ENGINES = ("etcd",)
+"""Real engines the demo can run beside the simulated cluster."""
+ETCD_CLUSTER = "etcd-main"
+ETCD_RETENTION = 200
+"""Revisions etcd keeps under the demo's safe point."""
+
+
+class _EtcdEngine:
+    """One etcd member, a writer and the agent that reports and compacts it, until ``stop``."""
+
+    def __init__(self, work: str, settings: Settings) -> None:
+        from safepoint.devtools.etcd import LocalEtcd, etcd_missing
+        from safepoint.errors import SafepointError
+
+        why = etcd_missing()
+        if why is not None:
+            msg = f"safepoint demo --engine etcd: {why}"
+            raise SafepointError(msg)
+
+        self.etcd = LocalEtcd(Path(work) / "etcd", 1)
+        self.settings = settings
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.agent: Any = None
+
+    def start(self) -> _EtcdEngine:
+        from safepoint.connectors.etcd_agent import EtcdAgent
+
+        self.etcd.start()
+        self._threads.append(threading.Thread(target=self._write, name="demo-etcd-writer", daemon=True))
+        s = self.settings
+        self.agent = EtcdAgent(self.etcd.endpoints, s.bootstrap, ETCD_CLUSTER, node="etcd", events_topic=s.events_topic,
+                               directives_topic=s.directives_topic, compact_every_s=1.0, heartbeat_s=1.0).start()
+        self._threads.append(threading.Thread(target=self.agent.run, name="demo-etcd-agent", daemon=True))
+        for t in self._threads:
+            t.start()
+        print(f"etcd at {self.etcd.endpoints}: cluster {ETCD_CLUSTER}, compacted by its agent to "
+              f"{ETCD_RETENTION} revisions under the safe point", flush=True)
+        return self
+
+    def _write(self) -> None:
+        from safepoint.connectors.etcd_gateway import EtcdGateway
+
+        etcd, i = EtcdGateway(self.etcd.endpoints, timeout_s=2), 0
+        while not self._stop.wait(0.05):  # about 20 puts a second
+            try:
+                etcd.put(f"/demo/key{i % 50:02d}", f"value {i}")
+                i += 1
+            except Exception:  # noqa: BLE001, S112 - etcd stopping under the writer at the end
+                continue
+        etcd.close()
+
+    def stop(self) -> None:
+        """Stop the agent, the writer and etcd (once; again: nothing)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self.agent is not None:
+            self.agent.stop()
+        for t in self._threads:
+            t.join(10)
+        self.etcd.stop()
+
+
+class _Engines:
+    """The real engines a demo runs beside its simulated cluster (``--engine``), in a directory of their own."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.dir = tempfile.mkdtemp(prefix="safepoint-demo-engines-") if names else None
+        self.running: list[_EtcdEngine] = []
+
+    def policy(self, settings: Settings) -> Settings:
+        """``settings`` with each engine's cluster policy (etcd: revisions, ``docs/etcd.md``)."""
+        if "etcd" not in self.names:
+            return settings
+        table = {"mvcc_unit": "revision", "retention": ETCD_RETENTION, **settings.clusters.get(ETCD_CLUSTER, {})}
+        return replace(settings, clusters={**settings.clusters, ETCD_CLUSTER: table})
+
+    def start(self, settings: Settings) -> None:
+        if "etcd" in self.names:
+            assert self.dir is not None
+            self.running.append(_EtcdEngine(self.dir, settings).start())
+
+    def stop(self) -> None:
+        for engine in self.running:
+            engine.stop()
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None,
-             namespaces: int = 3) -> int:
+             namespaces: int = 3, engines: tuple[str, ...] = ()) -> int:
     from safepoint.connectors.topics import ensure_topics, topic_specs
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
@@ -40,6 +137,8 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
         checkpoint=checkpoint,
         **_demo_policy(settings),
     )
+    real = _Engines(engines)
+    settings = real.policy(settings)
     print(f"broker ready at {broker.bootstrap}; retention {settings.retention} us, lease {settings.node_lease_ms} ms", flush=True)
     spark = query = view = None
     surface: JobSurface | None = None
@@ -48,15 +147,17 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     try:
         ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
         expiries: queue.Queue[tuple[str, str, str]] = queue.Queue()
+        halt = threading.Event()
         sim_cfg = SimConfig(nodes=nodes, rate=rate, stuck_reader_every_ms=60_000, namespaces=namespaces,
                             history_curve=True)
         sim_thread = threading.Thread(
             target=run_simulator,
             args=(broker.bootstrap, settings.events_topic, sim_cfg, duration_s, 0),
-            kwargs={"quiet_output": True, "expiries": expiries},
+            kwargs={"quiet_output": True, "expiries": expiries, "halt": halt},
             daemon=True,
         )
         sim_thread.start()
+        real.start(settings)
         audit_stop = threading.Event()
         audit_box: list[Any] = []
         audit_thread = threading.Thread(  # the live auditor beside the job (safepoint audit)
@@ -96,7 +197,9 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             print(flush=True)
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
-            print(f"  cluster {name}: seq {d['seq']}, safe point {view.state.ts_full(d['safe_ts'])}", flush=True)
+            print(f"  cluster {name}: seq {d['seq']}, safe point {view.state.ts_full(d['safe_ts'], name)}", flush=True)
+        halt.set()  # the simulator and an agent's heartbeats end, so that the auditor finds the topics quiet
+        real.stop()
         audit_stop.set()
         audit_thread.join(15)
         if audit_box:
@@ -113,6 +216,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
             surface.close()
         if spark is not None:
             stop_session(spark)
+        real.stop()
         broker.cleanup()
         if own_ckpt:
             shutil.rmtree(checkpoint, ignore_errors=True)

@@ -46,7 +46,10 @@ class Member:
 
     def start(self) -> None:
         with (self.base / f"{self.name}.log").open("ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # a session of its own: a Ctrl-C to the command that runs it (the demo, the example) lets that
+            # command stop it after what talks to it
+            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

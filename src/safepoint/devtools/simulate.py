@@ -13,6 +13,7 @@ import queue
 import random
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -289,9 +290,11 @@ def run_simulator(
     quiet_output: bool = False,
     expiries: queue.Queue[tuple[str, str, str]] | None = None,
     flush_timeout_s: float = 30.0,
+    halt: threading.Event | None = None,
 ) -> int:
-    """Publish a live simulated cluster (or several) until the duration ends or SIGINT/SIGTERM;
-    at the end, wait at most ``flush_timeout_s`` for the last deliveries."""
+    """Publish a live simulated cluster (or several) until the duration ends, SIGINT/SIGTERM or
+    ``halt`` is set (a caller that runs it in a thread); at the end, wait at most
+    ``flush_timeout_s`` for the last deliveries."""
     from safepoint.connectors.clients import CONFLUENT
     from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, make_producer, producer_conf
     from safepoint.connectors.topics import check_reachable, quiet
@@ -331,7 +334,8 @@ def run_simulator(
     sent = 0
     last_report = start
     try:
-        while not stop and (duration_s is None or time.monotonic() - start < duration_s):
+        while not stop and not (halt is not None and halt.is_set()) and (
+                duration_s is None or time.monotonic() - start < duration_s):
             now = int(time.time() * 1000)
             while expiries is not None and not expiries.empty():
                 cluster, node, rid = expiries.get_nowait()

@@ -62,8 +62,11 @@ def human_bytes(n: float | None) -> str:
 class ViewState:
     """What the screen shows, from the job's directives and alerts (as decoded JSON objects)."""
 
-    def __init__(self, mvcc_unit: str = "none") -> None:
+    def __init__(self, mvcc_unit: str = "none", units: dict[str, str] | None = None) -> None:
         self.seconds_per_unit = MVCC_UNITS.get(mvcc_unit)
+        """Seconds per MVCC unit of a cluster without a unit of its own (None: not a time)."""
+        self.units = {c: MVCC_UNITS.get(u) for c, u in (units or {}).items()}
+        """cluster -> its own seconds per unit (``[clusters.NAME] mvcc_unit``: revisions are no time)."""
         self.latest: dict[str, dict[str, Any]] = {}
         self.directives: deque[dict[str, Any]] = deque(maxlen=6)
         self.alerts: deque[dict[str, Any]] = deque(maxlen=6)
@@ -105,26 +108,34 @@ class ViewState:
                 node_bands.pop(value["kind"], None)
 
     # -- drawing ------------------------------------------------------------------------------
-    def ts_text(self, ts: int | None) -> str:
+    def unit_of(self, cluster: str | None) -> float | None:
+        """Seconds per MVCC unit of ``cluster`` (None: its timestamps are no time)."""
+        return self.units[cluster] if cluster is not None and cluster in self.units else self.seconds_per_unit
+
+    def ts_text(self, ts: int | None, cluster: str | None = None) -> str:
         if ts is None:
             return "-"
-        if self.seconds_per_unit is None:
+        per = self.unit_of(cluster)
+        if per is None:
             return str(ts)
-        when = dt.datetime.fromtimestamp(ts * self.seconds_per_unit, tz=dt.UTC)
+        when = dt.datetime.fromtimestamp(ts * per, tz=dt.UTC)
         return when.strftime("%H:%M:%S.%f")[:-3]
 
-    def ts_full(self, ts: int | None) -> str:
-        """``ts`` as a UTC date and time when the MVCC unit is a time (with the number beside it), else the number."""
-        if ts is None or self.seconds_per_unit is None:
+    def ts_full(self, ts: int | None, cluster: str | None = None) -> str:
+        """``ts`` as a UTC date and time when ``cluster``'s MVCC unit is a time (with the number beside it),
+        else the number."""
+        per = self.unit_of(cluster)
+        if ts is None or per is None:
             return "-" if ts is None else str(ts)
-        when = dt.datetime.fromtimestamp(ts * self.seconds_per_unit, tz=dt.UTC)
+        when = dt.datetime.fromtimestamp(ts * per, tz=dt.UTC)
         return f"{when.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} UTC ({ts})"
 
-    def lag_ms(self, safe_ts: int, now_ms: int) -> float | None:
+    def lag_ms(self, safe_ts: int, now_ms: int, cluster: str | None = None) -> float | None:
         """How far the safe point is behind now, in ms (None when the MVCC unit is not a time)."""
-        if self.seconds_per_unit is None:
+        per = self.unit_of(cluster)
+        if per is None:
             return None
-        return now_ms - safe_ts * self.seconds_per_unit * 1000
+        return now_ms - safe_ts * per * 1000
 
 
 def _band_text(kind: str, alert: dict[str, Any]) -> str:
@@ -136,7 +147,7 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
     """The whole screen at ``now_ms`` (milliseconds since the epoch)."""
     parts: list[Any] = [Text(f"{title}   {status}   directives seen: {state.count}", style="bold"), Text("")]
     clusters = Table(box=None, pad_edge=False, expand=False)
-    times = state.seconds_per_unit is not None
+    times = all(state.unit_of(c) is not None for c in state.latest) and state.seconds_per_unit is not None
     for name, justify in (("cluster", "left"), ("seq", "right"), ("safe point (UTC)" if times else "safe_ts", "right"),
                           ("lag now", "right"), ("catalog floor", "right"), ("held back by", "left")):
         clusters.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
@@ -149,15 +160,16 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
         if b.get("cost_bytes") is not None:
             blocker += f", alone keeps {human_bytes(b['cost_bytes'])}"
         floor = d.get("catalog_floor")
-        clusters.add_row(name, str(d["seq"]), state.ts_text(d["safe_ts"]), human_ms(state.lag_ms(d["safe_ts"], now_ms)),
+        clusters.add_row(name, str(d["seq"]), state.ts_text(d["safe_ts"], name),
+                         human_ms(state.lag_ms(d["safe_ts"], now_ms, name)),
                          "-" if floor is None else str(floor), blocker or "-")
     parts.append(clusters if state.latest else Text("(waiting for the first directive: Spark starts, then every node "
                                                     "reports within the discovery window)"))
     for name, d in sorted(state.latest.items()):
         if d.get("namespace_safe_ts") is not None:
-            own = ", ".join(f"{ns} {state.ts_text(b)}" for ns, b in sorted(d.get("namespaces", {}).items()))
+            own = ", ".join(f"{ns} {state.ts_text(b, name)}" for ns, b in sorted(d.get("namespaces", {}).items()))
             parts.append(Text(f"cluster {name} per namespace: {own + '; ' if own else ''}every other namespace "
-                              f"{state.ts_text(d['namespace_safe_ts'])}", overflow="fold"))
+                              f"{state.ts_text(d['namespace_safe_ts'], name)}", overflow="fold"))
     parts += _status_parts(state, now_ms)
     noisy = {node: kinds for node, kinds in sorted(state.bands.items()) if kinds}
     parts += [Text(""), Text("pressure bands (every node is normal unless listed)", style="bold")]
@@ -173,7 +185,7 @@ def screen(state: ViewState, title: str, status: str, now_ms: int) -> Group:
     parts += [Text(""), Text("recent directives", style="bold")]
     for d in list(state.directives)[::-1]:
         floor = f", catalog floor {d['catalog_floor']}" if d.get("catalog_floor") is not None else ""
-        parts.append(Text(f"  {d['cluster']} seq {d['seq']}: safe point {state.ts_text(d['safe_ts'])}{floor}"))
+        parts.append(Text(f"  {d['cluster']} seq {d['seq']}: safe point {state.ts_text(d['safe_ts'], d['cluster'])}{floor}"))
     parts += [Text(""), Text(f"active alerts: {len(state.raised)}   recent:", style="bold")]
     for a in list(state.alerts)[::-1]:
         parts.append(Text(f"  {a['state']} {a['severity']} {a['kind']}: {a['detail']}", overflow="ellipsis",
@@ -203,7 +215,7 @@ def _status_parts(state: ViewState, now_ms: int, top: int = 5) -> list[Any]:
         behind = max(0, now_ms - st["cluster_wall_ms"]) if st.get("cluster_wall_ms") is not None else 0
         for h in [h for h in st["holds"] if h["kind"] not in ("retention", "group")][:top]:
             age = None if h["age_ms"] is None else h["age_ms"] + behind
-            holds.add_row(st["cluster"], h["node"], h["kind"], h["id"] or "-", h["label"] or "-", state.ts_text(h["ts"]),
+            holds.add_row(st["cluster"], h["node"], h["kind"], h["id"] or "-", h["label"] or "-", state.ts_text(h["ts"], st["cluster"]),
                           human_ms(age))
             rows += 1
     if rows:
@@ -231,7 +243,8 @@ class LiveView:
         self.follower = TopicFollower(settings.librdkafka(logger=logging.getLogger("safepoint.librdkafka")),
                                       [settings.directives_topic, settings.alerts_topic, settings.status_topic],
                                       client_id="safepoint-view")  # idle once caught up
-        self.state = ViewState(settings.mvcc_unit)
+        self.state = ViewState(settings.mvcc_unit, {c: t["mvcc_unit"] for c, t in settings.clusters.items()
+                                                    if "mvcc_unit" in t})
         self.expiries = expiries
 
     @property

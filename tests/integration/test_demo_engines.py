@@ -1,0 +1,75 @@
+"""``safepoint demo --engine etcd`` as the README says: a real etcd beside the simulated cluster,
+reported and compacted by its agent; the dashboard, in a real browser, shows cluster ``etcd-main``
+in revisions with its compactions next to the simulated cluster's UTC times."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from doc_blocks import ROOT, block
+from etcd_util import _needs_etcd  # noqa: F401 - the module's tests need etcd
+from observers import browser_missing, dashboard_text, missing_tool
+from tests_support import job_env, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def cluster(base: str, name: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(f"{base}api/v1/clusters/{name}", timeout=5) as resp:  # noqa: S310 - loopback
+            got: dict[str, Any] = json.loads(resp.read())
+            return got
+    except (OSError, ValueError):
+        return {}
+
+
+def test_the_demo_runs_etcd_beside_the_simulated_cluster(tmp_path: Path) -> None:
+    why = browser_missing()
+    if why:
+        missing_tool(why)
+    argv = block("README.md", ".venv/bin/safepoint demo --engine etcd").text.split()
+    assert argv[:4] == [".venv/bin/safepoint", "demo", "--engine", "etcd"], argv
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", *argv[1:], "--duration", "240"], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
+    try:
+        def text() -> str:
+            return log.read_text(errors="replace")
+
+        wait_for(lambda: "dashboard at http" in text() or proc.poll() is not None, 180, "the demo's dashboard")
+        found = re.search(r"dashboard at (http://127\.0\.0\.1:\d+/)", text())
+        assert found, text()[-3000:]
+        base = found.group(1)
+        wait_for(lambda: (cluster(base, "etcd-main").get("compactions") or 0) >= 1 or proc.poll() is not None, 180,
+                 "the etcd cluster's first compaction in the job's status")
+        st = cluster(base, "etcd-main")
+        assert st.get("mvcc_unit") == "revision" and st["compacted_ts"] >= 1 and st["safe_ts"] >= st["compacted_ts"], st
+        shown = dashboard_text(base, ["cluster etcd-main", "compacted to", "cluster default"], tmp_path / "engines.png")
+        etcd = shown.get("etcd-main:", "")
+        assert "revision" in etcd and "compacted to" in etcd, etcd[:2000]
+        assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown.get("default:", "")), "the simulated cluster in UTC"
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the summary, then every engine stopped
+        assert proc.wait(90) == 0, text()[-3000:]
+        out = text()
+        assert re.search(r"^  cluster etcd-main: seq \d+, safe point \d+$", out, re.M), out[-3000:]  # revisions
+        assert "Traceback" not in out, out[-3000:]
+        audited = re.search(r"^audit: (\d+) directives checked .* (\d+) violation\(s\)$", out, re.M)
+        assert audited and int(audited.group(1)) >= 1 and audited.group(2) == "0", out[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(1)
+    leftover = subprocess.run(["pgrep", "-f", "safepoint-demo-engines-"], capture_output=True, text=True, check=False)
+    assert not leftover.stdout.strip(), f"an etcd of the demo was left running: {leftover.stdout}"
