@@ -97,11 +97,12 @@ class Router:
                                 strict=True))
                 topics = cols.get("topic") or [only] * len(rows)
                 groups: dict[str, list[Routed]] = {}
-                for topic in dict.fromkeys(topics):
+                named = list(dict.fromkeys(topics))
+                for topic in named:
                     if topic not in self.origins:
                         msg = f"the router reads {', '.join(self.origins)}, not {topic}"
                         raise ValueError(msg)
-                    these = rows if len(set(topics)) == 1 else [r for r, t in zip(rows, topics, strict=True) if t == topic]
+                    these = rows if len(named) == 1 else [r for r, t in zip(rows, topics, strict=True) if t == topic]
                     for cluster, items in route(these, topic, policy, gaps, self.origins[topic]).items():
                         groups.setdefault(cluster, []).extend(items)  # a gap twice: the operator takes it once
                 packed = pa.RecordBatch.from_arrays(

@@ -33,7 +33,7 @@ from safepoint.core.engine import APPLIED, DEADLETTERED, step
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
 from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.node import NodeState
-from safepoint.core.origin import CONTROL, EVENTS, MISROUTED, control_partition, is_control, kafka_partition, misrouted
+from safepoint.core.origin import EVENTS, MISROUTED, is_control, kafka_partition, misrouted, routed_partition
 from safepoint.core.outputs import DEADLETTER, Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
@@ -121,10 +121,9 @@ def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]
     groups: dict[str, list[Routed]] = {}
     heads = [Routed(GAP_PARTITION, g.id, -1, g.to_json()) for g in gaps]
     limit = policy.max_message_bytes
-    control = origin == CONTROL
     for partition, offset, key, value, broker_ms in rows:
         event = parse(value, limit)
-        routed = control_partition(partition) if control else partition
+        routed = routed_partition(origin, partition)
         if isinstance(event, Rejected):
             out = dead_letter(event.error, value, key, topic, partition, offset)
             item = Routed(routed, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))

@@ -21,7 +21,7 @@ from safepoint.core.control import CONTROL_TYPES
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
-from safepoint.core.origin import CONTROL, FILE, MISROUTED, control_partition, misrouted
+from safepoint.core.origin import FILE, MISROUTED, misrouted, routed_partition
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
@@ -169,7 +169,7 @@ class Engine:
         origin (``origins``) decides what belongs there."""
         event = parse(value, self.policy.max_message_bytes)
         origin = self.origins.get(topic, FILE)
-        routed = control_partition(partition) if origin == CONTROL else partition
+        routed = routed_partition(origin, partition)
         if isinstance(event, Rejected):
             label, outputs = dead_lettered(event, value, Position(topic, partition, offset, key))
         else:

@@ -25,7 +25,7 @@ from safepoint.core.outputs import dead_letter
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
 __all__ = ["CONTROL", "EVENTS", "FILE", "MISROUTED", "control_partition", "is_control", "kafka_partition", "misrouted",
-           "position_key", "routed_of"]
+           "position_key", "routed_of", "routed_partition"]
 
 EVENTS = "events"
 CONTROL = "control"
@@ -40,6 +40,11 @@ _CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
 def control_partition(partition: int) -> int:
     """The routed partition of the control topic's ``partition``."""
     return _CONTROL_BASE - partition
+
+
+def routed_partition(origin: str, partition: int) -> int:
+    """The routed partition of Kafka ``partition`` of a topic of ``origin``."""
+    return control_partition(partition) if origin == CONTROL else partition
 
 
 def is_control(partition: int | None) -> bool:

@@ -23,7 +23,7 @@ from safepoint.core.bands import LEVEL_NAMES, Band, BandSpec, band_step
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.records import Expiry, Hold, HoldRef
-from safepoint.core.signals import AlertChange, BandChange, DebtReport, ExpireOrder, Signal, alert_change
+from safepoint.core.signals import BandChange, DebtReport, ExpireOrder, Signal, alert_change
 
 __all__ = ["Forecast", "Holds", "Pressure"]
 
@@ -69,11 +69,6 @@ class Holds:
                 if best is None or wall < best_wall or (wall == best_wall and (kind, hid) < (best[0], best[1])):
                     best, best_wall = (kind, hid, wall, h.label), wall
         return best
-
-
-def _alert(node: str, kind: str, aid: str, state: str, severity: str, value: int | None, threshold: int | None,
-           since: int, detail: str) -> AlertChange:
-    return alert_change(node, kind, aid, state, severity, value, threshold, since, detail)
 
 
 _specs: list[Any] = [None, None, None]
@@ -228,11 +223,11 @@ class Pressure:
         for kind, hid in closed:  # what closed is no longer in doubt, expiring, or aged
             if kind == "tx" and hid in self.in_doubt:
                 self.in_doubt.remove(hid)
-                signals.append(_alert(node, "in_doubt_tx", join_id("in_doubt_tx", node, hid), "cleared", "warning",
+                signals.append(alert_change(node, "in_doubt_tx", join_id("in_doubt_tx", node, hid), "cleared", "warning",
                                       None, policy.in_doubt_timeout_ms, now, f"transaction {hid} was decided"))
             exp = self.expiries.pop(join_id(kind, hid), None) if self.expiries else None
             if exp is not None:
-                signals.append(_alert(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "cleared",
+                signals.append(alert_change(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "cleared",
                                       "critical" if exp.mode == "hard" else "warning", None, None, now,
                                       f"{exp.kind} {hid} expired {exp.mode} is closed"))
         pinned_spec, age_spec = _band_specs(policy)
@@ -248,7 +243,7 @@ class Pressure:
                 waited = now - h.prepared_wall
                 if waited >= policy.in_doubt_timeout_ms:
                     self.in_doubt.append(tid)
-                    signals.append(_alert(
+                    signals.append(alert_change(
                         node, "in_doubt_tx", join_id("in_doubt_tx", node, tid), "raised", "warning", waited,
                         policy.in_doubt_timeout_ms, h.prepared_wall,
                         f"prepared transaction {tid} undecided for {waited} ms (coordinator {h.coordinator}, "
@@ -278,7 +273,7 @@ class Pressure:
                 return
             f.raised_since = now
             rate = (f.pinned_per_ms or 0) * 1000
-            signals.append(_alert(node, "pressure_forecast", aid, "raised", "warning", ttc, horizon, now,
+            signals.append(alert_change(node, "pressure_forecast", aid, "raised", "warning", ttc, horizon, now,
                                   f"pinned bytes {pinned} growing {rate:.0f} bytes/s: the critical threshold {critical} "
                                   f"in about {ttc // 1000} s at this rate (horizon {horizon // 1000} s)"))
         elif ttc is None or ttc > horizon * FORECAST_CLEAR:
@@ -286,7 +281,7 @@ class Pressure:
             why = ("the node is in the critical band" if self.pinned_band.level == 2 else
                    "its pinned bytes stopped growing" if ttc is None else
                    f"the critical threshold is now about {ttc // 1000} s away")
-            signals.append(_alert(node, "pressure_forecast", aid, "cleared", "warning", ttc, horizon, since,
+            signals.append(alert_change(node, "pressure_forecast", aid, "cleared", "warning", ttc, horizon, since,
                                   f"pinned bytes {pinned}: {why}"))
 
     def _expire(self, holds: Holds, now: int, policy: Policy, signals: list[Signal]) -> None:
@@ -340,7 +335,7 @@ class Pressure:
         body: dict[str, Any] = {"v": 1, "type": "expire", "node": node,
                                 ("reader_id" if kind == "reader" else "tx_id"): hid, "reason": reason, "mode": mode}
         signals.append(ExpireOrder(body))
-        signals.append(_alert(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "raised",
+        signals.append(alert_change(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "raised",
                               "critical" if mode == "hard" else "warning", h.ts, None, now,
                               f"{mode} expiry of {kind} {hid}" + (f" ({h.label})" if h.label else "") + f": {reason}"))
 
@@ -360,9 +355,9 @@ def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: 
     if kind == "pinned_bytes":  # the node's admission control follows its pinned band (a band directive)
         signals.append(BandChange(LEVEL_NAMES[new]))
     if new == 0:
-        signals.append(_alert(node, kind, join_id(kind, node), "cleared", LEVEL_NAMES[old], value,
+        signals.append(alert_change(node, kind, join_id(kind, node), "cleared", LEVEL_NAMES[old], value,
                               spec.exit(old), since, f"{what}: back below the {LEVEL_NAMES[old]} exit threshold"))
     else:
-        signals.append(_alert(node, kind, join_id(kind, node), "raised", LEVEL_NAMES[new], value,
+        signals.append(alert_change(node, kind, join_id(kind, node), "raised", LEVEL_NAMES[new], value,
                               spec.enter(new) if new > old else spec.exit(old), since,
                               f"{what}: {LEVEL_NAMES[new]} band"))

@@ -112,23 +112,24 @@ class ViewState:
         """Seconds per MVCC unit of ``cluster`` (None: its timestamps are no time)."""
         return self.units[cluster] if cluster is not None and cluster in self.units else self.seconds_per_unit
 
+    def _when(self, ts: int, cluster: str | None) -> dt.datetime | None:
+        """``ts`` as a UTC time where ``cluster``'s MVCC unit is a time (None: it is not)."""
+        per = self.unit_of(cluster)
+        return None if per is None else dt.datetime.fromtimestamp(ts * per, tz=dt.UTC)
+
     def ts_text(self, ts: int | None, cluster: str | None = None) -> str:
         if ts is None:
             return "-"
-        per = self.unit_of(cluster)
-        if per is None:
-            return str(ts)
-        when = dt.datetime.fromtimestamp(ts * per, tz=dt.UTC)
-        return when.strftime("%H:%M:%S.%f")[:-3]
+        when = self._when(ts, cluster)
+        return str(ts) if when is None else when.strftime("%H:%M:%S.%f")[:-3]
 
     def ts_full(self, ts: int | None, cluster: str | None = None) -> str:
         """``ts`` as a UTC date and time when ``cluster``'s MVCC unit is a time (with the number beside it),
         else the number."""
-        per = self.unit_of(cluster)
-        if ts is None or per is None:
-            return "-" if ts is None else str(ts)
-        when = dt.datetime.fromtimestamp(ts * per, tz=dt.UTC)
-        return f"{when.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} UTC ({ts})"
+        if ts is None:
+            return "-"
+        when = self._when(ts, cluster)
+        return str(ts) if when is None else f"{when.strftime('%Y-%m-%d %H:%M:%S.%f')[:-3]} UTC ({ts})"
 
     def lag_ms(self, safe_ts: int, now_ms: int, cluster: str | None = None) -> float | None:
         """How far the safe point is behind now, in ms (None when the MVCC unit is not a time)."""
