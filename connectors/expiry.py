@@ -36,6 +36,7 @@ class ExpiryMixin:
     _expiries_ignored: int
     _expire_callback_failures: int
     _on_expire: ExpireCallback | None
+    _observer: bool
     _close_hold: Callable[..., None]
 
     def expire(self, directive: ExpireDirective) -> Handle | None:
@@ -128,7 +129,7 @@ class ExpiryMixin:
                 with self._lock:
                     self._expire_callback_failures += 1
                 log.exception("reporter %s: on_expire failed for %s; the expiry still applies", self.node, what)
-        if mode == "hard":
+        if mode == "hard" and not self._observer:  # an observer's hold ends when the engine ends it
             self._release_expired(handle)
         return handle
 

@@ -100,6 +100,7 @@ class HoldsMixin:
     _lazy: LazyPublishing
     _sender: Sender
     _admission: Admission
+    _observer: bool
     _mvcc_clock: Callable[[], int]
     _wall_clock: Callable[[], int]
     _check_open: Callable[[], None]
@@ -128,9 +129,10 @@ class HoldsMixin:
                 setattr(handle, handle._TS_KEY, check_ts("mvcc_clock()", self._mvcc_clock()))
             assert handle._ts is not None
             bound = self._bound_of(handle.namespace)
-            refuse_below_safe(bound, what, handle._ident, handle._ts, handle.namespace, bound != self._safe_ts)
+            if not self._observer:  # an observed hold exists already: it is reported, never refused
+                refuse_below_safe(bound, what, handle._ident, handle._ts, handle.namespace, bound != self._safe_ts)
             admission = self._admission
-            if admission.band != "normal" and admission.is_long(
+            if not self._observer and admission.band != "normal" and admission.is_long(
                     handle.long, handle._ts, self._mvcc_clock() if admission.long_read_after is not None else None):
                 admission.admit(what, handle._ident)  # raises when not admitted (connectors/admission.py)
             if self._lazy.defer(handle._ts):

@@ -123,6 +123,7 @@ class Reporter(ExpiryMixin, HoldsMixin):
         long_read_after: int | None = None,
         snapshot_part_bytes: int = SNAPSHOT_PART_BYTES,
         node_key: str | None = None,
+        observer: bool = False,
     ) -> None:
         """Connect the producer and start the heartbeat thread.
 
@@ -150,11 +151,17 @@ class Reporter(ExpiryMixin, HoldsMixin):
         ``node_key``: the node's own key (``safepoint node-key CLUSTER NODE`` prints it from the
         job's ``node_key_secret``): every event is signed with it, and a job with the secret refuses
         this node's events without it.
+        ``observer=True``: the reporter reports holds it observes in an engine (an agent's, such as
+        ``safepoint agent postgres``) rather than holds it admits: a hold below the known safe point is
+        published all the same (it exists already: refusing it would hide it), the admission control
+        never throttles, and a hard expiry does not release a hold (it ends when the engine ends it;
+        ``on_expire`` is where the agent ends it).
         """
         if snapshot_part_bytes < 10_000:
             msg = f"snapshot_part_bytes must be at least 10000, got {snapshot_part_bytes}"
             raise ValueError(msg)
         self._part_bytes = snapshot_part_bytes
+        self._observer = bool(observer)
         self.node = check_id("node", node)
         self.cluster = check_id("cluster", cluster)
         self.topic = topic

@@ -37,7 +37,8 @@ echo "setup: $("$PY" --version), java $(java_major)"
 # Tools some tests use, in one apt-get run: Debian's kcat (the guide's shell examples), chromium
 # and chromium-driver (the dashboard's browser test), prometheus (the test that scrapes /metrics
 # with a real Prometheus), docker-compose (the test that validates docker/compose.yaml; it
-# needs no Docker engine) and etcd-server, etcd-client (the etcd agent's tests and example)
+# needs no Docker engine), etcd-server, etcd-client (the etcd agent's tests and example) and
+# postgresql (the PostgreSQL agent's tests and example: servers run as the postgres user, on loopback)
 missing=()
 command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
@@ -46,6 +47,7 @@ command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${missing[*]} with apt-get (for the tests that use them)" >&2

@@ -23,15 +23,12 @@ Exit 0 when every step did what it says, 1 otherwise (the step that did not is p
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +36,7 @@ from safepoint.connectors.etcd_gateway import EtcdGateway, RevisionCompacted
 from safepoint.connectors.etcd_holds import RevisionHold, paginate
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.devtools.etcd import LocalEtcd, etcd_missing
+from safepoint.devtools.story import answers, finish, get_json, stop_processes, wait_until
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "etcd-main"
@@ -87,26 +85,6 @@ def slow_list(etcd: EtcdGateway, revision: int, seconds: float = 6.0) -> str | N
     return None
 
 
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
-        return json.loads(resp.read())
-
-
-def get_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5):  # noqa: S310 - loopback
-            return True
-    except OSError:
-        return False
-
-
-def wait(cond: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not cond():
-        if time.monotonic() > deadline:
-            msg = f"waited {seconds:.0f} s for {what}"
-            raise TimeoutError(msg)
-        time.sleep(0.2)
 
 
 def main() -> int:  # noqa: PLR0915 - one story, step by step
@@ -130,7 +108,7 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
 
     def status() -> dict[str, Any]:
         try:
-            return get(f"{base}/api/v1/clusters/{CLUSTER}")
+            return get_json(f"{base}/api/v1/clusters/{CLUSTER}")
         except OSError:
             return {}
 
@@ -147,12 +125,12 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
         writers.append(Writer(endpoint))
         writers[-1].start()
         say(f"etcd at {endpoint}, writer started; waiting for the job (a Spark session starts: about 30 s) ...")
-        wait(lambda: get_ok(f"{base}/healthz"), 240, "the job's HTTP surface")
+        wait_until(lambda: answers(f"{base}/healthz"), 240, "the job's HTTP surface")
         agent_log = (work / "agent.log").open("ab")
         procs.append(subprocess.Popen([*SAFEPOINT, "agent", "etcd", "--endpoints", endpoint, *kafka, "--cluster",
                                        CLUSTER, "--compact-every", "1", "--heartbeat", "0.5", "--stats-file",
                                        str(work / "agent.json")], stdout=agent_log, stderr=subprocess.STDOUT))
-        wait(lambda: bool(status().get("compactions")), 120, "the agent's first compactions in the job's status")
+        wait_until(lambda: bool(status().get("compactions")), 120, "the agent's first compactions in the job's status")
         say(f"the job and the agent run: compacted to revision {status()['compacted_ts']} (logs in {work})")
         etcd = EtcdGateway(endpoint, timeout_s=2)
 
@@ -179,7 +157,7 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
                 f"{error or 'ran to its end'}")
             check(error is None and after <= hold.revision, "the held revision stayed readable")
             check(after > before, "compaction went on meanwhile, up to the held revision")
-        wait(lambda: etcd.compacted_revision() > hold.revision, 30, "compaction past the released revision")
+        wait_until(lambda: etcd.compacted_revision() > hold.revision, 30, "compaction past the released revision")
         say(f"   released: compacted past it, to {etcd.compacted_revision()}")
 
         say("\n3. A holder that dies: a hold with a 5 s TTL, its process killed")
@@ -198,7 +176,7 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
         say(f"   the holder of revision {dead_rev} was killed")
         time.sleep(2)
         check(etcd.compacted_revision() <= dead_rev, "compaction waits at the dead holder's revision meanwhile")
-        wait(lambda: etcd.compacted_revision() > dead_rev, 60, "compaction past the dead holder's revision")
+        wait_until(lambda: etcd.compacted_revision() > dead_rev, 60, "compaction past the dead holder's revision")
         alerts = [a["kind"] for a in status().get("alerts", [])]
         say(f"   its TTL ran out: compaction resumed {time.monotonic() - killed_at:.0f} s after the kill, "
             f"to {etcd.compacted_revision()}")
@@ -209,7 +187,7 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
         subprocess.run([*SAFEPOINT, "hold", "set", CLUSTER, "nightly-backup", "--ts", str(rev), "--ttl", "10m",
                         "--label", "nightly backup", *kafka], check=True, timeout=120)
         try:
-            wait(lambda: (status().get("blocker") or {}).get("label") == "nightly backup", 60,
+            wait_until(lambda: (status().get("blocker") or {}).get("label") == "nightly backup", 60,
                  "the hold to hold the safe point (once the retention's 300 revisions were written above it)")
         except TimeoutError:
             st = status()
@@ -221,26 +199,11 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
             f"{st['compacted_ts']} ({st['compactions']} compactions), held back by "
             f"{st['blocker']['kind']} {st['blocker']['id']} ({st['blocker']['label']})")
         check(st["blocker"]["label"] == "nightly backup", "the dashboard names the hold by its label")
-        say(f"\n{'every step did what it says' if not failed else 'NOT AS EXPECTED: ' + '; '.join(failed)}")
-        if args.keep_running:
-            say(f"dashboard: {base}/  (Ctrl-C stops everything)")
-            signal.signal(signal.SIGTERM, lambda *_: sys.exit(1 if failed else 0))
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
-        return 1 if failed else 0
+        return finish(failed, base, args.keep_running)
     finally:
         for w in writers:
             w.stop_.set()
-        for p in reversed(procs):  # the agent, then the job (its own process group: its JVM too)
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM) if p is procs[0] else p.terminate()
-                    p.wait(60)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    p.kill()
+        stop_processes(procs)  # the agent, then the job
         for e in etcds:
             e.stop()
         broker.stop()

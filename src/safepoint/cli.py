@@ -427,10 +427,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 EXTRAS = {"pyspark": "job", "pyarrow": "job", "pandas": "job", "fastapi": "serve", "uvicorn": "serve",
           "prometheus_client": "serve", "starlette": "serve", "pydantic": "serve", "rich": "serve", "noida_db": "broker",
-          "psutil": "dev", "kafka": "kafka-python", "httpx": "etcd"}
+          "psutil": "dev", "kafka": "kafka-python", "httpx": "etcd", "psycopg": "postgres"}
 """The extra that brings a module a command needs (pyproject.toml: the bare install is the node client)."""
 COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "serve", "broker": "broker", "demo": "dev",
-                  "soak": "dev", "bench": "dev", "spark-classes": "dev", "agent": "etcd"}
+                  "soak": "dev", "bench": "dev", "spark-classes": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
 COMMANDS = {"node-key": cmd_node_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}

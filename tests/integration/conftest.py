@@ -83,3 +83,16 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+@pytest.fixture
+def pg() -> Iterator[Any]:
+    """A PostgreSQL server of its own (Debian's, as the ``postgres`` user, on loopback), removed after
+    the test; the modules that use it import ``pg_util`` (which skips, or fails in CI, without one)."""
+    from safepoint.devtools.postgres import LocalPostgres
+
+    server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()

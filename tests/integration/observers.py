@@ -8,7 +8,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -125,3 +127,41 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+
+
+class ExampleRun:
+    """An example script run as its docs say (``command``: ``.venv/bin/python examples/X/run.py``) with
+    ``--keep-running``: ``story()`` reads its output up to the dashboard's line, the page stays up
+    meanwhile, and leaving the block stops it (SIGTERM, as a Ctrl-C would) and records its exit code."""
+
+    def __init__(self, root: Path, command: list[str], port: int, cwd: Path, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(root / command[1]), "--http-port", str(port),
+                                      "--keep-running"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env=env, cwd=cwd)
+        self.lines: list[str] = []
+        self.returncode: int | None = None
+
+    def story(self, timeout_s: float = 420) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.rstrip())
+            if line.startswith("dashboard:"):
+                break
+        return "\n".join(self.lines)
+
+    def __enter__(self) -> ExampleRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        self.returncode = self.proc.returncode

@@ -5,10 +5,6 @@ dashboard, in a real browser, names the backup's hold by its label beside the co
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +14,7 @@ from safepoint.devtools.broker import free_port
 
 from doc_blocks import block
 from etcd_util import _needs_etcd  # noqa: F401 - the module's tests need etcd
-from observers import browser_missing, dashboard_text, missing_tool
+from observers import ExampleRun, browser_missing, dashboard_text, missing_tool
 from tests_support import job_env
 
 pytestmark = pytest.mark.integration
@@ -33,20 +29,8 @@ def test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold(tmp_p
     command = block("docs/etcd.md", ".venv/bin/python examples/etcd/run.py").text.split()
     assert command == block("README.md", ".venv/bin/python examples/etcd/run.py").text.split() == [
         ".venv/bin/python", "examples/etcd/run.py"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / command[1]), "--http-port", str(port), "--keep-running"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=job_env(), cwd=tmp_path)
-    lines: list[str] = []
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 420
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.rstrip())
-            if line.startswith("dashboard:"):
-                break
-        text = "\n".join(lines)
+    with ExampleRun(ROOT, command, port, tmp_path, job_env()) as run:
+        text = run.story()
         assert "every step did what it says" in text, text
         assert "the list: etcdserver: mvcc: required revision has been compacted" in text, text
         assert text.count("   ok: ") == 6, text
@@ -55,11 +39,4 @@ def test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold(tmp_p
         section = figures["etcd-main:"]
         assert "nightly backup" in section and "compactions" in section, section
         assert figures["etcd-main:compacted_ts"].startswith("rev "), "in revisions, not as a time"
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(90)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    assert proc.returncode == 0, "\n".join(lines)
+    assert run.returncode == 0, text

@@ -641,7 +641,7 @@ def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], ba
     as the job's operator merges it: by the ``wall_ms`` the router gives each row (-1 for a dead letter)."""
     policy = settings.policy()
     origins = {settings.events_topic: EVENTS, settings.control_topic: CONTROL}
-    engine = Engine(policy, record=True, origins=origins)
+    engine = Engine(settings.policies(), record=True, origins=origins)  # each cluster's own table, as the job
     total, per_batch = _outputs(), []
     order: dict[str, list[tuple[int, int]]] = defaultdict(list)
     start: dict[int, int] = {}
@@ -753,7 +753,10 @@ def verify(bootstrap: str, settings: Settings, ckpt: Path) -> Verified:
     directives: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for cluster in set(rep.outputs["directives"]) | {d["cluster"] for d in applied}:
         mine = [d for d in applied if d["cluster"] == cluster]
-        assert [encode(d) for d in mine] == rep.outputs["directives"].get(cluster, []), f"directives of {cluster}"
+        got, want = [encode(d) for d in mine], rep.outputs["directives"].get(cluster, [])
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+        assert got == want, (f"directives of {cluster}: {len(got)} from the job, {len(want)} replayed; the first "
+                             f"difference at {first}: {got[first:first + 1]} against {want[first:first + 1]}")
         compaction = [d for d in mine if d.get("type", "compaction") == "compaction"]
         assert [d["seq"] for d in compaction] == list(range(1, len(compaction) + 1)), "seq contiguous from 1"
         safe = [d["safe_ts"] for d in compaction]
@@ -775,7 +778,7 @@ def verify(bootstrap: str, settings: Settings, ckpt: Path) -> Verified:
 
 def file_order_safe_ts(log: list[Message], settings: Settings, cluster: str) -> int | None:
     """The safe point of the log replayed in production order, as ``safepoint replay`` reads a file."""
-    engine = Engine(settings.policy())
+    engine = Engine(settings.policies())
     for i, (_p, _k, value) in enumerate(log):
         engine.process(json.dumps(value) if isinstance(value, dict) else value, Position("file", 0, i))
     return engine.clusters[cluster].safe_ts

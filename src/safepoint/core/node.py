@@ -42,7 +42,7 @@ Quiet = tuple[()] | tuple[str, str, int | None]
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
-    "admission", "history", "clock", "incarnations", "parts",
+    "admission", "history", "clock", "incarnations", "parts", "wraparound_left",
 )
 """The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
 ones as null, trailing ones left out; the cluster is the state value's own (its key)."""
@@ -73,6 +73,7 @@ class NodeState:
         "clock",
         "incs",
         "parts",
+        "wraparound_left",
         "_low",
         "_restored",
         "_since",
@@ -108,6 +109,9 @@ class NodeState:
         """A snapshot sent in parts, received so far: [incarnation, cut, parts, next part, readers, txs]
         (``_collect``); None: none under way."""
         self.admission: list[int] | None = None
+        self.wraparound_left: int | None = None
+        """Transactions left before the engine's 32-bit ids would wrap, as its last heartbeat said (a
+        PostgreSQL agent's); None: the node does not say."""
         """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self.history: History | None = None
         """The history curve of the last heartbeat that carried one (``core/cost.py``): with it the
@@ -154,7 +158,7 @@ class NodeState:
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
                   None if history is None else history.to_json() or None,
-                  self.clock.to_stored(), self.incs.to_stored(), self.parts]
+                  self.clock.to_stored(), self.incs.to_stored(), self.parts, self.wraparound_left]
         while stored[-1] is None:
             stored.pop()
         return stored
@@ -165,7 +169,7 @@ class NodeState:
         value; fields past ``STORED_FIELDS``, from a newer layout, are not read)."""
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
-         leak, admission, history, clock, incs, parts) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
+         leak, admission, history, clock, incs, parts, wraparound_left) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
         state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
@@ -183,6 +187,7 @@ class NodeState:
         state.admission = admission
         state.history = None if history is None else History(history)
         state.parts = parts
+        state.wraparound_left = wraparound_left
         state._restored = True
         return state
 
@@ -483,6 +488,8 @@ class NodeState:
             self.debt_bytes = event["debt_bytes"]
         if "history_above" in event:
             self.history = History.of(event["history_above"])
+        if "wraparound_left" in event:
+            self.wraparound_left = event["wraparound_left"]
         if "admission_throttled" in event or "admission_refused" in event:
             self.admission = [event.get("admission_throttled", 0), event.get("admission_refused", 0)]
         elif self.admission is not None:

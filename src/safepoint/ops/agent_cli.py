@@ -1,5 +1,6 @@
-"""``safepoint agent etcd``: run the agent that drives one etcd cluster's compaction
-(``connectors/etcd_agent.py``) until SIGINT or SIGTERM.
+"""``safepoint agent etcd`` and ``safepoint agent postgres``: run the agent that drives one etcd
+cluster's compaction (``connectors/etcd_agent.py``) or reports and steers one PostgreSQL instance's
+vacuum horizon (``connectors/postgres_agent.py``) until SIGINT or SIGTERM.
 
 Kafka settings (``--bootstrap``, the topics) come from the flags, ``SAFEPOINT_*`` or ``--config``
 like every other command; the agent's own are flags. It logs each compaction (and every failure
@@ -20,6 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
 __all__ = ["add_parsers", "run_args"]
@@ -49,15 +51,42 @@ def add_parsers(sub: Any, kafka_flags: Any) -> None:
     e.add_argument("--stats-file", default=None, help="write the agent's counters here as JSON after each heartbeat")
     e.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="one etcd request's timeout")
 
+    g = engines.add_parser("postgres", help="report a PostgreSQL instance's vacuum horizon holds; optionally end "
+                                            "expired sessions and vacuum (docs/postgres.md)")
+    kafka_flags(g)
+    g.add_argument("--dsn", required=True, help="the instance: postgresql://USER@HOST:PORT/DB (a role that may read "
+                                                "pg_stat_activity in full: a superuser or pg_monitor)")
+    g.add_argument("--cluster", required=True, help="the safepoint cluster id the fleet reports as")
+    g.add_argument("--node", required=True, help="this instance's node id (one agent per primary or standby)")
+    g.add_argument("--directives-topic", default=None, help="compacted topic of directives")
+    g.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="time between two readings (default 1)")
+    g.add_argument("--terminate", choices=["off", "idle-in-transaction", "any"], default="off",
+                   help="end a backend whose hold the job force-expires with pg_terminate_backend: off (the "
+                        "default), only sessions idle in a transaction, or any backend on a hard expiry")
+    g.add_argument("--vacuum", action="store_true",
+                   help="VACUUM the tables with the most dead tuples once the safe point passes a hold that went")
+    g.add_argument("--vacuum-every", type=float, default=60.0, metavar="SECONDS",
+                   help="least time between two vacuums (default 60)")
+    g.add_argument("--vacuum-tables", type=int, default=5, help="tables a vacuum takes at most (default 5)")
+    g.add_argument("--vacuum-min-dead", type=int, default=1000, metavar="TUPLES",
+                   help="a table is vacuumed from this many dead tuples (default 1000)")
+    g.add_argument("--stats-dsn", action="append", default=[], metavar="DSN",
+                   help="another database of the instance whose dead tuples count too (repeatable)")
+    g.add_argument("--state-dir", default=None, help="keep the agent's incarnation here")
+    g.add_argument("--stats-file", default=None, help="write the agent's counters here as JSON after each poll")
+    g.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="a query's timeout")
+
 
 def run_args(args: argparse.Namespace, settings: Settings) -> int:
-    from safepoint.connectors.etcd_agent import EtcdAgent
-
     logging.getLogger("safepoint.agent").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     logging.getLogger("safepoint.listener").setLevel(logging.WARNING)
     if not args.verbose:  # librdkafka's line per failed connection while a broker is away: -v shows them
         for name in ("safepoint.listener.librdkafka", "safepoint.reporter.librdkafka"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    if args.engine == "postgres":
+        return _run_postgres(args, settings)
+    from safepoint.connectors.etcd_agent import EtcdAgent
+
     conf = settings.librdkafka()
     agent = EtcdAgent(args.endpoints, conf.pop("bootstrap.servers"), args.cluster, node=args.node,
                       events_topic=settings.events_topic, directives_topic=settings.directives_topic,
@@ -65,6 +94,41 @@ def run_args(args: argparse.Namespace, settings: Settings) -> int:
                       defrag_free_bytes=args.defrag_free_bytes, allow_auto_compaction=args.allow_auto_compaction,
                       state_dir=args.state_dir, client=settings.client, kafka_conf=conf, timeout_s=args.timeout,
                       node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None)  # a secret: no flag
+    _stats_and_signals(args, agent)
+    agent.start()
+    print(f"safepoint agent etcd: cluster {args.cluster}, node {args.node}, etcd {args.endpoints}; "
+          f"compacting at the directives' safe_ts (Ctrl-C stops)", file=sys.stderr, flush=True)
+    agent.run()
+    return 0
+
+
+def _run_postgres(args: argparse.Namespace, settings: Settings) -> int:
+    import psycopg
+
+    from safepoint.connectors.postgres_agent import PostgresAgent
+
+    conf = settings.librdkafka()
+    agent = PostgresAgent(args.dsn, conf.pop("bootstrap.servers"), args.cluster, node=args.node,
+                          events_topic=settings.events_topic, directives_topic=settings.directives_topic,
+                          poll_s=args.poll, terminate=args.terminate, vacuum=args.vacuum,
+                          vacuum_every_s=args.vacuum_every, vacuum_tables=args.vacuum_tables,
+                          vacuum_min_dead=args.vacuum_min_dead, stats_dsns=args.stats_dsn, state_dir=args.state_dir,
+                          client=settings.client, kafka_conf=conf, timeout_s=args.timeout,
+                          node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None)  # a secret: no flag
+    _stats_and_signals(args, agent)
+    try:
+        agent.start()
+    except psycopg.Error as exc:
+        msg = f"cannot read the instance at {args.dsn}: {str(exc).strip()}"
+        raise SafepointError(msg) from exc
+    print(f"safepoint agent postgres: cluster {args.cluster}, node {args.node}; reporting the vacuum horizon's "
+          f"holds every {args.poll:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
+    agent.run()
+    return 0
+
+
+def _stats_and_signals(args: argparse.Namespace, agent: Any) -> None:
+    """``--stats-file`` written after each heartbeat; SIGINT and SIGTERM stop the agent."""
     if args.stats_file:
         path = Path(args.stats_file)
 
@@ -77,8 +141,3 @@ def run_args(args: argparse.Namespace, settings: Settings) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: agent.stop())
-    agent.start()
-    print(f"safepoint agent etcd: cluster {args.cluster}, node {args.node}, etcd {args.endpoints}; "
-          f"compacting at the directives' safe_ts (Ctrl-C stops)", file=sys.stderr, flush=True)
-    agent.run()
-    return 0

@@ -59,6 +59,9 @@ class StatusCollector(Collector):
         ttc = _gauge("safepoint_node_time_to_critical_seconds", "Projected time until the node's pinned bytes reach "
                      "the critical threshold at their growth rate (absent: not growing, or already critical)",
                      ["cluster", "node"])
+        wrap = _gauge("safepoint_node_wraparound_left", "Transactions the node's engine may still assign before its "
+                      "32-bit ids would wrap (a PostgreSQL agent: 2^31 - 1 minus the oldest age(datfrozenxid))",
+                      ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
         info = _gauge("safepoint_cluster_info", "1 per cluster, with what its MVCC timestamps count (its policy's "
@@ -122,6 +125,8 @@ class StatusCollector(Collector):
                     active[("in_doubt_tx", "warning")] = active.get(("in_doubt_tx", "warning"), 0) + len(n["in_doubt"])
                 if n.get("pinned_bytes") is not None:
                     pinned.add_metric([name, n["node"]], n["pinned_bytes"])
+                if n.get("wraparound_left") is not None:
+                    wrap.add_metric([name, n["node"]], n["wraparound_left"])
                 admission = n.get("admission")
                 if admission:
                     throttled.add_metric([name, n["node"]], admission["throttled"])
@@ -148,7 +153,7 @@ class StatusCollector(Collector):
                 ns_bound.add_metric([name, ns], b)
             for reason, n in sorted((st.get("control_ignored") or {}).items()):
                 ignored.add_metric([name, reason], n)
-        yield from (safe, floor, seq, wall, lag, age, blocker_cost, hold_cost, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, stale,
+        yield from (safe, floor, seq, wall, lag, age, blocker_cost, hold_cost, aborted, holds, alerts, pinned, growth, ttc, throttled, refused, wrap, stale,
                     paused_, gaps, info, ignored, compacted, compactions, ns_safe, ns_bound)
         yield from self._job(self.store.job)
 

@@ -1,0 +1,70 @@
+"""What the examples' stories share: the job's HTTP surface on loopback (a JSON answer, whether it
+answers), waiting with a deadline that says what was waited for, the end of a story (its verdict,
+``--keep-running``) and stopping what it started."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["answers", "finish", "get_json", "stop_processes", "wait_until"]
+
+
+def get_json(url: str) -> Any:
+    """GET a loopback URL, its JSON decoded."""
+    with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310 - loopback
+        return json.loads(resp.read())
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers with a success."""
+    try:
+        with urllib.request.urlopen(url, timeout=5):  # noqa: S310 - loopback
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(cond: Callable[[], Any], seconds: float, what: str, every_s: float = 0.2) -> None:
+    """Return once ``cond()`` is true; ``TimeoutError`` naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not cond():
+        if time.monotonic() > deadline:
+            msg = f"waited {seconds:.0f} s for {what}"
+            raise TimeoutError(msg)
+        time.sleep(every_s)
+
+
+def finish(failed: list[str], base: str, keep_running: bool) -> int:
+    """Say the story's verdict; with ``keep_running``, leave the dashboard up until Ctrl-C or SIGTERM.
+    The exit code: 0 when every step did what it says."""
+    code = 1 if failed else 0
+    print(f"\n{'every step did what it says' if not failed else 'NOT AS EXPECTED: ' + '; '.join(failed)}", flush=True)
+    if keep_running:
+        print(f"dashboard: {base}/  (Ctrl-C stops everything)", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(code))
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return code
+
+
+def stop_processes(procs: list[subprocess.Popen[Any]]) -> None:
+    """Stop what the story started, the last first; the first is the job, in a process group of its
+    own (its JVM stops with it)."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM) if p is procs[0] else p.terminate()
+                p.wait(60)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                p.kill()
