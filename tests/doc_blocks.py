@@ -88,7 +88,9 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("examples/README.md", ".venv/bin/safepoint replay --config examples/"):
         "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
     ("README.md", ".venv/bin/safepoint demo --engine etcd"):
-        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_beside_the_simulated_cluster",
+        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_and_postgres_beside_the_simulated_cluster",
+    ("README.md", ".venv/bin/safepoint demo --engine postgres"):
+        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_and_postgres_beside_the_simulated_cluster",
     ("README.md", ".venv/bin/python examples/postgres/run.py"):
         "tests/integration/test_postgres_example.py::test_the_postgres_example_tells_its_story",
     ("README.md", ".venv/bin/python examples/etcd/run.py"):

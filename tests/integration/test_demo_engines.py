@@ -1,6 +1,9 @@
-"""``safepoint demo --engine etcd`` as the README says: a real etcd beside the simulated cluster,
-reported and compacted by its agent; the dashboard, in a real browser, shows cluster ``etcd-main``
-in revisions with its compactions next to the simulated cluster's UTC times."""
+"""``safepoint demo --engine etcd`` and ``--engine postgres`` as the README says, in one run (each is
+a real engine beside the simulated cluster; one demo with both checks each and starts Spark once): a
+real etcd reported and compacted by its agent, and a real PostgreSQL whose forgotten report holds a
+snapshot. The dashboard, in a real browser, shows cluster ``etcd-main`` in revisions with its
+compactions and cluster ``pg-main`` in xids naming the report by its ``application_name``, next to
+the simulated cluster's UTC times; Ctrl-C sums each up and stops every engine."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import pytest
 from doc_blocks import ROOT, block
 from etcd_util import _needs_etcd  # noqa: F401 - the module's tests need etcd
 from observers import browser_missing, dashboard_text, missing_tool
+from pg_util import _needs_postgres  # noqa: F401 - and PostgreSQL
 from tests_support import job_env, wait_for
 
 pytestmark = pytest.mark.integration
@@ -34,16 +38,26 @@ def cluster(base: str, name: str) -> dict[str, Any]:
         return {}
 
 
-def test_the_demo_runs_etcd_beside_the_simulated_cluster(tmp_path: Path) -> None:
+def holds(base: str, name: str) -> list[dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"{base}api/v1/clusters/{name}/holds", timeout=5) as resp:  # noqa: S310 - loopback
+            return list(json.loads(resp.read())["holds"])
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def test_the_demo_runs_etcd_and_postgres_beside_the_simulated_cluster(tmp_path: Path) -> None:
     why = browser_missing()
     if why:
         missing_tool(why)
     argv = block("README.md", ".venv/bin/safepoint demo --engine etcd").text.split()
     assert argv[:4] == [".venv/bin/safepoint", "demo", "--engine", "etcd"], argv
+    pg_argv = block("README.md", ".venv/bin/safepoint demo --engine postgres").text.split()
+    assert pg_argv == [".venv/bin/safepoint", "demo", "--engine", "postgres"], pg_argv
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", *argv[1:], "--duration", "240"], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", *argv[1:], *pg_argv[2:], "--duration", "300"],
+                                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
     try:
         def text() -> str:
             return log.read_text(errors="replace")
@@ -56,14 +70,20 @@ def test_the_demo_runs_etcd_beside_the_simulated_cluster(tmp_path: Path) -> None
                  "the etcd cluster's first compaction in the job's status")
         st = cluster(base, "etcd-main")
         assert st.get("mvcc_unit") == "revision" and st["compacted_ts"] >= 1 and st["safe_ts"] >= st["compacted_ts"], st
-        shown = dashboard_text(base, ["cluster etcd-main", "compacted to", "cluster default"], tmp_path / "engines.png")
+        wait_for(lambda: any("nightly-report" in (h.get("label") or "") for h in holds(base, "pg-main"))
+                 or proc.poll() is not None, 120, "the PostgreSQL report's snapshot in the holds API")
+        shown = dashboard_text(base, ["cluster etcd-main", "compacted to", "cluster default", "nightly-report"],
+                               tmp_path / "engines.png")
         etcd = shown.get("etcd-main:", "")
         assert "revision" in etcd and "compacted to" in etcd, etcd[:2000]
+        pg = shown.get("pg-main:", "")
+        assert "nightly-report" in pg and "IDLE IN TRANSACTION" in pg and "xid " in pg, pg[:2000]
         assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", shown.get("default:", "")), "the simulated cluster in UTC"
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the summary, then every engine stopped
         assert proc.wait(90) == 0, text()[-3000:]
         out = text()
         assert re.search(r"^  cluster etcd-main: seq \d+, safe point \d+$", out, re.M), out[-3000:]  # revisions
+        assert re.search(r"^  cluster pg-main: seq \d+, safe point \d+$", out, re.M), out[-3000:]  # xids
         assert "Traceback" not in out, out[-3000:]
         audited = re.search(r"^audit: (\d+) directives checked .* (\d+) violation\(s\)$", out, re.M)
         assert audited and int(audited.group(1)) >= 1 and audited.group(2) == "0", out[-3000:]
@@ -71,5 +91,6 @@ def test_the_demo_runs_etcd_beside_the_simulated_cluster(tmp_path: Path) -> None
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
-    leftover = subprocess.run(["pgrep", "-f", "safepoint-demo-engines-"], capture_output=True, text=True, check=False)
-    assert not leftover.stdout.strip(), f"an etcd of the demo was left running: {leftover.stdout}"
+    for pattern, what in (("safepoint-demo-engines-", "an etcd"), ("safepoint-pg-", "a PostgreSQL")):
+        leftover = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True, check=False)
+        assert not leftover.stdout.strip(), f"{what} of the demo was left running: {leftover.stdout}"

@@ -4,7 +4,10 @@
 (Debian's ``etcd``, as the tests start it), a writer putting keys, and ``EtcdAgent`` reporting it
 as cluster ``etcd-main`` (its own policy: revisions, a retention of ``ETCD_RETENTION``) and
 compacting it at each directive, so the dashboard shows a real store's revisions and compactions
-beside the simulated cluster's times."""
+beside the simulated cluster's times. ``--engine postgres`` runs a PostgreSQL server (Debian's, as
+the ``postgres`` user), a writer, a report that now and then leaves a ``REPEATABLE READ`` snapshot
+open, and ``PostgresAgent`` reporting it as cluster ``pg-main`` in xids: the dashboard names the
+report's snapshot with its cost, and the safe point waits for it."""
 
 from __future__ import annotations
 
@@ -26,14 +29,49 @@ from safepoint.settings import Settings
 
 __all__ = ["ENGINES", "run_demo"]
 
-ENGINES = ("etcd",)
+ENGINES = ("etcd", "postgres")
 """Real engines the demo can run beside the simulated cluster."""
 ETCD_CLUSTER = "etcd-main"
 ETCD_RETENTION = 200
 """Revisions etcd keeps under the demo's safe point."""
+PG_CLUSTER = "pg-main"
+PG_RETENTION = 50
+"""Transaction ids the PostgreSQL cluster's safe point trails the next xid by when nothing holds it."""
+PG_REPORT_EVERY_S = (20.0, 25.0)
+"""The demo's forgotten report: idle 20 s, then holding a snapshot for 25 s, again and again."""
 
 
-class _EtcdEngine:
+class _Engine:
+    """What the demo's real engines share: the agent and the threads that run beside the engine (the
+    agent's loop, a writer, ...), started together and stopped once, the engine itself last."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.agent: Any = None
+
+    def _run(self, *targets: tuple[Any, str]) -> None:
+        self._threads += [threading.Thread(target=t, name=name, daemon=True) for t, name in targets]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> None:
+        """Stop the agent, the threads and the engine (once; again: nothing)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self.agent is not None:
+            self.agent.stop()
+        for t in self._threads:
+            t.join(10)
+        self._stop_engine()
+
+    def _stop_engine(self) -> None:
+        raise NotImplementedError
+
+
+class _EtcdEngine(_Engine):
     """One etcd member, a writer and the agent that reports and compacts it, until ``stop``."""
 
     def __init__(self, work: str, settings: Settings) -> None:
@@ -45,23 +83,17 @@ class _EtcdEngine:
             msg = f"safepoint demo --engine etcd: {why}"
             raise SafepointError(msg)
 
+        super().__init__(settings)
         self.etcd = LocalEtcd(Path(work) / "etcd", 1)
-        self.settings = settings
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self.agent: Any = None
 
     def start(self) -> _EtcdEngine:
         from safepoint.connectors.etcd_agent import EtcdAgent
 
         self.etcd.start()
-        self._threads.append(threading.Thread(target=self._write, name="demo-etcd-writer", daemon=True))
         s = self.settings
         self.agent = EtcdAgent(self.etcd.endpoints, s.bootstrap, ETCD_CLUSTER, node="etcd", events_topic=s.events_topic,
                                directives_topic=s.directives_topic, compact_every_s=1.0, heartbeat_s=1.0).start()
-        self._threads.append(threading.Thread(target=self.agent.run, name="demo-etcd-agent", daemon=True))
-        for t in self._threads:
-            t.start()
+        self._run((self._write, "demo-etcd-writer"), (self.agent.run, "demo-etcd-agent"))
         print(f"etcd at {self.etcd.endpoints}: cluster {ETCD_CLUSTER}, compacted by its agent to "
               f"{ETCD_RETENTION} revisions under the safe point", flush=True)
         return self
@@ -78,16 +110,74 @@ class _EtcdEngine:
                 continue
         etcd.close()
 
-    def stop(self) -> None:
-        """Stop the agent, the writer and etcd (once; again: nothing)."""
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        if self.agent is not None:
-            self.agent.stop()
-        for t in self._threads:
-            t.join(10)
+    def _stop_engine(self) -> None:
         self.etcd.stop()
+
+
+class _PostgresEngine(_Engine):
+    """A PostgreSQL server (as the ``postgres`` user), a writer, a report that now and then leaves a
+    ``REPEATABLE READ`` snapshot open, and the agent that reports it (``--terminate
+    idle-in-transaction --vacuum``), until ``stop``."""
+
+    def __init__(self, settings: Settings) -> None:
+        from safepoint.devtools.postgres import LocalPostgres, postgres_missing
+        from safepoint.errors import SafepointError
+
+        why = postgres_missing()
+        if why is not None:
+            msg = f"safepoint demo --engine postgres: {why}"
+            raise SafepointError(msg)
+        super().__init__(settings)
+        self.server = LocalPostgres()
+
+    def start(self) -> _PostgresEngine:
+        import psycopg
+
+        from safepoint.connectors.postgres_agent import PostgresAgent
+
+        self.server.start()
+        with psycopg.connect(self.server.dsn(), autocommit=True) as c:
+            c.execute("CREATE TABLE orders (id int PRIMARY KEY, total int, note text)")
+            c.execute("INSERT INTO orders SELECT g, 0, repeat('x', 60) FROM generate_series(0, 999) g")
+        s = self.settings
+        self.agent = PostgresAgent(self.server.dsn(), s.bootstrap, PG_CLUSTER, node="pg-primary",
+                                   events_topic=s.events_topic, directives_topic=s.directives_topic, poll_s=1.0,
+                                   terminate="idle-in-transaction", vacuum=True, vacuum_every_s=10.0).start()
+        self._run((self._write, "demo-pg-writer"), (self._report, "demo-pg-report"), (self.agent.run, "demo-pg-agent"))
+        print(f"PostgreSQL at {self.server.dsn()}: cluster {PG_CLUSTER} in xids, reported by its agent; a report "
+              f"holds a snapshot {PG_REPORT_EVERY_S[1]:.0f} s of every {sum(PG_REPORT_EVERY_S):.0f} s", flush=True)
+        return self
+
+    def _write(self) -> None:
+        import psycopg
+
+        i = 0
+        try:
+            with psycopg.connect(self.server.dsn(), autocommit=True, application_name="demo-writer") as c:
+                while not self._stop.wait(0.1):  # 10 transactions a second, 100 row versions each
+                    c.execute("UPDATE orders SET total = total + 1 WHERE id >= %s AND id < %s",
+                              ((i * 100) % 1000, (i * 100) % 1000 + 100))
+                    i += 1
+        except psycopg.Error:
+            if not self._stop.is_set():
+                raise
+
+    def _report(self) -> None:
+        import psycopg
+
+        idle, hold = PG_REPORT_EVERY_S
+        while not self._stop.wait(idle):
+            try:
+                with psycopg.connect(self.server.dsn(), application_name="nightly-report") as c:
+                    c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    c.execute("SELECT sum(total) FROM orders")
+                    self._stop.wait(hold)  # idle in its transaction: its snapshot holds the horizon
+                    c.rollback()
+            except psycopg.Error:
+                continue  # ended by the agent under forced expiry, or the server stopping
+
+    def _stop_engine(self) -> None:
+        self.server.cleanup()
 
 
 class _Engines:
@@ -96,19 +186,24 @@ class _Engines:
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
         self.dir = tempfile.mkdtemp(prefix="safepoint-demo-engines-") if names else None
-        self.running: list[_EtcdEngine] = []
+        self.running: list[_Engine] = []
 
     def policy(self, settings: Settings) -> Settings:
-        """``settings`` with each engine's cluster policy (etcd: revisions, ``docs/etcd.md``)."""
-        if "etcd" not in self.names:
-            return settings
-        table = {"mvcc_unit": "revision", "retention": ETCD_RETENTION, **settings.clusters.get(ETCD_CLUSTER, {})}
-        return replace(settings, clusters={**settings.clusters, ETCD_CLUSTER: table})
+        """``settings`` with each engine's cluster policy (etcd: revisions, ``docs/etcd.md``; PostgreSQL:
+        xids, ``docs/postgres.md``); what the user's own tables say wins."""
+        tables = {"etcd": (ETCD_CLUSTER, {"mvcc_unit": "revision", "retention": ETCD_RETENTION}),
+                  "postgres": (PG_CLUSTER, {"mvcc_unit": "xid", "retention": PG_RETENTION})}
+        clusters = dict(settings.clusters)
+        for name in self.names:
+            cluster, table = tables[name]
+            clusters[cluster] = {**table, **settings.clusters.get(cluster, {})}
+        return replace(settings, clusters=clusters) if self.names else settings
 
     def start(self, settings: Settings) -> None:
-        if "etcd" in self.names:
+        for name in dict.fromkeys(self.names):
             assert self.dir is not None
-            self.running.append(_EtcdEngine(self.dir, settings).start())
+            self.running.append(_EtcdEngine(self.dir, settings).start() if name == "etcd"
+                                else _PostgresEngine(settings).start())
 
     def stop(self) -> None:
         for engine in self.running:
