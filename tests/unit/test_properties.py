@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 
 from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position
 from safepoint.core.batch import bucket_entries, encode_bucket
+from safepoint.core.ids import escape
 from safepoint.core.leases import LastWalls
 from safepoint.core.node import STORED_FIELDS
 from safepoint.replay import final_status
@@ -735,3 +736,39 @@ def test_lease_clock_lowest_and_older_than_equal_a_scan(steps: list[tuple[int, i
         model[f"n{node}"] = wall
         assert walls.lowest() == min(model.values())
         assert walls.older_than(limit) == sorted((w, n) for n, w in model.items() if w < limit)
+
+
+NODE_ALERT_KINDS = frozenset({"pinned_bytes", "reader_age", "in_doubt_tx", "forced_expiry", "pressure_forecast",
+                              "clock_skew", "duplicate_node", "leaked_hold"})
+"""Alerts a node's own parts keep (its pressure, clock, incarnations, leak watch: stored with the node)
+and the cluster's book only stamps; their raises and clears must alternate all the same."""
+
+
+@SETTINGS
+@given(scenarios)
+def test_i_the_alert_book_says_every_raise_and_clear_once(sc: Scenario) -> None:
+    """The ``AlertBook``'s invariant (``core/alerts.py``), on random logs: after every message, each
+    cluster's book holds exactly the cluster's alerts whose last message said ``raised`` (a node's own
+    alerts, ``NODE_ALERT_KINDS``, live with the node); a ``cleared`` only follows a ``raised`` of its id,
+    any kind (never twice); and each node's remembered floor violation is a raised ``horizon_violation``
+    of that node. Nothing enters or leaves the book without the message that says so."""
+    builder = LogBuilder(sc)
+    engine = Engine(sc.policy)
+    said: dict[str, dict[str, str]] = {}  # cluster -> alert id -> its last state
+    for offset, msg in enumerate(builder.build() + builder.settle()):
+        for out in engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None)):
+            body = out.value
+            if out.channel != "alerts" or "id" not in body:
+                continue  # a node's band, age and in-doubt alerts are its pressure's (no id)
+            last = said.setdefault(body["cluster"], {}).get(body["id"])
+            if body["state"] == "cleared":
+                assert last == "raised", f"{body['id']} cleared after {last} (message {offset})"
+            said[body["cluster"]][body["id"]] = body["state"]
+        for cluster, state in engine.clusters.items():
+            raised = {aid for aid, st in said.get(cluster, {}).items() if st == "raised"}
+            raised -= {aid for aid in raised if aid.split("/")[1] in NODE_ALERT_KINDS}
+            book = {f"{escape(cluster)}/{aid}" for aid in state.alerts.raised}  # a message's id names its cluster
+            assert book == raised, f"{cluster} after message {offset}"
+            for node, aid in state.alerts.floor.items():
+                assert aid in state.alerts.raised and state.alerts.raised[aid]["kind"] == "horizon_violation"
+                assert state.alerts.raised[aid]["node"] == node
