@@ -52,7 +52,7 @@ from safepoint.connectors.postgres_holds import History, Instance, PgHold, Super
 from safepoint.connectors.reporter import DEFAULT_EVENTS_TOPIC, Reporter
 from safepoint.errors import SafepointError
 
-__all__ = ["PostgresAgent", "PostgresAgentStats", "TERMINATE_MODES"]
+__all__ = ["PostgresAgent", "PostgresAgentStats", "TERMINATE_MODES", "public_dsn"]
 
 log = logging.getLogger("safepoint.agent.postgres")
 
@@ -178,7 +178,7 @@ class PostgresAgent:
                                           on_directive=self._take, reporter=self.reporter,
                                           kafka_conf=self.kafka_conf, client=self.client).start()
         log.info("postgres agent %s of cluster %s: %s%s, next xid %d, %d holds; terminate %s, vacuum %s",
-                 self.node, self.cluster, _where(self.dsn), " (standby)" if inst.in_recovery else "",
+                 self.node, self.cluster, public_dsn(self.dsn), " (standby)" if inst.in_recovery else "",
                  inst.next_xid8, len(holds_of(inst)), self.terminate, "on" if self.vacuum else "off")
         return self
 
@@ -228,7 +228,11 @@ class PostgresAgent:
             log.warning("postgres agent: the instance answers again after %.1f s", time.monotonic() - self._down_since)
             self._down_since = None
             self._backoff_s = self.poll_s
-        self._sync(holds_of(inst))
+        try:
+            self._sync(holds_of(inst))
+        except SafepointError:  # a change not published (the broker away): the next poll tries again, and
+            # the reporter restates every hold it has once deliveries work (its repair snapshot)
+            log.warning("postgres agent: a change of holds not published; retrying at the next poll", exc_info=True)
         s = self.stats
         s.next_xid8, s.dead_bytes, s.wraparound_left = inst.next_xid8, inst.dead.dead_bytes, inst.wraparound_left
         try:
@@ -384,7 +388,7 @@ class PostgresAgent:
             log.error("postgres agent: VACUUM failed: %s", exc)
 
 
-def _where(dsn: str) -> str:
+def public_dsn(dsn: str) -> str:
     """The DSN without a password."""
     try:
         from psycopg.conninfo import conninfo_to_dict

@@ -4,6 +4,7 @@ expiries the agent acts on (the real server's tests: tests/integration/test_post
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -163,3 +164,15 @@ def test_the_job_keeps_and_shows_a_nodes_wraparound_distance() -> None:
     assert status["wraparound_left"] == 1_900_000_000
     validator("node_status").validate(status)
     assert "wraparound_left" not in node_status(NodeState("pg-main", "pg2"), policy)
+
+
+def test_the_agent_says_plainly_when_the_instance_cannot_be_read(capsys: pytest.CaptureFixture[str]) -> None:
+    """``safepoint agent postgres`` against a port nothing listens on: exit 2, the address without its
+    password, and why."""
+    from safepoint.cli import main
+
+    rc = main(["agent", "postgres", "--dsn", "postgresql://bob:secret@127.0.0.1:1/shop", "--bootstrap", "127.0.0.1:1",
+               "--cluster", "pg-main", "--node", "pg1", "--timeout", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot read the instance at postgresql://bob@127.0.0.1:1/shop" in err, err
+    assert "secret" not in err and "Connection refused" in err

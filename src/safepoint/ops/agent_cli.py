@@ -105,7 +105,7 @@ def run_args(args: argparse.Namespace, settings: Settings) -> int:
 def _run_postgres(args: argparse.Namespace, settings: Settings) -> int:
     import psycopg
 
-    from safepoint.connectors.postgres_agent import PostgresAgent
+    from safepoint.connectors.postgres_agent import PostgresAgent, public_dsn
 
     conf = settings.librdkafka()
     agent = PostgresAgent(args.dsn, conf.pop("bootstrap.servers"), args.cluster, node=args.node,
@@ -115,12 +115,12 @@ def _run_postgres(args: argparse.Namespace, settings: Settings) -> int:
                           vacuum_min_dead=args.vacuum_min_dead, stats_dsns=args.stats_dsn, state_dir=args.state_dir,
                           client=settings.client, kafka_conf=conf, timeout_s=args.timeout,
                           node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None)  # a secret: no flag
-    _stats_and_signals(args, agent)
     try:
         agent.start()
     except psycopg.Error as exc:
-        msg = f"cannot read the instance at {args.dsn}: {str(exc).strip()}"
+        msg = f"cannot read the instance at {public_dsn(args.dsn)}: {str(exc).strip()}"
         raise SafepointError(msg) from exc
+    _stats_and_signals(args, agent)  # once it runs: a start that failed leaves the caller's handlers alone
     print(f"safepoint agent postgres: cluster {args.cluster}, node {args.node}; reporting the vacuum horizon's "
           f"holds every {args.poll:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
     agent.run()
