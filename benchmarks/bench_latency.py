@@ -19,7 +19,7 @@ from bench_workload import Workload, kafka_base, make_topics, open_holds, produc
 class DirectiveWatch(threading.Thread):
     """Records every compaction directive's arrival time (monotonic clock) and body.
 
-    It reads with the project's own reader (``connectors/follow.py``) in rounds of 20 ms: a
+    It reads with the project's own reader (``connectors/kafka/follow.py``) in rounds of 20 ms: a
     consumer that fetched again at once after each directive kept the embedded broker and itself
     busy (it answers a fetch at once), taking CPU from the job it measures; a round costs an
     end-offset request per partition, and an arrival is seen 20 ms late at most."""
@@ -27,7 +27,7 @@ class DirectiveWatch(threading.Thread):
     ROUND_S = 0.02
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        from safepoint.connectors.follow import TopicFollower
+        from safepoint.connectors.kafka.follow import TopicFollower
 
         super().__init__(daemon=True, name="bench-directives")
         self.follower = TopicFollower(kafka_base(bootstrap), topic, "beginning", idle_s=self.ROUND_S,

@@ -162,7 +162,7 @@ def open_holds(values: list[bytes]) -> int:
 
 
 def make_topics(bootstrap: str, tag: str, partitions: int) -> dict[str, str]:
-    from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
     from safepoint.settings import Settings
 
     s = Settings(

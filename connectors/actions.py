@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from safepoint.connectors.producer import make_producer, producer_conf
+from safepoint.connectors.kafka.producer import make_producer, producer_conf
 from safepoint.core.codec import encode
 from safepoint.core.ids import escape
 from safepoint.core.signing import sign
@@ -114,7 +114,7 @@ class ActionOutcomes:
             self.why = "no status topic is configured"
             return
         try:
-            from safepoint.connectors.follow import TopicFollower
+            from safepoint.connectors.kafka.follow import TopicFollower
         except ImportError:  # a node with kafka-python only
             self.why = "following the status topic needs confluent-kafka"
             return

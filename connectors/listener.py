@@ -39,18 +39,6 @@ from typing import TYPE_CHECKING, Any, Self
 
 import fastjsonschema
 
-from safepoint.connectors.clients import (
-    CLIENT_ERRORS,
-    CONFLUENT,
-    PARTITION_EOF,
-    assign_from_beginning,
-    check_client,
-    end_offsets,
-    known_ends,
-    make_consumer,
-    read_positions,
-    set_paused,
-)
 from safepoint.connectors.delivery import consumer_conf, deliver_until_stopped
 from safepoint.connectors.directive_models import (
     BAND,
@@ -62,7 +50,19 @@ from safepoint.connectors.directive_models import (
     compact_up_to,
     validator,
 )
-from safepoint.connectors.idle import IdlePause
+from safepoint.connectors.kafka.clients import (
+    CLIENT_ERRORS,
+    CONFLUENT,
+    PARTITION_EOF,
+    assign_from_beginning,
+    check_client,
+    end_offsets,
+    known_ends,
+    make_consumer,
+    read_positions,
+    set_paused,
+)
+from safepoint.connectors.kafka.idle import IdlePause
 from safepoint.connectors.node_directives import NodeDirectivesMixin
 from safepoint.errors import BrokerError, ClientClosed, SafepointError
 
@@ -143,7 +143,7 @@ class DirectiveListener(NodeDirectivesMixin):
         self._read: dict[int, int] = {}
         """partition -> the next offset to read, from what was read (records and ends of partition)."""
         self._idle = IdlePause()
-        """Once caught up, a poll that finds nothing pauses the partitions (``connectors/idle.py``)."""
+        """Once caught up, a poll that finds nothing pauses the partitions (``connectors/kafka/idle.py``)."""
         self._closed = False
         self._consumer_closed = False
         self._close_lock = threading.Lock()

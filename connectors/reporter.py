@@ -40,7 +40,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from safepoint.connectors.admission import Admission
-from safepoint.connectors.clients import CONFLUENT, check_client
 from safepoint.connectors.expiry import ExpiryMixin
 from safepoint.connectors.handles import (
     ExpireCallback,
@@ -52,7 +51,8 @@ from safepoint.connectors.handles import (
 )
 from safepoint.connectors.heartbeat import Figures, start_heartbeats
 from safepoint.connectors.incarnation import MAX_INCARNATION, default_incarnation, wall_clock_ms
-from safepoint.connectors.producer import BOOTSTRAP_SERVERS, producer_conf
+from safepoint.connectors.kafka.clients import CONFLUENT, check_client
+from safepoint.connectors.kafka.producer import BOOTSTRAP_SERVERS, producer_conf
 from safepoint.connectors.publishing import HoldsMixin, LazyPublishing
 from safepoint.connectors.sender import ReporterStats, Sender
 from safepoint.errors import ClientClosed

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from safepoint.connectors.clients import CLIENT_ERRORS
-from safepoint.connectors.producer import ProducerSlot, is_fatal
+from safepoint.connectors.kafka.clients import CLIENT_ERRORS
+from safepoint.connectors.kafka.producer import ProducerSlot, is_fatal
 from safepoint.core.signing import sign_node
 from safepoint.errors import BrokerError
 

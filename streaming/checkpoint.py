@@ -154,7 +154,7 @@ def check_offsets(batch: int, offsets: dict[int, int], ends: dict[int, int], top
 
 def check_checkpoint(spark: Any, settings: Settings, checkpoint: str) -> None:
     """Every start-time check, before the query starts."""
-    from safepoint.connectors.topics import topic_ends
+    from safepoint.connectors.kafka.topics import topic_ends
 
     check_layout(spark, settings, checkpoint)
     if settings.source_format != "kafka":  # the Python source finds a topic made again itself (a gap)

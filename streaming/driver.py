@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from safepoint.connectors.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
+from safepoint.connectors.kafka.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
 from safepoint.core import CORE, CORE_WHY
 from safepoint.core.gaps import Gap
 from safepoint.errors import SafepointError

@@ -205,7 +205,7 @@ def start_plan(spark: Any, settings: Settings, checkpoint: str) -> StartPlan | N
     empty state: seeded from the directives topic, recovering; see core/recovery.py)."""
     if has_committed_batch(spark, checkpoint):
         return None
-    from safepoint.connectors.seeds import read_seeds
+    from safepoint.connectors.kafka.seeds import read_seeds
 
     seeds = read_seeds(settings.librdkafka(), settings.directives_topic)
     plan = StartPlan(seeds, recover_all=settings.starting_offsets != "earliest")

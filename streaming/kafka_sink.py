@@ -1,5 +1,5 @@
 """The sink half of the ``safepoint_kafka`` format: rows with ``topic``, ``key``, ``value``
-(strings) produced by an idempotent producer (``connectors/producer.py``). A task waits for every
+(strings) produced by an idempotent producer (``connectors/kafka/producer.py``). A task waits for every
 delivery before it reports success; a failed delivery fails the task so Spark retries it
 (at-least-once), and a producer that died for good is rebuilt and the unconfirmed rows sent again.
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
-from safepoint.connectors.clients import CONFLUENT
-from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
+from safepoint.connectors.kafka.clients import CONFLUENT
+from safepoint.connectors.kafka.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
 from safepoint.gcfreeze import freeze_once
 
 __all__ = ["KafkaStreamWriter", "Outbox", "client_conf", "deliver"]

@@ -51,7 +51,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
-from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
+from safepoint.connectors.kafka.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import control_partition, is_control, kafka_partition
 from safepoint.gcfreeze import freeze_once

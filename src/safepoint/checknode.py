@@ -258,8 +258,8 @@ def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginnin
               node: str) -> Iterator[tuple[bytes | None, bytes | None, int, int]]:
     """The events topic's messages that may be the node's, for ``duration_s`` (from the current end,
     or from the beginning), without a consumer group: the job's reading is not disturbed."""
-    from safepoint.connectors.follow import TopicFollower
-    from safepoint.connectors.topics import check_reachable, quiet
+    from safepoint.connectors.kafka.follow import TopicFollower
+    from safepoint.connectors.kafka.topics import check_reachable, quiet
     from safepoint.errors import BrokerError
 
     check_reachable(conf)
@@ -283,7 +283,7 @@ def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginnin
 def announced_retention(conf: dict[str, Any], directives_topic: str, cluster: str, timeout_s: float = 10.0) -> int | None:
     """The ``retention`` the job announced on the cluster's newest compaction directive (None: no
     directive of the cluster was read)."""
-    from safepoint.connectors.seeds import read_directive_values
+    from safepoint.connectors.kafka.seeds import read_directive_values
 
     newest: dict[str, Any] | None = None
     for value in read_directive_values(conf, directives_topic, timeout_s):

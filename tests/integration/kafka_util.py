@@ -34,7 +34,7 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[dict
     """Every message of a topic up to its end now, in offset order per partition, values parsed as
     JSON (the project's own reader, ``connectors/follow.read_to_end``; what it read when
     ``timeout_s`` pass without progress)."""
-    from safepoint.connectors.follow import read_to_end
+    from safepoint.connectors.kafka.follow import read_to_end
 
     out: dict[int, list[dict[str, Any]]] = {}
     try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings

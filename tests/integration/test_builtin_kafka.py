@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.settings import load_settings

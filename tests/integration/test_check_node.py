@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from safepoint.cli import main
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.connectors.reporter import Reporter
-from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.settings import load_settings
 
 from kafka_util import produce, unique

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.errors import ConfigError
 from safepoint.settings import Settings, load_settings
 from safepoint.streaming.checkpoint import LAYOUT_FILE

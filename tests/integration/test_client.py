@@ -17,10 +17,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
-from safepoint.connectors.clients import CLIENTS
+from safepoint.connectors.kafka.clients import CLIENTS
+from safepoint.connectors.kafka.topics import ensure_topics
 from safepoint.connectors.listener import Directive, DirectiveListener, ExpireDirective, compact_up_to
 from safepoint.connectors.reporter import Handle, Reader, Reporter, default_incarnation
-from safepoint.connectors.topics import ensure_topics
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.errors import AdmissionRefused, ClientClosed, ReaderExpired, ReaderRefused
 from safepoint.schemas import load

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from safepoint.connectors.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
+from safepoint.connectors.kafka.topics import LOG_APPEND_TIME, ensure_topics, timestamp_type, topic_specs
 from safepoint.core import Engine
 from safepoint.core.origin import CONTROL, EVENTS
 from safepoint.settings import load_settings

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.devtools.broker import EmbeddedBroker, free_port
 from safepoint.settings import Settings
 from safepoint.streaming.job import build_query, messages_in

@@ -15,9 +15,9 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from safepoint.cli import main as cli
+from safepoint.connectors.kafka.topics import ensure_topics, topic_ends, topic_specs
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import Reporter
-from safepoint.connectors.topics import ensure_topics, topic_ends, topic_specs
 
 from doc_blocks import block
 from kafka_util import produce, read_topic

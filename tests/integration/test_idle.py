@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.core import DIRECTIVES, Engine, Policy, Position
 from safepoint.core.codec import encode
 from safepoint.settings import load_settings

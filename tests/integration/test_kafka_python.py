@@ -22,9 +22,9 @@ import jsonschema
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-from safepoint.connectors.clients import KAFKA_PYTHON, crc32_partition
-from safepoint.connectors.producer import make_producer
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.clients import KAFKA_PYTHON, crc32_partition
+from safepoint.connectors.kafka.producer import make_producer
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.devtools.simulate import SimConfig, generate_log
 from safepoint.schemas import load
 from safepoint.settings import Settings, load_settings

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.core.events import parse
 from safepoint.devtools.broker import EmbeddedBroker
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import Reporter
-from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.settings import Settings, load_settings
 
 from kafka_util import produce, read_topic, unique

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME, ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import TIMESTAMP_LOG_APPEND_TIME, ensure_topics, topic_specs
 from safepoint.core import Engine, Output, Policy, Position
 from safepoint.core.batch import BY_NAME, merge_log_order
 from safepoint.core.codec import encode

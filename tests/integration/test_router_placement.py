@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import NewTopic
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, messages_in

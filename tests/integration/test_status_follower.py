@@ -15,8 +15,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from safepoint.cli import main
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.connectors.service_hold import HoldLost, HoldRefused, ServiceHold
-from safepoint.connectors.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Position
 from safepoint.core.codec import encode
 from safepoint.core.status import cluster_status, node_status, status_key

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from safepoint.connectors.topics import REACH_TIMEOUT_S
+from safepoint.connectors.kafka.topics import REACH_TIMEOUT_S
 from safepoint.devtools.broker import EmbeddedBroker, free_port
 from safepoint.ops.control_cli import CONTROL_REACH_TIMEOUT_S
 

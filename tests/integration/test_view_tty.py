@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 
 from kafka_util import produce, unique
 from pty_util import run_at_terminal

@@ -39,7 +39,7 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from safepoint.connectors.topics import ensure_topics, topic_specs
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Policy, Position
 from safepoint.core.batch import BY_NAME, merge_log_order, route
 from safepoint.core.codec import encode

@@ -31,9 +31,10 @@ ALLOWED = {
 operators run never needs what developers run."""
 
 NODE_CLIENT = ["reporter", "sender", "handles", "publishing", "admission", "heartbeat", "incarnation", "expiry", "listener",
-               "directive_models", "node_directives", "delivery", "service_hold", "actions", "follow", "idle", "clients",
-               "producer", "topics"]
-"""The connectors a database node runs (``pip install safepoint`` without extras)."""
+               "directive_models", "node_directives", "delivery", "service_hold", "actions", "kafka/follow", "kafka/idle",
+               "kafka/clients", "kafka/producer", "kafka/topics"]
+"""The connectors a database node runs (``pip install safepoint`` without extras): the node client, and
+the Kafka plumbing it shares (``connectors/kafka/``)."""
 HEAVY = {"pyspark", "pyarrow", "pandas", "fastapi", "uvicorn", "starlette", "prometheus_client", "rich", "noida_db",
          "psutil"}
 
@@ -59,7 +60,7 @@ def part_of(module: str) -> str | None:
 
 def modules_of(part: str) -> list[Path]:
     if part in PARTS:
-        return sorted(PARTS[part].glob("*.py"))
+        return sorted(PARTS[part].rglob("*.py"))  # connectors/kafka/ too
     return [TOP / f"{part}.py"]
 
 
@@ -88,7 +89,8 @@ def test_the_node_client_needs_no_spark_and_no_web_server() -> None:
     found = [f"{p.relative_to(ROOT)}: {m}" for p in paths for m in imports(p) if m.split(".")[0] in HEAVY]
     assert not found, found
     inside = [f"{p.name}: {m}" for p in paths[: len(NODE_CLIENT)] for m in imports(p)
-              if m.startswith("safepoint.connectors.") and m.rsplit(".", 1)[1] not in NODE_CLIENT]
+              if m.startswith("safepoint.connectors.") and m.removeprefix("safepoint.connectors.").replace(".", "/")
+              not in NODE_CLIENT]
     assert not inside, f"the node client imports connectors outside it: {inside}"
 
 

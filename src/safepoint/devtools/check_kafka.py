@@ -17,8 +17,8 @@ def read_topic(conf: dict[str, Any], topic: str, timeout_s: float = 120.0
                ) -> Iterator[tuple[int, int, bytes | None, bytes | None, int | None]]:
     """(partition, offset, key, value, broker time) of every message up to the high watermarks (the
     broker time: the record's timestamp when the broker set it, ``LogAppendTime``; else None)."""
-    from safepoint.connectors.follow import read_to_end
-    from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
+    from safepoint.connectors.kafka.follow import read_to_end
+    from safepoint.connectors.kafka.topics import TIMESTAMP_LOG_APPEND_TIME
 
     for m in read_to_end(conf, topic, timeout_s, client_id="safepoint-checker"):
         kind, stamp = m.timestamp()

@@ -214,7 +214,7 @@ class _Engines:
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None,
              namespaces: int = 3, engines: tuple[str, ...] = ()) -> int:
-    from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import batch_accounting, build_query, messages_in

@@ -295,9 +295,9 @@ def run_simulator(
     """Publish a live simulated cluster (or several) until the duration ends, SIGINT/SIGTERM or
     ``halt`` is set (a caller that runs it in a thread); at the end, wait at most
     ``flush_timeout_s`` for the last deliveries."""
-    from safepoint.connectors.clients import CONFLUENT
-    from safepoint.connectors.producer import BOOTSTRAP_SERVERS, Deliveries, make_producer, producer_conf
-    from safepoint.connectors.topics import check_reachable, quiet
+    from safepoint.connectors.kafka.clients import CONFLUENT
+    from safepoint.connectors.kafka.producer import BOOTSTRAP_SERVERS, Deliveries, make_producer, producer_conf
+    from safepoint.connectors.kafka.topics import check_reachable, quiet
 
     conf = quiet(producer_conf({BOOTSTRAP_SERVERS: bootstrap, **(kafka_conf or {})}, linger_ms=20))
     check_reachable(conf)

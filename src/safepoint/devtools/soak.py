@@ -167,7 +167,7 @@ class _Accounting:
 
 def run_soak(cfg: SoakConfig, report_path: str | None = None, out: Any = None) -> int:
     """Run the soak and print its report. Returns the exit status (see the module doc)."""
-    from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import build_query

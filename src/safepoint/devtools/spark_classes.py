@@ -51,8 +51,8 @@ def _warm_up(dump_to: str) -> None:
     classes it loaded to ``dump_to`` when it exits."""
     import tempfile
 
-    from safepoint.connectors.producer import make_producer, producer_conf
-    from safepoint.connectors.topics import ensure_topics, topic_specs
+    from safepoint.connectors.kafka.producer import make_producer, producer_conf
+    from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.settings import load_settings
     from safepoint.streaming.job import build_query

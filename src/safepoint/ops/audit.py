@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from safepoint.connectors.topics import TIMESTAMP_LOG_APPEND_TIME
+from safepoint.connectors.kafka.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.ids import escape, join_id
 from safepoint.core.origin import control_partition, routed_of
 from safepoint.core.policy import Policies
@@ -472,14 +472,14 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
     """Follow the events and directives topics and audit every directive: until both topics were
     quiet ``until_idle_s`` (None: until Ctrl-C, or, once ``stop`` (a ``threading.Event``) is set,
     until they are quiet for two seconds). Violations are printed and published as alerts."""
-    from safepoint.connectors.follow import TopicFollower
-    from safepoint.connectors.producer import make_producer, producer_conf
+    from safepoint.connectors.kafka.follow import TopicFollower
+    from safepoint.connectors.kafka.producer import make_producer, producer_conf
 
     conf = settings.librdkafka()
     policies = settings.policies()
     auditor = Auditor(control_on_events_topic=lambda c: policies.of(c).control_on_events_topic,
                       signed=signatures(policies))
-    # a growing topic is read in rounds of idle_s (connectors/idle.py): the auditor needs no
+    # a growing topic is read in rounds of idle_s (connectors/kafka/idle.py): the auditor needs no
     # quarter-second latency, and a round costs an end-offset request per partition
     follower = TopicFollower(conf, [settings.events_topic, settings.control_topic, settings.directives_topic],
                              "beginning" if from_beginning else "end", idle_s=1.0, client_id="safepoint-audit")
@@ -530,7 +530,7 @@ def follow_and_audit(settings: Any, *, until_idle_s: float | None = None, from_b
 def run_audit(settings: Any, *, until_idle_s: float | None, from_beginning: bool = True, alerts: bool = True,
               out: Any = sys.stdout) -> int:
     """``safepoint audit``: follow and audit; the exit status is 1 when a violation was found."""
-    from safepoint.connectors.topics import check_reachable
+    from safepoint.connectors.kafka.topics import check_reachable
 
     check_reachable(settings.librdkafka())
     auditor = follow_and_audit(settings, until_idle_s=until_idle_s, from_beginning=from_beginning, alerts=alerts,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from safepoint.connectors.actions import LOST, ActionOutcomes, ControlPublisher
-from safepoint.connectors.topics import check_reachable, quiet
+from safepoint.connectors.kafka.topics import check_reachable, quiet
 from safepoint.core.signing import owner_digest
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
@@ -98,7 +98,7 @@ def act(settings: Settings, event: dict[str, Any], wait_s: float | None) -> int:
 def service_holds_of(settings: Settings, cluster: str, timeout_s: float = 10.0) -> dict[str, Any] | None:
     """The cluster's status read from the status topic up to its end (None: the job has not
     published one)."""
-    from safepoint.connectors.follow import read_to_end
+    from safepoint.connectors.kafka.follow import read_to_end
     from safepoint.ops.status_store import StatusStore
 
     conf = settings.librdkafka()

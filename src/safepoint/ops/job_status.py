@@ -12,7 +12,7 @@ import logging
 import time
 from typing import Any
 
-from safepoint.connectors.producer import ProducerSlot, is_fatal_exception
+from safepoint.connectors.kafka.producer import ProducerSlot, is_fatal_exception
 from safepoint.core.codec import encode
 from safepoint.ops.status_store import JOB_KEY, StatusStore
 from safepoint.streaming.job import gaps_in

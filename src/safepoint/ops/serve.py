@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from safepoint.connectors.producer import ProducerSlot, producer_conf
-from safepoint.connectors.topics import check_reachable, quiet
+from safepoint.connectors.kafka.producer import ProducerSlot, producer_conf
+from safepoint.connectors.kafka.topics import check_reachable, quiet
 from safepoint.errors import ConfigError, SafepointError
 from safepoint.ops.control_cli import publisher
 from safepoint.ops.http_api import HttpServer, make_app

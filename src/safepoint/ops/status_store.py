@@ -168,7 +168,7 @@ class StatusStore:
     # -- following the topic ------------------------------------------------------------------
     def follow(self, conf: dict[str, Any], topic: str) -> None:
         """Read ``topic`` from its beginning into this store in a daemon thread, until ``close``."""
-        from safepoint.connectors.follow import TopicFollower
+        from safepoint.connectors.kafka.follow import TopicFollower
 
         self._follower = TopicFollower(conf, topic, client_id="safepoint-status")
         self._thread = threading.Thread(target=self._run, name="status-follow", daemon=True)

@@ -238,7 +238,7 @@ class LiveView:
     """Follows the directives, alerts and status topics into a ``ViewState`` (``ops/view.py``)."""
 
     def __init__(self, settings: Settings, expiries: queue.Queue[tuple[str, str, str]] | None = None) -> None:
-        from safepoint.connectors.follow import TopicFollower
+        from safepoint.connectors.kafka.follow import TopicFollower
 
         self.settings = settings
         self.follower = TopicFollower(settings.librdkafka(logger=logging.getLogger("safepoint.librdkafka")),
@@ -304,7 +304,7 @@ def show(group: Group, tty: bool, last_print: float) -> float:
 
 def follow(settings: Settings, duration_s: float | None) -> int:
     """``safepoint view``: follow a running job's outputs until Ctrl-C or the duration ends."""
-    from safepoint.connectors.topics import check_reachable
+    from safepoint.connectors.kafka.topics import check_reachable
 
     check_reachable(settings.librdkafka())
     view = LiveView(settings)

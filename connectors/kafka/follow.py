@@ -3,7 +3,7 @@
 ``TopicFollower`` reads every partition of one or more topics (from their beginning, or from
 their end as it is when the follower starts) with ``assign()`` only, so it never disturbs the job
 or another reader. Once caught up it drops its assignment and only asks for the end
-offsets (``connectors/idle.py``): a caught-up follower costs next to nothing, even on the embedded broker.
+offsets (``connectors/kafka/idle.py``): a caught-up follower costs next to nothing, even on the embedded broker.
 A broker error is kept in ``error`` and the consumer is rebuilt where it stood; the caller's loop
 goes on. ``read_to_end`` reads what the topics hold now and stops: the one way the project reads a
 topic back (the job's seeds, ``hold list``, ``check-node``, the run checker).
@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from safepoint.connectors.idle import IdlePause
+from safepoint.connectors.kafka.idle import IdlePause
 
 __all__ = ["TopicFollower", "read_to_end"]
 

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from safepoint.connectors.clients import CLIENT_ERRORS, PRODUCER, check_client, make_client
+from safepoint.connectors.kafka.clients import CLIENT_ERRORS, PRODUCER, check_client, make_client
 
 __all__ = [
     "BOOTSTRAP_SERVERS",

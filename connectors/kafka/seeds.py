@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-from safepoint.connectors.follow import read_to_end
+from safepoint.connectors.kafka.follow import read_to_end
 from safepoint.core.recovery import Seed, seeds_from_directives
 from safepoint.errors import BrokerError
 

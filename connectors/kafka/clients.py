@@ -359,7 +359,7 @@ class PyConsumer:
 
 def make_consumer(client: str, conf: Mapping[str, Any]) -> Any:
     """A consumer of the chosen library (confluent-kafka's ``Consumer`` or ``PyConsumer``); producers
-    come from ``connectors/producer.py``."""
+    come from ``connectors/kafka/producer.py``."""
     return make_client(client, conf, CONSUMER)
 
 
