@@ -53,6 +53,9 @@ def holds_published(bootstrap: str, topic: str, node: str, incarnation: int | No
             open_[e["tx_id"]]["prepared"] = True
         elif kind in ("reader_close", "tx_end"):
             open_.pop(e.get("reader_id") or e["tx_id"], None)
+        elif kind == "snapshot":  # a restatement (the reporter's repair): the whole set
+            open_ = {r["reader_id"]: {**r, "type": "reader_open"} for r in e["readers"]}
+            open_.update((t["tx_id"], {**t, "type": "tx_begin"}) for t in e["txs"])
     return open_
 
 

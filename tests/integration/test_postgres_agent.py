@@ -3,7 +3,8 @@ user on loopback) and the real broker: each kind of hold appears with PostgreSQL
 label and goes when it ends; a streaming standby (``pg_basebackup``, ``hot_standby_feedback``) is
 seen through its primary and through its own agent; xids right across the 32-bit wrap (a throwaway
 server moved there with ``pg_resetwal``); forced expiry ends the right backend and nothing else;
-the agent restarted; the database stopped and started under it. (With the job: test_postgres_e2e.py.)"""
+the agent restarted; the database stopped and started under it; the broker away while holds change.
+(With the job: test_postgres_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -263,3 +264,47 @@ def test_the_agent_restarted_and_the_database_stopped_under_it(broker: Any, pg: 
         running.stop()
         with psycopg.connect(pg.dsn(), autocommit=True) as again:
             again.execute("ROLLBACK PREPARED 'survivor'")
+
+
+def test_the_broker_away_and_back_loses_no_change(pg: LocalPostgres, tmp_path: Path) -> None:
+    """The broker stops while holds change (a session ends, another begins): the agent goes on reading
+    the instance, and once the broker is back what it published says exactly what the instance holds."""
+    from safepoint.devtools.broker import EmbeddedBroker, free_port
+
+    port = free_port()
+    broker = EmbeddedBroker(port=port, data_dir=str(tmp_path / "broker")).start()
+    settings = make_settings(broker.bootstrap, "pg-broker", 1)
+    c = psycopg.connect(pg.dsn(), autocommit=True)
+    c.execute("CREATE TABLE t (id int)")
+    first = psycopg.connect(pg.dsn(application_name="first-report"))
+    first.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+    first.execute("SELECT 1")
+    running = Running(agent_of(pg, broker, settings, "pg1"))
+
+    def published() -> set[str]:
+        return set(holds_published(broker.bootstrap, settings.events_topic, "pg1"))
+
+    def backends() -> set[str]:
+        return {f"backend-{pid}@{xmin}" for pid, xmin in c.execute(
+            "SELECT pid, backend_xmin::text::bigint FROM pg_stat_activity WHERE backend_xmin IS NOT NULL "
+            "AND application_name LIKE '%-report'").fetchall()}
+
+    try:
+        wait_for(lambda: backends() and backends() <= published(), 30, "the first report's hold")
+        broker.stop()
+        first.rollback()  # while the broker is away: one hold goes, another comes
+        second = psycopg.connect(pg.dsn(application_name="second-report"))
+        second.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        second.execute("SELECT 1")
+        polls = running.agent.stats.polls
+        wait_for(lambda: running.agent.stats.polls >= polls + 10, 30, "the agent to go on reading the instance")
+        broker = EmbeddedBroker(port=port, data_dir=str(tmp_path / "broker")).start()
+        want = backends()
+        wait_for(lambda: {h for h in published() if h.startswith("backend-")} == want, 60,
+                 f"the published holds to be the instance's again ({want})")
+        assert running.thread.is_alive(), "the agent's loop ended"
+        second.rollback()
+        wait_for(lambda: not {h for h in published() if h.startswith("backend-")}, 30, "the second report's close")
+    finally:
+        running.stop()
+        broker.stop()
