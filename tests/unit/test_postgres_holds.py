@@ -176,3 +176,49 @@ def test_the_agent_says_plainly_when_the_instance_cannot_be_read(capsys: pytest.
     err = capsys.readouterr().err
     assert rc == 2 and "cannot read the instance at postgresql://bob@127.0.0.1:1/shop" in err, err
     assert "secret" not in err and "Connection refused" in err
+
+
+def test_an_observing_reporter_reports_what_exists_and_never_releases_it_itself() -> None:
+    """``Reporter(observer=True)`` (an agent's): a hold below the known safe point is published, not
+    refused (it exists already); a hard expiry calls ``on_expire`` and leaves the hold open and
+    published until the agent closes it; a plain reporter refuses the first and releases on the second."""
+    import json
+
+    from safepoint.connectors.directive_models import ExpireDirective
+    from safepoint.connectors.reporter import Reporter
+    from safepoint.errors import ReaderRefused
+
+    def reporter(observer: bool, sent: list[bytes], expired: list[str]) -> Reporter:
+        rep = Reporter("127.0.0.1:1", "pg1", cluster="pg-main", incarnation=1, heartbeat_interval_s=None,
+                       mvcc_clock=lambda: 1000, kafka_conf={"log_level": 0}, observer=observer,
+                       on_expire=lambda h, d: expired.append(d.mode))
+        rep._sender.produce = sent.append  # type: ignore[method-assign]  # the only stand-in: no broker here
+        return rep
+
+    def hard(seq: int) -> ExpireDirective:
+        return ExpireDirective.from_json({"v": 1, "type": "expire", "cluster": "pg-main", "node": "pg1", "seq": seq,
+                                          "reader_id": "backend-7@400", "reason": "test", "mode": "hard"})
+
+    sent: list[bytes] = []
+    expired: list[str] = []
+    plain = reporter(False, sent, expired)
+    try:
+        plain.reader(400, reader_id="backend-7@400").open()
+        plain.observe_safe_ts(500)
+        with pytest.raises(ReaderRefused):
+            plain.reader(400, reader_id="backend-8@400").open()
+        plain.expire(hard(1))
+        assert [json.loads(v)["type"] for v in sent][-1] == "reader_close"  # released by the reporter
+    finally:
+        plain.close(0.1)
+    sent.clear()
+    agent = reporter(True, sent, expired)
+    try:
+        agent.observe_safe_ts(500)
+        reader = agent.reader(400, reader_id="backend-7@400").open()  # below the safe point: published
+        assert agent.expire(hard(2)) is reader and expired == ["hard", "hard"]
+        assert [json.loads(v)["type"] for v in sent] == ["reader_open"] and reader.is_open  # still held
+        reader.close()  # the backend ended: the agent closes it
+        assert [json.loads(v)["type"] for v in sent] == ["reader_open", "reader_close"]
+    finally:
+        agent.close(0.1)
