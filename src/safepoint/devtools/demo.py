@@ -128,7 +128,7 @@ class _PostgresEngine(_Engine):
             msg = f"safepoint demo --engine postgres: {why}"
             raise SafepointError(msg)
         super().__init__(settings)
-        self.server = LocalPostgres()
+        self.server = LocalPostgres(prefix="safepoint-demo-engines-pg-")  # a directory the postgres user owns
 
     def start(self) -> _PostgresEngine:
         import psycopg

@@ -84,12 +84,14 @@ def _program(name: str) -> str:
 class LocalPostgres:
     """One server: ``LocalPostgres().start()`` makes a new cluster (``initdb``) and starts it; a standby
     of it: ``primary.standby()`` (``pg_basebackup -R``, streaming on loopback). ``conf`` adds or
-    replaces ``postgresql.conf`` settings (``SERVER_CONF``)."""
+    replaces ``postgresql.conf`` settings (``SERVER_CONF``); without ``base``, its directory is a new
+    temporary one named from ``prefix`` (the demo's, ``safepoint-demo-engines-pg-``, tells its servers
+    from a test's)."""
 
     def __init__(self, base: str | os.PathLike[str] | None = None, *, port: int | None = None,
-                 conf: dict[str, str] | None = None, name: str = "pg") -> None:
+                 conf: dict[str, str] | None = None, name: str = "pg", prefix: str = "safepoint-pg-") -> None:
         if base is None:
-            base = tempfile.mkdtemp(prefix="safepoint-pg-")
+            base = tempfile.mkdtemp(prefix=prefix)
             if os.geteuid() == 0:
                 shutil.chown(base, "postgres", "postgres")
         self.base = Path(base)
