@@ -98,7 +98,7 @@ def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, bo
     leaderless = members.leaderless
     aborted = bool(members.aborting() or (recovery is not None and recovery.awaiting) or stale)
     if sync.full or reference:
-        sync_abort_alerts(book, problems(members, recovery, now, policy), now, out)
+        out.extend(sync_abort_alerts(book, problems(members, recovery, now, policy), now))
         sync.full = False
         sync.touched = set()
         sync.stale = set(stale)
@@ -124,10 +124,7 @@ def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, bo
     if len(gone) > 1:
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)
-    for aid in gone:
-        cleared = book.clear(aid, now)
-        if cleared is not None:
-            out.append(cleared)
+    out.extend(cleared for aid in gone if (cleared := book.clear(aid, now)) is not None)
     if found:
-        raise_new(book, found, now, out)
+        out.extend(raise_new(book, found, now))
     return aborted

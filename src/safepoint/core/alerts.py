@@ -120,27 +120,24 @@ class AlertBook:
         )
 
 
-def sync_abort_alerts(book: AlertBook, found: dict[str, Problem], now: int, out: list[Output]) -> None:
-    """Raise what ``found`` has and the book lacks, clear the other way round (every abort kind)."""
+def sync_abort_alerts(book: AlertBook, found: dict[str, Problem], now: int) -> list[Output]:
+    """Raise what ``found`` has and the book lacks, clear the other way round (every abort kind); the
+    messages that say so, in order."""
     if not found and not book:
-        return
-    for aid in [a for a in book.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]:
-        cleared = book.clear(aid, now)
-        if cleared is not None:
-            out.append(cleared)
-    raise_new(book, found, now, out)
+        return []
+    said = [cleared for aid in [a for a in book.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]
+            if (cleared := book.clear(aid, now)) is not None]
+    return said + raise_new(book, found, now)
 
 
-def raise_new(book: AlertBook, found: dict[str, Problem], now: int, out: list[Output]) -> None:
-    """Raise each problem of ``found`` not raised yet, in id order."""
+def raise_new(book: AlertBook, found: dict[str, Problem], now: int) -> list[Output]:
+    """Raise each problem of ``found`` not raised yet, in id order; the messages that say so."""
     # sorted: ``found`` comes partly from sets whose order depends on the hash seed and on how the
     # state was rebuilt, and replay, the job and every batch split must emit the same sequence
-    for aid, (kind, node, value, threshold, detail) in sorted(found.items()):
-        if aid in book.raised:
-            continue
-        out.append(book.raise_({"id": aid, "kind": kind, "node": node, "severity": "warning", "value": value,
-                                "threshold": threshold, "since": now,
-                                "detail": f"{detail}; the safe point holds until it recovers"}, now))
+    return [book.raise_({"id": aid, "kind": kind, "node": node, "severity": "warning", "value": value,
+                         "threshold": threshold, "since": now,
+                         "detail": f"{detail}; the safe point holds until it recovers"}, now)
+            for aid, (kind, node, value, threshold, detail) in sorted(found.items()) if aid not in book.raised]
 
 
 def stall_alert(book: AlertBook, members: Members, recovery: Recovery | None, since: int, now: int,
