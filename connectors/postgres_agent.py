@@ -126,17 +126,19 @@ class PostgresAgent:
         self._vacuum_thread: threading.Thread | None = None
 
     # -- the instance -------------------------------------------------------------------
-    def _connect(self) -> None:
+    def _connection(self, dsn: str, application_name: str = "safepoint-agent", timed: bool = True) -> Any:
+        """A connection in autocommit, named in ``pg_stat_activity``; ``timed``: each statement and the
+        connecting within ``timeout_s`` (not a VACUUM, which takes what it takes)."""
         import psycopg  # the postgres extra
 
-        self._close_conns()
-        def connect(dsn: str) -> Any:
-            return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(self.timeout_s)),
-                                   options=f"-c statement_timeout={int(self.timeout_s * 1000)}",
-                                   application_name="safepoint-agent")
+        options = f"-c statement_timeout={int(self.timeout_s * 1000)}" if timed else ""
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=max(1, int(self.timeout_s)), options=options,
+                               application_name=application_name)
 
-        self._conn = connect(self.dsn)
-        self._extra = [connect(d) for d in self.stats_dsns]
+    def _connect(self) -> None:
+        self._close_conns()
+        self._conn = self._connection(self.dsn)
+        self._extra = [self._connection(d) for d in self.stats_dsns]
 
     def _close_conns(self) -> None:
         for c in (self._conn, *self._extra):
@@ -336,8 +338,7 @@ class PostgresAgent:
         import psycopg
 
         try:
-            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=max(1, int(self.timeout_s)),
-                                 application_name="safepoint-agent") as conn:
+            with self._connection(self.dsn) as conn:
                 row = conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s "
                     "AND (extract(epoch from backend_start) * 1000)::bigint = %s", (hold.pid, hold.backend_start_ms),
@@ -374,7 +375,7 @@ class PostgresAgent:
         from psycopg import sql
 
         try:
-            with psycopg.connect(self.dsn, autocommit=True, application_name="safepoint-vacuum") as conn:
+            with self._connection(self.dsn, "safepoint-vacuum", timed=False) as conn:
                 for table in tables:
                     schema, _, name = table.partition(".")
                     start = time.monotonic()

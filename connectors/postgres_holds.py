@@ -98,13 +98,11 @@ class DeadTuples:
 
     dead_bytes: int
     """An estimate of the bytes of dead tuples now: ``n_dead_tup`` times each table's bytes per tuple."""
-    superseded_bytes: int
-    """Bytes of tuple versions superseded since the statistics began (``n_tup_upd + n_tup_del`` times
-    the bytes per tuple now): an estimate for one reading (``Superseded`` makes a counter of it)."""
     tables: list[tuple[str, int]] = field(default_factory=list)
     """(table, ``n_dead_tup``), most dead tuples first: what a vacuum takes first."""
     changed: dict[str, tuple[int, float]] = field(default_factory=dict)
-    """table -> (``n_tup_upd + n_tup_del``, its bytes per tuple now)."""
+    """table -> (``n_tup_upd + n_tup_del``, its bytes per tuple now): the versions it superseded since
+    its statistics began (``Superseded`` makes a counter of bytes of them)."""
 
 
 class Superseded:
@@ -265,19 +263,18 @@ SELECT s.schemaname || '.' || s.relname, s.n_dead_tup, s.n_live_tup, s.n_tup_upd
 def dead_tuples(rows: list[tuple[str, int, int, int, int]]) -> DeadTuples:
     """The dead-tuple figures of ``Q_DEAD``'s rows: each table's bytes per tuple is its size over its
     live and dead tuples (a table with none counts a page's worth, 8 kB, per 100 tuples)."""
-    dead = superseded = 0
+    dead = 0
     tables: list[tuple[str, int]] = []
     changes: dict[str, tuple[int, float]] = {}
     for name, n_dead, n_live, changed, size in rows:
         tuples = (n_live or 0) + (n_dead or 0)
         per = size / tuples if tuples and size else 82
         dead += int((n_dead or 0) * per)
-        superseded += int((changed or 0) * per)
         changes[name] = (int(changed or 0), per)
         if n_dead:
             tables.append((name, int(n_dead)))
     tables.sort(key=lambda t: (-t[1], t[0]))
-    return DeadTuples(dead, superseded, tables, changes)
+    return DeadTuples(dead, tables, changes)
 
 
 def read_instance(conn: Any, extra: list[Any] | None = None) -> Instance:

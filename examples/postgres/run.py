@@ -31,7 +31,6 @@ import json
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from typing import Any
 import psycopg
 
 from safepoint.devtools.broker import EmbeddedBroker
-from safepoint.devtools.postgres import LocalPostgres, postgres_missing
+from safepoint.devtools.postgres import LocalPostgres, Writer, postgres_missing
 from safepoint.devtools.story import answers, finish, get_json, stop_processes, wait_until
 
 HERE = Path(__file__).resolve().parent
@@ -50,29 +49,6 @@ SAFEPOINT = [sys.executable, "-m", "safepoint.cli"]
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-class Writer(threading.Thread):
-    """Updates 200 rows of ``orders`` ten times a second: each update leaves a dead row version."""
-
-    def __init__(self, dsn: str) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.stop_ = threading.Event()
-
-    def run(self) -> None:
-        try:
-            with psycopg.connect(self.dsn, autocommit=True, application_name="writer") as c:
-                i = 0
-                while not self.stop_.wait(0.1):
-                    lo = (i * 200) % 2000
-                    c.execute("UPDATE orders SET total = total + 1 WHERE id >= %s AND id < %s", (lo, lo + 200))
-                    i += 1
-        except psycopg.Error:
-            if not self.stop_.is_set():
-                raise
-
-
 
 
 class Story:
@@ -198,17 +174,18 @@ class Story:
                    "the status speaks in xids and shows the wraparound distance")
 
 
-def start(work: Path, broker: EmbeddedBroker, server: LocalPostgres, port: int) -> list[subprocess.Popen[Any]]:
-    """The job, the server with its tables, and the agent; the job's and the agent's processes."""
+def start(work: Path, broker: EmbeddedBroker, server: LocalPostgres, port: int,
+          writer: Writer) -> list[subprocess.Popen[Any]]:
+    """The job, the server with its tables (the writer's among them), and the agent; the job's and the
+    agent's processes."""
     kafka = ["--bootstrap", broker.bootstrap]
     base = f"http://127.0.0.1:{port}"
     job = subprocess.Popen([*SAFEPOINT, "run", *kafka, "--config", str(HERE / "safepoint.toml"), "--checkpoint",
                             str(work / "ckpt"), "--http-port", str(port)], stdout=(work / "job.log").open("ab"),
                            stderr=subprocess.STDOUT, start_new_session=True)
     server.start()
+    writer.create()
     with psycopg.connect(server.dsn(), autocommit=True) as admin:
-        admin.execute("CREATE TABLE orders (id int PRIMARY KEY, total int, note text)")
-        admin.execute("INSERT INTO orders SELECT g, 0, repeat('x', 60) FROM generate_series(0, 1999) g")
         admin.execute("CREATE TABLE payments (id int PRIMARY KEY, state text)")
         admin.execute("INSERT INTO payments VALUES (17, 'pending')")
         admin.execute("ALTER TABLE orders SET (autovacuum_enabled = off)")  # the agent's VACUUM is the one seen here
@@ -232,11 +209,11 @@ def main() -> int:
     broker = EmbeddedBroker(data_dir=str(work / "broker")).start()
     server = LocalPostgres()
     procs: list[subprocess.Popen[Any]] = []
-    writer = Writer(server.dsn())
+    writer = Writer(server.dsn(), rows=2000, per_tx=200)  # each transaction leaves 200 dead row versions
     base = f"http://127.0.0.1:{args.http_port}"
     try:
         say(f"work dir {work}; broker at {broker.bootstrap}")
-        procs = start(work, broker, server, args.http_port)
+        procs = start(work, broker, server, args.http_port, writer)
         writer.start()
         story = Story(base, work, server)
         wait_until(lambda: bool(story.status().get("safe_ts")), 120, "the first directive")
@@ -248,7 +225,7 @@ def main() -> int:
         failed = story.failed
         return finish(failed, base, args.keep_running)
     finally:
-        writer.stop_.set()
+        writer.stop()
         stop_processes(procs)  # the agent, then the job
         server.cleanup()
         broker.stop()

@@ -7,18 +7,18 @@ the simulated cluster's UTC times; Ctrl-C sums each up and stops every engine.""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from safepoint.devtools.story import get_json
 
 from doc_blocks import ROOT, block
 from etcd_util import _needs_etcd  # noqa: F401 - the module's tests need etcd
@@ -31,17 +31,15 @@ pytestmark = pytest.mark.integration
 
 def cluster(base: str, name: str) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(f"{base}api/v1/clusters/{name}", timeout=5) as resp:  # noqa: S310 - loopback
-            got: dict[str, Any] = json.loads(resp.read())
-            return got
+        got: dict[str, Any] = get_json(f"{base}api/v1/clusters/{name}")
     except (OSError, ValueError):
         return {}
+    return got
 
 
 def holds(base: str, name: str) -> list[dict[str, Any]]:
     try:
-        with urllib.request.urlopen(f"{base}api/v1/clusters/{name}/holds", timeout=5) as resp:  # noqa: S310 - loopback
-            return list(json.loads(resp.read())["holds"])
+        return list(get_json(f"{base}api/v1/clusters/{name}/holds")["holds"])
     except (OSError, ValueError, KeyError):
         return []
 

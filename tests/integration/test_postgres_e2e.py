@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from safepoint.devtools.broker import free_port
-from safepoint.devtools.postgres import LocalPostgres
+from safepoint.devtools.postgres import LocalPostgres, Writer
 from safepoint.settings import load_settings
 
 from doc_blocks import block
@@ -58,21 +58,6 @@ def agent_cmd(dsn: str, bootstrap: str, settings: Any, node: str, stats: Path) -
             "--directives-topic", settings.directives_topic, "--poll", "0.3", "--stats-file", str(stats)]
 
 
-class Writer(threading.Thread):
-    """Commits a row every 20 ms (the xids move on, and dead tuples pile up)."""
-
-    def __init__(self, dsn: str) -> None:
-        super().__init__(daemon=True)
-        self.dsn = dsn
-        self.stop_ = threading.Event()
-
-    def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as c:
-            while not self.stop_.is_set():
-                c.execute("UPDATE t SET v = v + 1 WHERE id = 1")
-                self.stop_.wait(0.02)
-
-
 def test_no_directive_passes_a_postgres_hold_until_it_ends(broker: Any, pg: LocalPostgres, tmp_path: Path) -> None:
     settings = make_settings(broker.bootstrap, "pg-e2e", 1, node_lease_ms=10_000, trigger_ms=200)
     config = tmp_path / "safepoint.toml"
@@ -83,15 +68,16 @@ def test_no_directive_passes_a_postgres_hold_until_it_ends(broker: Any, pg: Loca
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     c = psycopg.connect(pg.dsn(), autocommit=True)
-    c.execute("CREATE TABLE t (id int PRIMARY KEY, v int)")
-    c.execute("INSERT INTO t VALUES (1, 0)")
+    # a transaction every 20 ms on row 0 (the xids move on, and dead tuples pile up); row 1 is the
+    # prepared transaction's, which the writer never waits for
+    writer = Writer(pg.dsn(), "t", rows=1, per_tx=1, every_s=0.02).create()
+    c.execute("INSERT INTO t VALUES (1, 0, '')")
     standby = pg.standby()
     standby.wait_ready()
     job = JobProcess(job_flags(settings, tmp_path / "ckpt", http_port=port, config=str(config)), tmp_path / "job.log")
     agent_log = tmp_path / "agent.log"
     agent = subprocess.Popen(agent_cmd(pg.dsn(), broker.bootstrap, settings, "pg-primary", tmp_path / "stats.json"),
                              stdout=agent_log.open("ab"), stderr=subprocess.STDOUT, env=job_env())
-    writer = Writer(pg.dsn())
     released: dict[str, tuple[int, int]] = {}
     """hold -> (its xid8, when it was released, ms)."""
 
@@ -147,7 +133,7 @@ def test_no_directive_passes_a_postgres_hold_until_it_ends(broker: Any, pg: Loca
 
         # 2. a prepared transaction (behind the session: the session's end moves the safe point to it)
         c.execute("BEGIN")
-        c.execute("UPDATE t SET v = v WHERE id = 1")
+        c.execute("UPDATE t SET total = total WHERE id = 1")
         prepared = int(c.execute("SELECT pg_current_xact_id()::text").fetchone()[0])  # type: ignore[index]
         c.execute("PREPARE TRANSACTION 'pay-17'")
         release("the session", xmin, report.rollback)
@@ -189,14 +175,14 @@ def test_no_directive_passes_a_postgres_hold_until_it_ends(broker: Any, pg: Loca
         assert stats["failures"] == 0 and stats["heartbeats"] > 10, stats
         nodes = get(f"{base}/api/v1/clusters/{CLUSTER}/nodes")
         assert any(n.get("wraparound_left", 0) > 2_000_000_000 for n in nodes["nodes"]), nodes
-        writer.stop_.set()
+        writer.stop()
         agent.terminate()
         agent.wait(30)
         ends = log_ends(broker.bootstrap, settings)
         wait_for(lambda: caught_up(tmp_path / "ckpt", ends), 60, "the job to finish both topics", job)
         assert job.stop() == 0, job.tail()
     finally:
-        writer.stop_.set()
+        writer.stop()
         if agent.poll() is None:
             agent.terminate()
             agent.wait(30)

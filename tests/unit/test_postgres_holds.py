@@ -27,7 +27,7 @@ NOW_MS = 1_790_000_000_000
 
 def instance(next_xid8: int, **kw: object) -> Instance:
     base: dict[str, object] = {"in_recovery": False, "now_ms": NOW_MS, "backends": [], "prepared": [], "slots": [],
-                               "standbys": [], "frozen_age": 1000, "dead": DeadTuples(0, 0)}
+                               "standbys": [], "frozen_age": 1000, "dead": DeadTuples(0)}
     base.update(kw)
     return Instance(next_xid8, **base)  # type: ignore[arg-type]
 
@@ -97,7 +97,7 @@ def test_wraparound_left() -> None:
 def test_dead_tuples_by_each_tables_bytes_per_tuple() -> None:
     d = dead_tuples([("public.a", 100, 900, 500, 81_920), ("public.b", 0, 0, 0, 0), ("public.c", 5000, 0, 10, 0)])
     assert d.dead_bytes == 8_192 + 5000 * 82  # 81,920 bytes over 1,000 tuples: 81.92 a tuple; none: 82 a tuple
-    assert d.superseded_bytes == 40_960 + 10 * 82
+    assert d.changed == {"public.a": (500, 81.92), "public.b": (0, 82), "public.c": (10, 82)}
     assert d.tables == [("public.c", 5000), ("public.a", 100)]
 
 

@@ -131,36 +131,20 @@ class _PostgresEngine(_Engine):
         self.server = LocalPostgres(prefix="safepoint-demo-engines-pg-")  # a directory the postgres user owns
 
     def start(self) -> _PostgresEngine:
-        import psycopg
-
         from safepoint.connectors.postgres_agent import PostgresAgent
+        from safepoint.devtools.postgres import Writer
 
         self.server.start()
-        with psycopg.connect(self.server.dsn(), autocommit=True) as c:
-            c.execute("CREATE TABLE orders (id int PRIMARY KEY, total int, note text)")
-            c.execute("INSERT INTO orders SELECT g, 0, repeat('x', 60) FROM generate_series(0, 999) g")
+        # 10 transactions a second, 100 row versions each
+        writer = Writer(self.server.dsn(), rows=1000, per_tx=100, application_name="demo-writer", stop=self._stop).create()
         s = self.settings
         self.agent = PostgresAgent(self.server.dsn(), s.bootstrap, PG_CLUSTER, node="pg-primary",
                                    events_topic=s.events_topic, directives_topic=s.directives_topic, poll_s=1.0,
                                    terminate="idle-in-transaction", vacuum=True, vacuum_every_s=10.0).start()
-        self._run((self._write, "demo-pg-writer"), (self._report, "demo-pg-report"), (self.agent.run, "demo-pg-agent"))
+        self._run((writer.run, "demo-pg-writer"), (self._report, "demo-pg-report"), (self.agent.run, "demo-pg-agent"))
         print(f"PostgreSQL at {self.server.dsn()}: cluster {PG_CLUSTER} in xids, reported by its agent; a report "
               f"holds a snapshot {PG_REPORT_EVERY_S[1]:.0f} s of every {sum(PG_REPORT_EVERY_S):.0f} s", flush=True)
         return self
-
-    def _write(self) -> None:
-        import psycopg
-
-        i = 0
-        try:
-            with psycopg.connect(self.server.dsn(), autocommit=True, application_name="demo-writer") as c:
-                while not self._stop.wait(0.1):  # 10 transactions a second, 100 row versions each
-                    c.execute("UPDATE orders SET total = total + 1 WHERE id >= %s AND id < %s",
-                              ((i * 100) % 1000, (i * 100) % 1000 + 100))
-                    i += 1
-        except psycopg.Error:
-            if not self._stop.is_set():
-                raise
 
     def _report(self) -> None:
         import psycopg

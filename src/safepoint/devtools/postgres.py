@@ -17,13 +17,14 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from safepoint.devtools.broker import free_port
 from safepoint.errors import SafepointError
 
-__all__ = ["LocalPostgres", "pg_bin", "postgres_missing"]
+__all__ = ["LocalPostgres", "Writer", "pg_bin", "postgres_missing"]
 
 SERVER_CONF = {
     "listen_addresses": "127.0.0.1",
@@ -204,3 +205,47 @@ def _append(path: Path, text: str) -> None:
     """Append as whoever can (the file belongs to ``postgres`` when this process is root: root may)."""
     with path.open("a") as f:
         f.write(text)
+
+
+class Writer(threading.Thread):
+    """The write load of the example, the demo and the tests: every ``every_s``, one transaction that
+    updates ``per_tx`` rows of ``table``, moving through its ``rows`` rows (ids 0..rows-1, made by
+    ``create``); each takes an xid and leaves dead row versions. Stops with ``stop`` (or the event it
+    was given); an error once stopped (the server going away under it) is not one."""
+
+    def __init__(self, dsn: str, table: str = "orders", *, rows: int = 1000, per_tx: int = 100, every_s: float = 0.1,
+                 application_name: str = "writer", stop: threading.Event | None = None) -> None:
+        super().__init__(daemon=True, name=f"pg-{application_name}")
+        self.dsn, self.table, self.rows, self.per_tx, self.every_s = dsn, table, rows, per_tx, every_s
+        self.application_name = application_name
+        self.stop_ = stop if stop is not None else threading.Event()
+
+    def create(self) -> Writer:
+        """Make the table: ``rows`` rows of (id, total 0, a 60-character note)."""
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.dsn, autocommit=True) as c:
+            c.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, total int, note text)").format(sql.Identifier(self.table)))
+            c.execute(sql.SQL("INSERT INTO {} SELECT g, 0, repeat('x', 60) FROM generate_series(0, %s) g")
+                      .format(sql.Identifier(self.table)), (self.rows - 1,))
+        return self
+
+    def stop(self) -> None:
+        self.stop_.set()
+
+    def run(self) -> None:
+        import psycopg
+        from psycopg import sql
+
+        update = sql.SQL("UPDATE {} SET total = total + 1 WHERE id >= %s AND id < %s").format(sql.Identifier(self.table))
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, application_name=self.application_name) as c:
+                i = 0
+                while not self.stop_.wait(self.every_s):
+                    lo = (i * self.per_tx) % self.rows
+                    c.execute(update, (lo, lo + self.per_tx))
+                    i += 1
+        except psycopg.Error:
+            if not self.stop_.is_set():
+                raise
