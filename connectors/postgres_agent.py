@@ -27,7 +27,9 @@ Acting, each opt-in and audited (a warning with a structured record, a counter; 
 * ``terminate``: a forced-expiry directive naming a backend's hold ends that backend with
   ``pg_terminate_backend``: ``idle-in-transaction`` ends only sessions idle in a transaction (no
   statement runs: nothing is cut short), ``any`` also a running one when the expiry is ``hard``.
-  The backend is checked to be the same one (its ``backend_start``) before it is ended. A prepared
+  The backend is checked to be the same one (its ``backend_start``) and, where idleness is asked, to
+  be idle in its transaction at the moment it is ended (its state when the hold was first seen does
+  not count: the statement that took the snapshot was often still running). A prepared
   transaction, a slot or a standby is never touched: their expiry is logged and counted only.
 * ``vacuum``: when a directive's ``safe_ts`` passes a hold that went since the last vacuum, ``VACUUM``
   the tables with the most dead tuples (at most ``vacuum_tables``, at most once per
@@ -48,7 +50,7 @@ from typing import Any
 from safepoint.connectors.directive_models import Directive, ExpireDirective
 from safepoint.connectors.handles import Handle, Reader, Transaction
 from safepoint.connectors.listener import DirectiveListener
-from safepoint.connectors.postgres_holds import History, Instance, PgHold, Superseded, holds_of, read_instance
+from safepoint.connectors.postgres_holds import IDLE_IN_TX, History, Instance, PgHold, Superseded, holds_of, read_instance
 from safepoint.connectors.reporter import DEFAULT_EVENTS_TOPIC, Reporter
 from safepoint.errors import SafepointError
 
@@ -307,7 +309,7 @@ class PostgresAgent:
                         extra={"safepoint": {**record, "acted": False, "why": why}})
             return
         assert hold is not None and hold.pid is not None
-        ended = self._terminate(hold)
+        ended = self._terminate(hold, directive.mode)
         if ended:
             self.stats.terminated += 1
             log.warning("postgres agent: ended backend %d (%s) with pg_terminate_backend: %s expiry of %s, %s",
@@ -315,7 +317,8 @@ class PostgresAgent:
                         extra={"safepoint": {**record, "acted": True}})
         else:
             self.stats.expiries_not_acted += 1
-            log.warning("postgres agent: backend %d of %s is gone or another one now; nothing ended", hold.pid, ident,
+            log.warning("postgres agent: backend %d of %s is gone, another one now or no longer idle; nothing ended",
+                        hold.pid, ident,
                         extra={"safepoint": {**record, "acted": False, "why": "gone"}})
 
     def _why_not(self, hold: PgHold | None, mode: str) -> str | None:
@@ -327,21 +330,38 @@ class PostgresAgent:
             return f"{what} is never touched by the agent (only alerted): its owner must end it"
         if self.terminate == "off":
             return "terminating backends is off (--terminate)"
-        if not hold.idle_in_transaction and (self.terminate == "idle-in-transaction" or mode != "hard"):
+        if not self._idle_now(hold) and self._needs_idle(mode):
             return ("the backend is running a statement (only sessions idle in a transaction are ended"
                     + (" under --terminate idle-in-transaction)" if self.terminate != "any" else " before a hard expiry)"))
         return None
 
-    def _terminate(self, hold: PgHold) -> bool:
-        """``pg_terminate_backend`` of the hold's backend, if it is still the same backend; on a
-        connection of its own (the listener's thread)."""
+    def _needs_idle(self, mode: str) -> bool:
+        """Whether a backend must be idle in a transaction to be ended by an expiry of this mode."""
+        return self.terminate == "idle-in-transaction" or mode != "hard"
+
+    def _idle_now(self, hold: PgHold) -> bool:
+        """Whether the hold's backend was idle in a transaction at the last reading (its state when the
+        hold was first seen may have been ``active``: the statement that took the snapshot was running)."""
+        inst = self.instance
+        if inst is None:
+            return hold.idle_in_transaction
+        return any(b.pid == hold.pid and b.backend_start_ms == hold.backend_start_ms and b.idle_in_transaction
+                   for b in inst.backends)
+
+    def _terminate(self, hold: PgHold, mode: str) -> bool:
+        """``pg_terminate_backend`` of the hold's backend, if it is still the same backend (and, when the
+        mode asks it, still idle in a transaction at this moment); on a connection of its own (the
+        listener's thread)."""
         import psycopg
 
+        states = list(IDLE_IN_TX) if self._needs_idle(mode) else None
         try:
             with self._connection(self.dsn) as conn:
                 row = conn.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = %s "
-                    "AND (extract(epoch from backend_start) * 1000)::bigint = %s", (hold.pid, hold.backend_start_ms),
+                    "AND (extract(epoch from backend_start) * 1000)::bigint = %s "
+                    "AND (%s::text[] IS NULL OR state = ANY(%s::text[]))",
+                    (hold.pid, hold.backend_start_ms, states, states),
                 ).fetchone()
         except psycopg.Error as exc:
             log.error("postgres agent: pg_terminate_backend(%d) failed: %s", hold.pid, exc)

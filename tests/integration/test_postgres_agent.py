@@ -197,11 +197,30 @@ def test_forced_expiry_ends_the_right_backend_and_nothing_else(broker: Any, pg: 
         expire("prepared-keep-me", "hard", tx=True)  # never touched
         expire(hold_of(pids["forgotten-session"]), "graceful")  # idle in a transaction: ended
         wait_for(lambda: not alive(pids["forgotten-session"]), 30, "the idle session to end")
-        wait_for(lambda: stats.expiries >= 2 and stats.expiries_not_acted >= 1, 30, "the expiries taken")
+        wait_for(lambda: stats.expiries >= 2 and stats.expiries_not_acted >= 1 and stats.terminated == 1, 30,
+                 "the expiries taken")
         assert stats.terminated == 1 and alive(pids["busy"]) and alive(pids["bystander"])
         assert one(c, "SELECT count(*) FROM pg_prepared_xacts WHERE gid = 'keep-me'") == 1
         wait_for(lambda: not any(k.startswith(f"backend-{pids['forgotten-session']}@") for k in holds_published(
             broker.bootstrap, settings.events_topic, "pg1")), 30, "the ended session's hold to close")
+        # a session first seen running the statement that took its snapshot, idle in its transaction
+        # only later: what counts is its state when the expiry comes, not when its hold was first seen
+        late = psycopg.connect(pg.dsn(application_name="late-idle"))
+        late.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        statement = threading.Thread(target=lambda: late.execute("SELECT pg_sleep(3), count(*) FROM t"), daemon=True)
+        statement.start()
+        found: list[int] = []
+        wait_for(lambda: found.extend(r[0] for r in c.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'late-idle' AND state = 'active' "
+            "AND backend_xmin IS NOT NULL")) or bool(found), 10, "its statement running")
+        late_pid = found[0]
+        wait_for(lambda: any(k.startswith(f"backend-{late_pid}@") for k in holds_published(
+            broker.bootstrap, settings.events_topic, "pg1")), 10, "its hold, published while it runs")
+        statement.join(10)
+        time.sleep(1.5)  # the agent's next readings see it idle in its transaction
+        expire(hold_of(late_pid), "graceful")
+        wait_for(lambda: not alive(late_pid), 30, "the session that went idle to end")
+        wait_for(lambda: stats.terminated == 2, 10, "the agent's count of it")
         assert any(k.startswith(f"backend-{pids['busy']}@") for k in holds_published(
             broker.bootstrap, settings.events_topic, "pg1")), "a hold the agent did not end was released"
         running.stop()
