@@ -304,5 +304,5 @@ def logical_state(engine: Any) -> dict[str, int]:
         grouped.setdefault((cluster, bucket_of(node, buckets)), []).append(ns)
     node_bytes = sum(len(encode_bucket(nodes, buckets)) for nodes in grouped.values())
     cluster_bytes = sum(len(encode_cluster(c)) for c in engine.clusters.values())
-    holds = sum(len(ns.readers) + len(ns.txs) for ns in engine.nodes.values())
+    holds = sum(ns.holds.count() for ns in engine.nodes.values())
     return {"node_bytes": node_bytes, "cluster_bytes": cluster_bytes, "holds": holds, "nodes": len(engine.nodes)}

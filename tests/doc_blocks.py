@@ -81,6 +81,8 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("docs/operations.md", "safepoint check-node --bootstrap"):
         "tests/integration/test_kcat.py::test_the_guides_kcat_and_check_node_blocks",
     ("docs/architecture.md", "database node"): "shown: the data flow diagram",
+    ("docs/architecture.md", "TX = register("):
+        "tests/unit/test_hold_kinds.py::test_the_architecture_pages_registration_is_the_codes",
     ("README.md", "from safepoint.connectors.service_hold import ServiceHold"):
         "tests/integration/test_control_e2e.py::test_service_holds_pause_and_ttl_through_the_job",
     ("README.md", ".venv/bin/safepoint replay --config examples/"):

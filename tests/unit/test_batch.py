@@ -375,7 +375,7 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
     opening = {"v": 1, "type": "reader_open", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 3,
                "wall_ms": 1, "reader_id": "above", "read_ts": 20}
     assert node.apply_quiet(opening, policy, state.safe_ts, True, opening["wall_ms"]) == ("reader", "above", 20)
-    assert "above" in node.readers
+    assert "above" in node.holds.of("reader")
 
 
 def test_each_output_is_yielded_the_moment_it_is_made() -> None:

@@ -100,9 +100,9 @@ def test_lost_closes_heal_and_live_readers_are_never_dropped(steps: list[tuple[s
                 run.feed(n1.close(rid, wall))
         elif action == "beat":
             beat()
-        held = set(run.engine.nodes[("c1", "n1")].readers)
+        held = set(run.engine.nodes[("c1", "n1")].holds.of("reader"))
         assert set(open_now) <= held, f"a live reader was dropped: {set(open_now) - held}"
     for _ in range(2 + 2 * WINDOW // 3_000):
         beat()
-    assert set(run.engine.nodes[("c1", "n1")].readers) == set(open_now), "every lost close was healed"
+    assert set(run.engine.nodes[("c1", "n1")].holds.of("reader")) == set(open_now), "every lost close was healed"
     assert run.alerts("leaked_hold", "raised") == [] or run.alerts("leaked_hold", "cleared")

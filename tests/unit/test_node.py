@@ -109,7 +109,7 @@ def test_prepared_transaction_is_a_hold_and_named_so() -> None:
     assert d["safe_ts"] == 300
     assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t1"
     state = run.engine.nodes[("default", "n1")]
-    tx = state.txs["t1"]
+    tx = state.holds.of("tx")["t1"]
     assert [tx.prepared, tx.coordinator, tx.participants] == [True, "n2", ["n1", "n2"]]
     run.feed(n1.end("t1", WALL + 1))
     assert run.last_safe_ts() == 1_000
@@ -230,7 +230,7 @@ def test_restart_drops_readers_and_unprepared_txs_after_the_grace_but_keeps_prep
     n1.restart()
     run.feed(n1.hb(WALL + 1, 1_100))
     state = run.engine.nodes[("default", "n1")]
-    assert set(state.readers) == {"r@0"} and set(state.txs) == {"t-open@0", "t-prep"}, "held under id@incarnation"
+    assert set(state.holds.of("reader")) == {"r@0"} and set(state.holds.of("tx")) == {"t-open@0", "t-prep"}, "held under id@incarnation"
     assert run.last_safe_ts() == 100
     run.feed(n1.hb(WALL + GRACE - 1, 1_100))
     assert run.last_safe_ts() == 100, "not silent for the grace yet"
@@ -239,12 +239,12 @@ def test_restart_drops_readers_and_unprepared_txs_after_the_grace_but_keeps_prep
     assert d["safe_ts"] == 300
     assert d["blocker"]["kind"] == "prepared_tx" and d["blocker"]["id"] == "t-prep"
     assert d["basis"]["n1"] == {"incarnation": 1, "seq": 2, "local_min": 300}
-    assert set(state.readers) == set() and set(state.txs) == {"t-prep"}
+    assert set(state.holds.of("reader")) == set() and set(state.holds.of("tx")) == {"t-prep"}
     assert run.alerts("duplicate_node") == [], "a restart is no second process"
     # a second restart keeps the prepared tx still
     n1.restart()
     run.feed(n1.hb(WALL + 2 + GRACE, 1_200), n1.hb(WALL + 2 + 2 * GRACE, 1_200))
-    assert set(state.txs) == {"t-prep"}
+    assert set(state.holds.of("tx")) == {"t-prep"}
     run.feed(n1.end("t-prep", WALL + 3 + 2 * GRACE, outcome="abort"))
     assert run.last_safe_ts() == 1_200
 
@@ -264,15 +264,15 @@ def test_an_older_process_that_still_speaks_is_a_second_live_process() -> None:
     (raised,) = run.alerts("duplicate_node", "raised")
     assert raised["severity"] == "critical" and raised["node"] == "n1" and (raised["value"], raised["threshold"]) == (0, 5)
     state = run.engine.nodes[("default", "n1")]
-    assert set(state.readers) == {"long@0", "r"}
+    assert set(state.holds.of("reader")) == {"long@0", "r"}
     run.feed(a.open("second", 150, WALL + 3 * GRACE + 2))
-    assert set(state.readers) == {"long@0", "second@0", "r"}
+    assert set(state.holds.of("reader")) == {"long@0", "second@0", "r"}
     run.feed(a.close("long", WALL + 3 * GRACE + 3))  # the older process closes its own reader
-    assert set(state.readers) == {"second@0", "r"} and run.last_safe_ts() == 150
+    assert set(state.holds.of("reader")) == {"second@0", "r"} and run.last_safe_ts() == 150
     # a falls silent: after a lease of b's messages its holds go and the alert clears
     for k in range(1, 12):
         run.feed(b.hb(WALL + 3 * GRACE + 3 + k * 1_000, 2_000))
-    assert set(state.readers) == {"r"}, "the silent process's reader went after node_lease_ms"
+    assert set(state.holds.of("reader")) == {"r"}, "the silent process's reader went after node_lease_ms"
     assert [x["state"] for x in run.alerts("duplicate_node")] == ["raised", "cleared"]
     assert run.last_safe_ts() == 900
 
@@ -283,12 +283,12 @@ def test_an_older_process_speaking_after_its_holds_went_is_asked_to_restate() ->
     b = NodeClient("n1", incarnation=1)
     run.feed(a.open("long", 100, WALL), a.hb(WALL, 1_000), b.hb(WALL + 1, 1_000), b.hb(WALL + 2 + GRACE, 1_000))
     state = run.engine.nodes[("default", "n1")]
-    assert set(state.readers) == set(), "a silent older process's holds went after the grace"
+    assert set(state.holds.of("reader")) == set(), "a silent older process's holds went after the grace"
     out = run.feed(a.hb(WALL + 3 + GRACE, 1_000))  # it was not dead: a pause longer than the grace
     kinds = [(o.value["type"], o.value.get("kind"), o.value.get("reason")) for o in out]
     assert ("alert", "duplicate_node", None) in kinds and ("snapshot_request", None, "duplicate_node") in kinds
     run.feed(a.snapshot(WALL + 4 + GRACE, readers=[{"reader_id": "long", "read_ts": 100}], txs=[]))
-    assert set(state.readers) == {"long@0"}, "its snapshot restates its own holds only"
+    assert set(state.holds.of("reader")) == {"long@0"}, "its snapshot restates its own holds only"
 
 
 def test_repeated_messages_of_an_older_incarnation_are_ignored() -> None:
@@ -321,7 +321,7 @@ def test_event_of_new_incarnation_that_opens_a_reader_keeps_it() -> None:
     n1.restart()
     run.feed(n1.open("new", 900, WALL + 1), n1.hb(WALL + 1 + GRACE, 1_000))
     assert run.last_safe_ts() == 900
-    assert set(run.engine.nodes[("default", "n1")].readers) == {"new"}
+    assert set(run.engine.nodes[("default", "n1")].holds.of("reader")) == {"new"}
 
 
 def test_duplicate_older_seq_and_stale_incarnation_are_ignored_and_counted() -> None:
@@ -375,10 +375,10 @@ def test_snapshot_replaces_the_active_set() -> None:
         )
     )
     state = run.engine.nodes[("default", "n1")]
-    assert set(state.readers) == {"kept", "new"}
-    assert set(state.txs) == {"t-new"} and state.txs["t-new"].prepared is True
-    assert state.readers["kept"].opened_wall == WALL, "a listed reader keeps its opening time"
-    assert state.readers["new"].opened_wall == WALL + 100
+    assert set(state.holds.of("reader")) == {"kept", "new"}
+    assert set(state.holds.of("tx")) == {"t-new"} and state.holds.of("tx")["t-new"].prepared is True
+    assert state.holds.of("reader")["kept"].opened_wall == WALL, "a listed reader keeps its opening time"
+    assert state.holds.of("reader")["new"].opened_wall == WALL + 100
     assert run.last_safe_ts() == 600
     run.feed(n1.snapshot(WALL + 200, readers=[], txs=[]))
     assert run.last_safe_ts() == 1_000
@@ -519,11 +519,11 @@ def test_a_snapshot_in_parts_is_applied_as_one_when_its_last_part_arrives() -> N
     assert len(parts) == 3
     run.feed(*parts[:2])
     state = run.engine.nodes[("default", "n1")]
-    assert set(state.readers) == {"old"}, "nothing applied before the last part"
+    assert set(state.holds.of("reader")) == {"old"}, "nothing applied before the last part"
     run.restore()  # a micro-batch ends between two parts: the parts received are in the node's stored state
     run.feed(parts[2])
     state = run.engine.nodes[("default", "n1")]
-    assert set(state.readers) == {f"r{i}" for i in range(10)} and state.parts is None
+    assert set(state.holds.of("reader")) == {f"r{i}" for i in range(10)} and state.parts is None
     run.feed(n1.hb(WALL + 2, 1_000))
     assert run.last_safe_ts() == 500
 
@@ -543,4 +543,4 @@ def test_a_snapshot_whose_parts_are_broken_is_not_applied() -> None:
         else:
             parts[2] = {**parts[2], "cut": 7}
         run.feed(*parts)
-        assert set(run.engine.nodes[("default", "n1")].readers) == {"old"}, broken
+        assert set(run.engine.nodes[("default", "n1")].holds.of("reader")) == {"old"}, broken

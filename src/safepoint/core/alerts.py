@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from safepoint.core.holds import HELD_AS
 from safepoint.core.ids import escape, hold_key, join_id, split_id
 from safepoint.core.members import Members
 from safepoint.core.outputs import Output, alert
 from safepoint.core.policy import Policy
-from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Floor
+from safepoint.core.records import FLOOR_KINDS, Blocker, Floor
 from safepoint.core.recovery import Recovery
 
 __all__ = ["ABORT_KINDS", "AlertBook", "Problem", "check_floor", "check_horizon", "check_join", "problems",
@@ -190,9 +191,9 @@ def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | N
     if safe_ts is None or rec is None or rec.local_min is None or rec.local_min >= safe_ts:
         return
     blocker = rec.blocker
-    if blocker is None or blocker.kind not in HOLD_KINDS or blocker.id is None:
+    if blocker is None or blocker.kind not in HELD_AS or blocker.id is None:
         return
-    kind = "reader" if blocker.kind == "reader" else "tx"
+    kind = HELD_AS[blocker.kind]
     if join_id("horizon_violation", node, kind, blocker.id) not in book:
         out.append(violation(book, node, kind, blocker.id, blocker.ts, (safe_ts, "safe_ts"), now))
 

@@ -34,9 +34,10 @@ from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
 from safepoint.core.gaps import Gap, Gaps
+from safepoint.core.holds import EVENTS
 from safepoint.core.ids import join_id
 from safepoint.core.members import Members
-from safepoint.core.node import QUIET_SHAPES, NodeState
+from safepoint.core.node import NodeState
 from safepoint.core.origin import MISROUTED, is_control
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
@@ -252,7 +253,7 @@ class ClusterState:
         and no namespace. ``test_properties`` checks it against the full path (``reference``)."""
         now = self.cluster_time
         log = log_time(event)
-        if (event["type"] not in QUIET_SHAPES or now is None or self.settled != now or log > now
+        if (event["type"] not in EVENTS or now is None or self.settled != now or log > now
                 or self.recovery is not None
                 or self.tenants.active or self.reference
                 or (self.members.topology is not None and self.topology_wall is None)):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from safepoint.core.control import Control
+from safepoint.core.holds import KINDS
 from safepoint.core.ids import escape, join_id
 from safepoint.core.members import Members
 from safepoint.core.origin import position_key
@@ -38,7 +39,9 @@ SNAPSHOT_REQUEST = "snapshot_request"
 """The directive that asks a node for its complete set of holds."""
 BAND = "band"
 """The directive that tells a node its pinned-bytes band (its admission control follows it)."""
-EXPIRE_FIELDS = ("v", "type", "cluster", "node", "reader_id", "tx_id", "reason", "mode", "seq", "cluster_wall_ms")
+EXPIRE_HEAD = ("v", "type", "cluster", "node")
+EXPIRE_TAIL = ("reason", "mode", "seq", "cluster_wall_ms")
+"""An ``expire`` directive's fields, around the one that names the hold (its kind's ``id_field``)."""
 
 
 def members_key(cluster: str) -> str:
@@ -157,7 +160,8 @@ class Directives:
     def expire(self, node: str, body: dict[str, Any], now: int) -> Output:
         """Tell ``node`` to end one reader or transaction (the node stage decided it: ``core/pressure.py``)."""
         self.node_seq += 1
-        kind, hid = ("reader", body["reader_id"]) if "reader_id" in body else ("tx", body["tx_id"])
+        what = next(k for k in KINDS if k.id_field in body)
+        hid = body[what.id_field]
         value = {**body, "cluster": self.cluster, "seq": self.node_seq, "cluster_wall_ms": now}
-        return Output(DIRECTIVES, join_id(self.cluster, node, kind, hid),
-                      {k: value[k] for k in EXPIRE_FIELDS if k in value})
+        return Output(DIRECTIVES, join_id(self.cluster, node, what.name, hid),
+                      {**{k: value[k] for k in EXPIRE_HEAD}, what.id_field: hid, **{k: value[k] for k in EXPIRE_TAIL}})

@@ -16,6 +16,7 @@ import fastjsonschema
 import msgspec
 
 from safepoint.core.fastcheck import compile_check
+from safepoint.core.holds import EVENTS as HOLD_EVENTS
 from safepoint.core.jsonfloat import JsonFloat as _JsonFloat
 from safepoint.schemas import EVENT_TYPES, NODE_EVENT_TYPES, load
 
@@ -125,7 +126,9 @@ def _quick(event_type: str) -> Callable[[Any], bool] | None:
 
 
 def is_node_event(event: dict[str, Any]) -> bool:
-    return event["type"] in _NODE_TYPES
+    """A node's event (its node's rules take it); a registered hold kind's events are (``core/holds.py``)."""
+    kind = event["type"]
+    return kind in _NODE_TYPES or kind in HOLD_EVENTS
 
 
 def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False) -> dict[str, Any] | Rejected:

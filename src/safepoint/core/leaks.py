@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from safepoint.core.holds import KINDS, HoldSet
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
-from safepoint.core.records import Hold
 from safepoint.core.signals import AlertChange, Signal, SnapshotAsk, alert_change
 
 __all__ = ["LeakWatch"]
@@ -49,18 +49,16 @@ class LeakWatch:
                 signals.append(self._alert("cleared", None, None, leak["since"], why))
             self.state = None
 
-    def check(self, readers: dict[str, Hold], txs: dict[str, Hold], event: dict[str, Any], now: int, policy: Policy,
-              signals: list[Signal]) -> None:
-        """After one applied event of the node (at its time ``now``): start, raise, repeat the
-        request for, or clear a leak."""
+    def check(self, held: HoldSet, event: dict[str, Any], now: int, policy: Policy, signals: list[Signal]) -> None:
+        """After one applied event of the node (at its time ``now``; ``held``: the holds of the process
+        that sent it): start, raise, repeat the request for, or clear a leak."""
         if event["type"] == "snapshot" or not policy.leak_window_ms:
             self._end("the node's snapshot replaced its holds", signals)
             return
-        if event["type"] != "heartbeat" or "active_readers" not in event or "active_txs" not in event:
+        if event["type"] != "heartbeat" or any(k.counted not in event for k in KINDS):
             return
-        extra_r = len(readers) - event["active_readers"]
-        extra_t = len(txs) - event["active_txs"]
-        if extra_r <= 0 and extra_t <= 0:
+        extra = [len(held.of(k.name)) - event[k.counted] for k in KINDS]
+        if all(n <= 0 for n in extra):
             self._end("the node's counts match again", signals)
             return
         leak = self.state
@@ -71,15 +69,15 @@ class LeakWatch:
         if waited < policy.leak_window_ms:
             return
         if not leak.get("alerted"):
-            suspects = sorted(readers.items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(extra_r, 0)]
-            tx_suspects = sorted(txs.items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(extra_t, 0)]
-            named = [f"reader {rid}" for rid, _ in suspects] + [f"tx {tid}" for tid, _ in tx_suspects]
+            named = [f"{k.noun} {hid}" for k, n in zip(KINDS, extra, strict=True)
+                     for hid, _ in sorted(held.of(k.name).items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(n, 0)]]
             more = f" and {len(named) - SUSPECTS_NAMED} more" if len(named) > SUSPECTS_NAMED else ""
+            holds = " and ".join(f"{len(held.of(k.name))} {k.plural}" for k in KINDS)
+            counts = " and ".join(str(event[k.counted]) for k in KINDS)
             signals.append(self._alert(
-                "raised", max(extra_r, 0) + max(extra_t, 0), policy.leak_window_ms, leak["since"],
-                f"the job holds {len(readers)} reader(s) and {len(txs)} transaction(s) of node {self.node}, which "
-                f"reports {event['active_readers']} and {event['active_txs']} for {waited} ms: suspects (oldest "
-                f"first) {', '.join(named[:SUSPECTS_NAMED])}{more}; a snapshot was requested"))
+                "raised", sum(max(n, 0) for n in extra), policy.leak_window_ms, leak["since"],
+                f"the job holds {holds} of node {self.node}, which reports {counts} for {waited} ms: suspects "
+                f"(oldest first) {', '.join(named[:SUSPECTS_NAMED])}{more}; a snapshot was requested"))
             leak["alerted"] = True
         elif now - leak.get("requested", now) < policy.leak_window_ms:
             return

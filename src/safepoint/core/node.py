@@ -11,11 +11,12 @@ from typing import Any
 
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
+from safepoint.core.holds import EVENTS, HELD_AS, KINDS, TX, HoldSet, blocker_kind
 from safepoint.core.incarnations import LATE, TWIN, Incarnations, alt_key, own_id
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
-from safepoint.core.pressure import NEVER, Holds, Pressure
-from safepoint.core.records import FLOOR_KINDS, HOLD_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
+from safepoint.core.pressure import Holds, Pressure
+from safepoint.core.records import FLOOR_KINDS, Blocker, Hold, HoldRef, NodeUpdate, OpenedHold
 from safepoint.core.signals import Compacted, Signal, SnapshotAsk
 
 __all__ = ["NodeState", "NodeUpdate", "IGNORED_DUPLICATE", "IGNORED_OLDER_SEQ", "IGNORED_STALE_INCARNATION",
@@ -27,14 +28,6 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
 
-QUIET_SHAPES: dict[str, tuple[str, str, str | None]] = {
-    "reader_open": ("reader", "reader_id", "read_ts"),
-    "reader_close": ("reader", "reader_id", None),
-    "tx_begin": ("tx", "tx_id", "begin_ts"),
-    "tx_end": ("tx", "tx_id", None),
-}
-"""The events ``apply_quiet`` may take: (hold kind, id field, ts field; None for a closing)."""
-
 Quiet = tuple[()] | tuple[str, str, int | None]
 """What ``apply_quiet`` changed: () nothing but the clock and ``seq`` (a closing of an unknown id),
 (kind, id, ts) a hold opened, (kind, id, None) a hold closed."""
@@ -42,24 +35,25 @@ Quiet = tuple[()] | tuple[str, str, int | None]
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
-    "admission", "history", "clock", "incarnations", "parts", "wraparound_left",
+    "admission", "history", "clock", "incarnations", "parts", "wraparound_left", "more_holds",
 )
 """The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
-ones as null, trailing ones left out; the cluster is the state value's own (its key)."""
+ones as null, trailing ones left out; the cluster is the state value's own (its key). ``readers``,
+``txs`` and ``more_holds`` are the hold set's (``HoldSet.to_stored``: a kind of hold registered
+later than those two is kept in ``more_holds``, so a new kind changes no layout)."""
 _STORED_LEN = len(STORED_FIELDS)
 _ABSENT: list[Any] = [None] * _STORED_LEN
 
 
 class NodeState:
-    """The job's view of one node: identity, open readers and transactions, last figures."""
+    """The job's view of one node: identity, open holds, last figures."""
 
     __slots__ = (
         "cluster",
         "node",
         "incarnation",
         "seq",
-        "readers",
-        "txs",
+        "holds",
         "mvcc_now",
         "groups",
         "pinned_bytes",
@@ -89,8 +83,8 @@ class NodeState:
         self.node = node
         self.incarnation = -1
         self.seq = -1
-        self.readers: dict[str, Hold] = {}
-        self.txs: dict[str, Hold] = {}
+        self.holds = HoldSet()
+        """Its open holds of every kind (``core/holds.py``)."""
         self.mvcc_now: int | None = None
         self.groups: dict[str, list[Any]] = {}  # group -> [leader, published_min_tx_time]
         self.pinned_bytes: int | None = None
@@ -106,8 +100,8 @@ class NodeState:
         self.incs = Incarnations(node) if incs is None else incs
         """Its incarnations besides the newest that may still speak (``core/incarnations.py``)."""
         self.parts: list[Any] | None = None
-        """A snapshot sent in parts, received so far: [incarnation, cut, parts, next part, readers, txs]
-        (``_collect``); None: none under way."""
+        """A snapshot sent in parts, received so far: [incarnation, cut, parts, next part, then each
+        hold kind's entries in ``KINDS`` order] (``_collect``); None: none under way."""
         self.admission: list[int] | None = None
         self.wraparound_left: int | None = None
         """Transactions left before the engine's 32-bit ids would wrap, as its last heartbeat said (a
@@ -141,8 +135,8 @@ class NodeState:
         return data
 
     def open_holds(self) -> list[tuple[str, str, int]]:
-        """(kind, id, ts) of every open reader and transaction (prepared or not)."""
-        return [*(("reader", rid, h.ts) for rid, h in self.readers.items()), *(("tx", tid, h.ts) for tid, h in self.txs.items())]
+        """(kind, id, ts) of every open hold (a transaction prepared or not)."""
+        return [(kind, hid, h.ts) for kind, hid, h in self.holds.items()]
 
     def to_stored(self) -> list[Any]:
         """The compact stored form: the fields of ``STORED_FIELDS`` by position, without the cluster,
@@ -150,15 +144,13 @@ class NodeState:
         micro-batch touches is written back in this form at its end."""
         summary = self._summary
         history = self.history
-        stored = [self.node, self.incarnation, self.seq, self.last_wall_ms,
-                  {rid: h.to_json() for rid, h in self.readers.items()} or None,
-                  {tid: h.to_json() for tid, h in self.txs.items()} or None,
-                  self.mvcc_now, self.groups or None, self.pinned_bytes, self.debt_bytes,
+        readers, txs, more = self.holds.to_stored()
+        stored = [self.node, self.incarnation, self.seq, self.last_wall_ms, readers, txs, self.mvcc_now, self.groups or None, self.pinned_bytes, self.debt_bytes,
                   None if summary is None else list(summary) or None,
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
                   None if history is None else history.to_json() or None,
-                  self.clock.to_stored(), self.incs.to_stored(), self.parts, self.wraparound_left]
+                  self.clock.to_stored(), self.incs.to_stored(), self.parts, self.wraparound_left, more]
         while stored[-1] is None:
             stored.pop()
         return stored
@@ -169,15 +161,14 @@ class NodeState:
         value; fields past ``STORED_FIELDS``, from a newer layout, are not read)."""
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
-         leak, admission, history, clock, incs, parts, wraparound_left) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
+         leak, admission, history, clock, incs, parts, wraparound_left, more) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
         state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
                     Incarnations(node, incs))
         state.incarnation = incarnation
         state.seq = seq
-        state.readers = {rid: Hold.from_json(h) for rid, h in readers.items()} if readers else {}
-        state.txs = {tid: Hold.from_json(h) for tid, h in txs.items()} if txs else {}
+        state.holds = HoldSet.from_stored(readers, txs, more)
         state.mvcc_now = mvcc_now
         state.groups = groups or {}
         state.pinned_bytes = pinned_bytes
@@ -243,7 +234,7 @@ class NodeState:
             if full is not None:
                 self._replace(full, wall, incarnation, twin, opened, closed)
         elif kind == "tx_prepare":
-            self._prepare(event, wall, self._key(self.txs, event["tx_id"], incarnation, twin))
+            self._prepare(event, wall, self._key(self.holds.of(TX.name), event[TX.id_field], incarnation, twin))
         else:
             quiet = self._hold_event(event, kind, twin, wall, opened, closed) and not restarted
         if self.incs:
@@ -258,15 +249,15 @@ class NodeState:
             update.lives = self.incs.live(self.incarnation)
         update.signals += said
         self.clock.take(wall, log, policy, update.signals)
-        held = Holds(self.node, self.readers, self.txs, self.pinned_bytes, self.incarnation)
+        held = Holds(self.node, self.holds, self.pinned_bytes, self.incarnation)
         self.pressure.step(held, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
                            update.signals, self.debt_bytes)
         if (self.leak or kind in ("heartbeat", "snapshot")) and whole:
-            readers, txs = self.readers, self.txs
+            own = self.holds
             if self.incs:  # each process counts its own
-                readers = {k: h for k, h in readers.items() if h.incarnation == incarnation}
-                txs = {k: h for k, h in txs.items() if h.incarnation == incarnation}
-            self.leak.check(readers, txs, event, self.last_wall_ms, policy, update.signals)
+                own = HoldSet({kind: {k: h for k, h in holds.items() if h.incarnation == incarnation}
+                               for kind, holds in own.maps()})
+            self.leak.check(own, event, self.last_wall_ms, policy, update.signals)
         return update
 
     def _identity(self, event: dict[str, Any], speaks: bool, log: int, opened: list[OpenedHold],
@@ -301,21 +292,20 @@ class NodeState:
 
     def _hold_event(self, event: dict[str, Any], kind: str, twin: bool, wall: int, opened: list[OpenedHold],
                     closed: list[HoldRef]) -> bool:
-        """A reader or transaction opened or closed (by the newest process, or by an older one under
-        ``id@incarnation``). True when it cannot change the node's lowest holds (``_update``'s shortcut)."""
+        """A hold opened or closed (by the newest process, or by an older one under ``id@incarnation``).
+        True when it cannot change the node's lowest holds (``_update``'s shortcut)."""
         incarnation = event["incarnation"]
-        reader = kind in ("reader_open", "reader_close")
-        hkind, holds = ("reader", self.readers) if reader else ("tx", self.txs)
-        hid = event["reader_id" if reader else "tx_id"]
-        if kind in ("reader_open", "tx_begin"):
+        what, opening = EVENTS[kind]
+        hkind = what.name
+        holds = self.holds.of(hkind)
+        hid = event[what.id_field]
+        if opening:
             key = alt_key(hid, incarnation) if twin else hid
             if key in holds:
                 closed.append(HoldRef(hkind, key))
-            ns = event.get("namespace")
-            ts = event["read_ts" if reader else "begin_ts"]
-            holds[key] = Hold(ts, event.get("opened_wall_ms", wall), event.get("label"), incarnation, namespace=ns)
-            opened.append(OpenedHold(hkind, key, ts, ns))
-            return not closed and ns is None and self._above(ts)
+            hold = holds[key] = what.opened(event, wall, incarnation)
+            opened.append(OpenedHold(hkind, key, hold.ts, hold.namespace))
+            return not closed and hold.namespace is None and self._above(hold.ts)
         key = self._key(holds, hid, incarnation, twin)
         gone = holds.pop(key, None)
         if gone is not None:
@@ -324,23 +314,23 @@ class NodeState:
 
     def _collect(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """A part of a snapshot sent in several messages: kept until the last, which gives the whole
-        snapshot (its readers and transactions, all parts'); None until then, or when the part does not
+        snapshot (its holds of every kind, all parts'); None until then, or when the part does not
         continue the parts received (another cut, a part skipped: nothing is applied, and the node is
         asked again where a snapshot is owed)."""
         part, parts, cut = event["part"], event["parts"], event["cut"]
         pending = self.parts
         if part == 0:
-            pending = self.parts = [event["incarnation"], cut, parts, 0, [], []]
+            pending = self.parts = [event["incarnation"], cut, parts, 0, *([] for _ in KINDS)]
         elif pending is None or pending[:4] != [event["incarnation"], cut, parts, part]:
             self.parts = None
             return None
         pending[3] = part + 1
-        pending[4] += event["readers"]
-        pending[5] += event["txs"]
+        for i, k in enumerate(KINDS):
+            pending[4 + i] += event[k.listed]
         if pending[3] < parts:
             return None
         self.parts = None
-        return {**event, "readers": pending[4], "txs": pending[5]}
+        return {**event, **{k.listed: pending[4 + i] for i, k in enumerate(KINDS)}}
 
     def _key(self, holds: dict[str, Hold], hid: str, incarnation: int, twin: bool) -> str:
         """The key of hold ``hid`` of ``incarnation``: its own id for the newest process; for an older
@@ -356,12 +346,12 @@ class NodeState:
         return key
 
     def _supersede(self, log: int, wall: int, opened: list[OpenedHold], closed: list[HoldRef]) -> None:
-        """A newer incarnation appeared: the newest one's readers and unprepared transactions stay held,
-        under ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``); its
+        """A newer incarnation appeared: the newest one's unprepared holds stay held, under
+        ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``); its
         prepared transactions pass to the new process, which must learn their decision."""
         old = self.incarnation
         self.incs.supersede(old, self.seq, log, wall)
-        for kind, holds in (("reader", self.readers), ("tx", self.txs)):
+        for kind, holds in self.holds.maps():
             mine = [k for k, h in holds.items() if h.incarnation == old and not h.prepared]
             for hid in mine:
                 hold = holds.pop(hid)
@@ -371,9 +361,9 @@ class NodeState:
                 opened.append(OpenedHold(kind, key, hold.ts, hold.namespace))
 
     def _drop_incarnation(self, incarnation: int, closed: list[HoldRef]) -> None:
-        """An incarnation fell silent: its readers and unprepared transactions died with it; its
-        prepared transactions stay held (under their own id again, where that is free)."""
-        for kind, holds in (("reader", self.readers), ("tx", self.txs)):
+        """An incarnation fell silent: its unprepared holds died with it; its prepared transactions
+        stay held (under their own id again, where that is free)."""
+        for kind, holds in self.holds.maps():
             for key in [k for k, h in holds.items() if h.incarnation == incarnation]:
                 hold = holds[key]
                 if not hold.prepared:
@@ -415,19 +405,20 @@ class NodeState:
         lowest = low[1].ts
         if member and safe_ts is not None and low[0].ts < safe_ts:
             return None
-        shape = QUIET_SHAPES.get(event["type"])
+        shape = EVENTS.get(event["type"])
         if shape is None:
             return None
-        kind, id_field, ts_field = shape
-        holds = self.readers if kind == "reader" else self.txs
-        hid = event[id_field]
+        what, opening = shape
+        kind = what.name
+        holds = self.holds.of(kind)
+        hid = event[what.id_field]
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
         since = self._since
         if since is None:
-            first, prepared = self._walk_since()
+            first, prepared = self.holds.earliest()
             since = self._since = (first, prepared, self.pressure.still_until(first, prepared, policy))
-        if ts_field is not None:  # an opening
-            ts = event[ts_field]
+        if opening:
+            ts = event[what.ts_field]
             opened_wall = event.get("opened_wall_ms", wall)
             if (hid in holds or ts <= lowest or event.get("namespace") is not None
                     or (safe_ts is not None and ts < safe_ts)):
@@ -454,24 +445,9 @@ class NodeState:
         self.clock.offset = wall - log
         return change
 
-    def _walk_since(self) -> tuple[float, float]:
-        """(the earliest ``opened_wall`` of a hold, the earliest ``prepared_wall`` of a prepared
-        transaction): infinity for none."""
-        first: float = NEVER
-        prepared: float = NEVER
-        for h in self.readers.values():
-            if h.opened_wall < first:
-                first = float(h.opened_wall)
-        for h in self.txs.values():
-            if h.opened_wall < first:
-                first = float(h.opened_wall)
-            if h.prepared and h.prepared_wall is not None and h.prepared_wall < prepared:
-                prepared = float(h.prepared_wall)
-        return first, prepared
-
     def _prepare(self, event: dict[str, Any], wall: int, key: str) -> None:
         """A transaction is prepared: its fate now belongs to its coordinator (never expired)."""
-        tx = self.txs.get(key)
+        tx = self.holds.of(TX.name).get(key)
         if tx is not None:
             tx.prepared = True
             tx.coordinator = event["coordinator"]
@@ -527,55 +503,33 @@ class NodeState:
         opened: list[OpenedHold],
         closed: list[HoldRef],
     ) -> None:
-        """A snapshot: the complete set of the sending process's readers and transactions replaces what
-        the job held for that process (the newest, or an older one that still speaks); the holds of the
-        node's other incarnations stay."""
+        """A snapshot: the complete set of the sending process's holds replaces what the job held for
+        that process (the newest, or an older one that still speaks); the holds of the node's other
+        incarnations stay."""
         def mine(key: str, hold: Hold) -> bool:
             return (hold.incarnation == incarnation and self._theirs(key, hold)) if twin else not self._theirs(key, hold)
 
-        def key_of(hid: str) -> str:
-            return alt_key(hid, incarnation) if twin else hid
-
-        old_readers = {k: h for k, h in self.readers.items() if mine(k, h)}
-        old_txs = {k: h for k, h in self.txs.items() if mine(k, h)}
-        readers: dict[str, Hold] = {}
-        for r in event["readers"]:
-            key = key_of(r["reader_id"])
-            same = readers.get(key)
-            if same is not None and same.ts <= r["read_ts"]:
-                continue  # listed twice: the lower entry holds (the safer reading)
-            old = old_readers.get(key)
-            opened_wall = r.get("opened_wall_ms", old.opened_wall if old else wall)
-            readers[key] = Hold(r["read_ts"], opened_wall, r.get("label"), incarnation, namespace=r.get("namespace"))
-        txs: dict[str, Hold] = {}
-        for t in event["txs"]:
-            key = key_of(t["tx_id"])
-            same = txs.get(key)
-            if same is not None and same.ts <= t["begin_ts"]:
-                continue  # listed twice: the lower entry holds (the safer reading)
-            old = old_txs.get(key)
-            opened_wall = t.get("opened_wall_ms", old.opened_wall if old else wall)
-            prepared = bool(t.get("prepared", old.prepared if old else False))
-            coord = t.get("coordinator", old.coordinator if old else None)
-            parts = t.get("participants", old.participants if old else None)
-            prep_wall = old.prepared_wall if old else None  # wall_ms 0 is a time, not "unset"
-            if prep_wall is None and prepared:
-                prep_wall = wall
-            txs[key] = Hold(t["begin_ts"], opened_wall, t.get("label"), incarnation, prepared, coord, parts, prep_wall,
-                            t.get("namespace", old.namespace if old else None))
-        for kind, old_map, new_map in (("reader", old_readers, readers), ("tx", old_txs, txs)):
+        for what in KINDS:
+            kind = what.name
+            held = self.holds.of(kind)
+            old_map = {k: h for k, h in held.items() if mine(k, h)}
+            new_map: dict[str, Hold] = {}
+            for entry in event[what.listed]:
+                hid = entry[what.id_field]
+                key = alt_key(hid, incarnation) if twin else hid
+                same = new_map.get(key)
+                if same is not None and same.ts <= entry[what.ts_field]:
+                    continue  # listed twice: the lower entry holds (the safer reading)
+                new_map[key] = what.listed_hold(entry, old_map.get(key), wall, incarnation)
             for hid, hold in old_map.items():
                 if hid not in new_map or new_map[hid].ts != hold.ts:
                     closed.append(HoldRef(kind, hid))
             for hid, hold in new_map.items():
                 if hid not in old_map or old_map[hid].ts != hold.ts:
                     opened.append(OpenedHold(kind, hid, hold.ts, hold.namespace))
-        if len(old_readers) < len(self.readers):
-            readers.update((k, h) for k, h in self.readers.items() if k not in old_readers and k not in readers)
-        if len(old_txs) < len(self.txs):
-            txs.update((k, h) for k, h in self.txs.items() if k not in old_txs and k not in txs)
-        self.readers = readers
-        self.txs = txs
+            if len(old_map) < len(held):
+                new_map.update((k, h) for k, h in held.items() if k not in old_map and k not in new_map)
+            self.holds.put(kind, new_map)
 
     def floor_hold(self, policy: Policy) -> Blocker | str:
         """The lowest of the node's own bounds, the retention bound and its groups' published times;
@@ -610,29 +564,22 @@ class NodeState:
         best = floor
         base = floor.ts
         mins: dict[str, int] | None = None
-        for rid, h in self.readers.items():
-            if h.ts <= best.ts and (h.ts < best.ts or best.kind in FLOOR_KINDS):
-                best = Blocker("reader", rid, h.ts, h.opened_wall, h.label)
-            if h.namespace is None:
-                base = min(base, h.ts)
-            else:
-                mins = {} if mins is None else mins
-                mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
-        for tid, h in self.txs.items():
-            if h.ts < best.ts or (h.ts == best.ts and best.kind in FLOOR_KINDS):
-                best = Blocker("prepared_tx" if h.prepared else "tx", tid, h.ts, h.opened_wall, h.label)
-            if h.namespace is None:
-                base = min(base, h.ts)
-            else:
-                mins = {} if mins is None else mins
-                mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
+        for what in KINDS:
+            for hid, h in self.holds.of(what.name).items():
+                if h.ts < best.ts or (h.ts == best.ts and best.kind in FLOOR_KINDS):
+                    best = Blocker(blocker_kind(what, h), hid, h.ts, h.opened_wall, h.label)
+                if h.namespace is None:
+                    base = min(base, h.ts)
+                else:
+                    mins = {} if mins is None else mins
+                    mins[h.namespace] = min(mins.get(h.namespace, h.ts), h.ts)
         return floor, best, None if mins is None else [base, dict(sorted(mins.items()))]
 
     def _walk(self, policy: Policy) -> tuple[Blocker | str, Blocker | None, list[Any] | None]:
         """``_lowest``, with the lowest hold's cost where the node sent a history curve; keeps
         (floor, lowest hold) in ``_low`` while nothing is namespaced."""
         floor, blocker, ns = self._lowest(policy)
-        if self.history is not None and blocker is not None and blocker.kind in HOLD_KINDS:
+        if self.history is not None and blocker is not None and blocker.kind in HELD_AS:
             blocker = blocker._replace(cost=self._cost_of(blocker, floor))
         self._low = (floor, blocker) if ns is None and blocker is not None and not isinstance(floor, str) else None
         self._restored = False
@@ -644,13 +591,7 @@ class NodeState:
         assert self.history is not None
         ts = blocker.ts
         top = floor.ts if not isinstance(floor, str) else self.mvcc_now
-        upper, ties = top, 0
-        for holds in (self.readers, self.txs):
-            for h in holds.values():
-                if h.ts == ts:
-                    ties += 1
-                elif h.ts > ts and (upper is None or h.ts < upper):
-                    upper = h.ts
+        upper, ties = self.holds.layer(ts, top)
         if top is not None and ts >= top:
             return 0
         layer = self.history.above(ts, self.mvcc_now) - (self.history.above(upper, self.mvcc_now) if upper is not None else 0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from safepoint.core.bands import LEVEL_NAMES, Band, BandSpec, band_step
+from safepoint.core.holds import KIND, NEVER, HoldSet, Oldest
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.records import Expiry, Hold, HoldRef
@@ -33,42 +34,28 @@ newest replaces the last when they are closer), so the fit costs the same at any
 FORECAST_MIN_SAMPLES = 3
 FORECAST_CLEAR = 1.25
 """A raised forecast clears once the projected time exceeds the horizon by this factor."""
-NEVER = float("inf")
-"""A clock bound when there is nothing to bound (``NodeState._since``, ``Pressure.still_until``)."""
-
-Oldest = tuple[str, str, int, str | None]
-"""(kind, id, opened_wall, label) of the longest-open reader or transaction."""
 
 
 
 
 class Holds:
-    """What pressure reads of a node: its name, open readers and transactions, pinned bytes, and its
-    newest incarnation (only that process's holds are expired: an older one's go with its silence)."""
+    """What pressure reads of a node: its name, its open holds, pinned bytes, and its newest
+    incarnation (only that process's holds are expired: an older one's go with its silence)."""
 
-    __slots__ = ("node", "readers", "txs", "pinned_bytes", "incarnation")
+    __slots__ = ("node", "held", "pinned_bytes", "incarnation")
 
-    def __init__(self, node: str, readers: dict[str, Hold], txs: dict[str, Hold], pinned_bytes: int | None,
-                 incarnation: int = 0) -> None:
+    def __init__(self, node: str, held: HoldSet, pinned_bytes: int | None, incarnation: int = 0) -> None:
         self.node = node
-        self.readers = readers
-        self.txs = txs
+        self.held = held
         self.pinned_bytes = pinned_bytes
         self.incarnation = incarnation
 
     def of(self, kind: str) -> dict[str, Hold]:
-        return self.readers if kind == "reader" else self.txs
+        return self.held.of(kind)
 
     def oldest(self) -> Oldest | None:
-        """The longest-open reader or transaction."""
-        best: Oldest | None = None
-        best_wall = 0
-        for kind, holds in (("reader", self.readers), ("tx", self.txs)):
-            for hid, h in holds.items():
-                wall = h.opened_wall
-                if best is None or wall < best_wall or (wall == best_wall and (kind, hid) < (best[0], best[1])):
-                    best, best_wall = (kind, hid, wall, h.label), wall
-        return best
+        """The longest-open hold."""
+        return self.held.oldest()
 
 
 _specs: list[Any] = [None, None, None]
@@ -221,7 +208,7 @@ class Pressure:
         append what it decides."""
         node = holds.node
         for kind, hid in closed:  # what closed is no longer in doubt, expiring, or aged
-            if kind == "tx" and hid in self.in_doubt:
+            if hid in self.in_doubt and KIND[kind].preparable:
                 self.in_doubt.remove(hid)
                 signals.append(alert_change(node, "in_doubt_tx", join_id("in_doubt_tx", node, hid), "cleared", "warning",
                                       None, policy.in_doubt_timeout_ms, now, f"transaction {hid} was decided"))
@@ -238,7 +225,7 @@ class Pressure:
         oldest = holds.oldest()
         age = now - oldest[2] if oldest is not None else 0
         _band(holds, "reader_age", self.age_band, age_spec, now, max(age, 0), signals, oldest)
-        for tid, h in holds.txs.items():
+        for _kind, tid, h in holds.held.items():
             if h.prepared and h.prepared_wall is not None and tid not in self.in_doubt:
                 waited = now - h.prepared_wall
                 if waited >= policy.in_doubt_timeout_ms:
@@ -304,7 +291,7 @@ class Pressure:
         for _key, exp in sorted(self.expiries.items(), key=upgrade_order):
             if budget <= 0:
                 return
-            if exp.kind == "tx" and holds.txs[exp.id].prepared:
+            if holds.of(exp.kind)[exp.id].prepared:
                 continue  # prepared since its graceful expiry: its fate belongs to its coordinator now
             if exp.mode == "graceful" and now - exp.at_wall >= policy.expire_grace_ms:
                 exp.mode, exp.at_wall = "hard", now
@@ -315,11 +302,10 @@ class Pressure:
             return
         candidates = [
             (h.ts, h.opened_wall, kind, hid)
-            for kind, by_id in (("reader", holds.readers), ("tx", holds.txs))
-            for hid, h in by_id.items()
+            for kind, hid, h in holds.held.items()
             if join_id(kind, hid) not in self.expiries
             and now - h.opened_wall >= policy.max_reader_lifetime_ms
-            and not (kind == "tx" and h.prepared)
+            and not h.prepared
             and h.incarnation == holds.incarnation
         ]
         for _ts, _wall, kind, hid in sorted(candidates)[:budget]:
@@ -333,7 +319,7 @@ class Pressure:
         reason = (f"critical pinned-bytes pressure ({holds.pinned_bytes} bytes); {kind} open "
                   f"{now - h.opened_wall} ms pins ts {h.ts}")
         body: dict[str, Any] = {"v": 1, "type": "expire", "node": node,
-                                ("reader_id" if kind == "reader" else "tx_id"): hid, "reason": reason, "mode": mode}
+                                KIND[kind].id_field: hid, "reason": reason, "mode": mode}
         signals.append(ExpireOrder(body))
         signals.append(alert_change(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "raised",
                               "critical" if mode == "hard" else "warning", h.ts, None, now,

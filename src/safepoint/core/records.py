@@ -18,7 +18,6 @@ __all__ = ["Blocker", "Expiry", "Floor", "Hold", "HoldRef", "NodeRecord", "NodeU
 
 FLOOR_KINDS = ("retention", "group")
 """Blocker kinds that are a node's own bound, not a reader or transaction."""
-HOLD_KINDS = ("reader", "tx", "prepared_tx")
 
 
 @dataclass(slots=True, init=False)

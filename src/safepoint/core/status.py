@@ -24,10 +24,11 @@ from typing import Any
 from safepoint.core.alerts import problems
 from safepoint.core.cluster import ClusterState
 from safepoint.core.cost import layer_costs
+from safepoint.core.holds import HELD_KINDS, KINDS, blocker_kind
 from safepoint.core.ids import escape, join_id
 from safepoint.core.node import NodeState
 from safepoint.core.policy import Policy
-from safepoint.core.records import Hold
+from safepoint.core.records import FLOOR_KINDS, Hold
 
 __all__ = ["LEVELS", "STATUS", "assemble", "by_cost", "cluster_status", "node_status", "status_key"]
 
@@ -36,7 +37,12 @@ STATUS = "status"
 LEVELS = ("normal", "warning", "critical")
 LISTED = 100
 """Round reasons and alerts a cluster's part lists (by id; all are counted by kind)."""
-HOLD_ORDER = {"reader": 0, "tx": 1, "prepared_tx": 2, "retention": 3, "group": 4, "service": 5}
+
+
+def blocker_kinds() -> list[str]:
+    """Every kind of thing that holds history back, in the status's order: a node's holds (every
+    registered kind, ``core/holds.py``), its own floor, a service hold."""
+    return [*HELD_KINDS, *FLOOR_KINDS, "service"]
 
 
 def status_key(cluster: str, node: str | None = None) -> str:
@@ -58,23 +64,24 @@ def forecast_of(ns: NodeState, policy: Policy) -> dict[str, Any]:
             "forecast_raised": f.raised_since is not None}
 
 
-def _hold_order(held: tuple[str, str, Hold]) -> tuple[int, int, str]:
-    return held[2].ts, HOLD_ORDER[held[0]], held[1]
+def hold_order() -> dict[str, int]:
+    """Each of ``blocker_kinds`` -> its place (ties of one timestamp are listed in this order)."""
+    return {kind: i for i, kind in enumerate(blocker_kinds())}
 
 
 def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
     """One node's part of its cluster's status (``policy.status_holds`` oldest holds)."""
     lmin, unknown, _ = ns.local_min(policy)
-    held = [("reader", rid, h) for rid, h in ns.readers.items()]
-    prepared = 0
-    for tid, h in ns.txs.items():
-        if h.prepared:
-            prepared += 1
-            held.append(("prepared_tx", tid, h))
-        else:
-            held.append(("tx", tid, h))
-    open_counts = {"reader": len(ns.readers), "tx": len(ns.txs) - prepared, "prepared_tx": prepared}
-    oldest = heapq.nsmallest(policy.status_holds, held, key=_hold_order)
+    held = [(blocker_kind(what, h), hid, h) for what in KINDS for hid, h in ns.holds.of(what.name).items()]
+    open_counts = dict.fromkeys(HELD_KINDS, 0)
+    for kind, _hid, _h in held:
+        open_counts[kind] += 1
+    order = hold_order()
+
+    def ranked(e: tuple[str, str, Hold]) -> tuple[int, int, str]:
+        return e[2].ts, order[e[0]], e[1]
+
+    oldest = heapq.nsmallest(policy.status_holds, held, key=ranked)
     costs: dict[tuple[str, str], int] = {}
     status: dict[str, Any] = {
         "v": 1,
@@ -114,9 +121,9 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
                             None if isinstance(floor, str) else floor.ts, ns.history, ns.mvcc_now)
         listed = {(kind, hid) for kind, hid, _h in oldest}
         costliest = heapq.nsmallest(policy.status_holds, (x for x in held if costs[x[0], x[1]] > 0),
-                                    key=lambda x: (-costs[x[0], x[1]], _hold_order(x)))
+                                    key=lambda x: (-costs[x[0], x[1]], ranked(x)))
         oldest += [x for x in costliest if (x[0], x[1]) not in listed]
-        oldest.sort(key=_hold_order)
+        oldest.sort(key=ranked)
         status["held_bytes"] = sum(costs.values())
     holds = []
     for kind, hid, h in oldest:
@@ -282,7 +289,8 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
     now = cluster.get("cluster_wall_ms")
     parts = {p["node"]: p for p in node_parts}
     holds: list[dict[str, Any]] = []
-    counts = {"reader": 0, "tx": 0, "prepared_tx": 0, "retention": 0, "group": 0, "service": 0}
+    order = hold_order()
+    counts = dict.fromkeys(order, 0)
     for sh in cluster.get("service_holds", []):
         counts["service"] += 1
         holds.append({"node": None, "kind": "service", "id": sh["holder"], "ts": sh["ts"],
@@ -301,7 +309,7 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
                               "label": None, "namespace": None, "cost_bytes": None})
         for kind, n in p["open"].items():
             counts[kind] += n
-    holds.sort(key=lambda h: (h["ts"], h["node"] or "", HOLD_ORDER[h["kind"]], h["id"] or ""))
+    holds.sort(key=lambda h: (h["ts"], h["node"] or "", order.get(h["kind"], len(order)), h["id"] or ""))
     nows = [p["mvcc_now"] for p in parts.values() if p.get("mvcc_now") is not None]
     safe = cluster.get("safe_ts")
     lag = max(nows) - safe if nows and safe is not None else None

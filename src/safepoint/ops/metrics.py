@@ -15,6 +15,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from safepoint.core.status import blocker_kinds
 from safepoint.ops.status_store import StatusStore
 
 __all__ = ["REASONS", "StatusCollector"]
@@ -22,7 +23,6 @@ __all__ = ["REASONS", "StatusCollector"]
 REASONS = ("no_events", "discovery", "no_nodes", "missing_node", "unknown_node_min", "missing_group", "leaderless_group",
            "awaiting_snapshot", "control_lost")
 """Every reason kind a round can abort for (the label values of ``safepoint_round_aborted``)."""
-HOLD_KINDS = ("reader", "tx", "prepared_tx", "retention", "group", "service")
 TOP_HOLDS = 10
 """Holds per cluster ``safepoint_hold_pinned_bytes`` reports: the costliest ones."""
 
@@ -105,7 +105,7 @@ class StatusCollector(Collector):
                 reasons = {k: [r["kind"] for r in st["round"]["reasons"]].count(k) for k in REASONS}
             for kind in REASONS:
                 aborted.add_metric([name, kind], reasons.get(kind, 0))
-            for kind in HOLD_KINDS:
+            for kind in blocker_kinds():
                 holds.add_metric([name, kind], st["hold_counts"].get(kind, 0))
             active: dict[tuple[str, str], int] = {}
             if "alert_counts" in st:  # every active alert, when the list is cut at 100
