@@ -91,19 +91,19 @@ def _node_problems(members: Members, recovery: Recovery | None, node: str, stale
 
 
 def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, book: AlertBook, now: int,
-                policy: Policy, reference: bool, out: list[Output]) -> bool:
-    """Bring the book's abort alerts in step with the problems now; True when the round aborts.
-    ``reference``: walk every member (the reference the incremental sync is tested against)."""
+                policy: Policy, reference: bool) -> tuple[bool, list[Output]]:
+    """Bring the book's abort alerts in step with the problems now: (the round aborts, the alerts'
+    messages). ``reference``: walk every member (the reference the incremental sync is tested against)."""
     stale = _stale_now(members, now - policy.node_lease_ms)
     leaderless = members.leaderless
     aborted = bool(members.aborting() or (recovery is not None and recovery.awaiting) or stale)
     if sync.full or reference:
-        out.extend(sync_abort_alerts(book, problems(members, recovery, now, policy), now))
+        said = sync_abort_alerts(book, problems(members, recovery, now, policy), now)
         sync.full = False
         sync.touched = set()
         sync.stale = set(stale)
         sync.leaderless = set(leaderless)
-        return aborted
+        return aborted, said
     look = sync.touched
     if stale or sync.stale:
         look = look | (sync.stale ^ stale.keys())
@@ -112,7 +112,7 @@ def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, bo
     sync.stale = set(stale)
     sync.leaderless = set(leaderless)
     if not look and not groups:
-        return aborted
+        return aborted, []
     found: dict[str, Problem] = {}
     for node in look:
         found.update(_node_problems(members, recovery, node, stale, now, policy))
@@ -124,7 +124,7 @@ def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, bo
     if len(gone) > 1:
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)
-    out.extend(cleared for aid in gone if (cleared := book.clear(aid, now)) is not None)
+    out = [cleared for aid in gone if (cleared := book.clear(aid, now)) is not None]
     if found:
-        out.extend(raise_new(book, found, now))
-    return aborted
+        out += raise_new(book, found, now)
+    return aborted, out

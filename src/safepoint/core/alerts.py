@@ -179,9 +179,9 @@ def violation(book: AlertBook, node: str, kind: str, hid: str, ts: int, bound: B
     }, now)
 
 
-def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | None, now: int,
-                  out: list[Output]) -> None:
-    """A member whose lowest hold is a reader or transaction below safe_ts has it alerted.
+def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | None, now: int) -> Output | None:
+    """A member whose lowest hold is a reader or transaction below safe_ts has it alerted (the
+    alert's message, or None).
 
     Holds that arrive below safe_ts are alerted on arrival. This catches the others: those of
     a node that joins the topology after safe_ts passed them (they did not count before), and,
@@ -189,37 +189,39 @@ def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | N
     """
     rec = members.nodes.get(node)
     if safe_ts is None or rec is None or rec.local_min is None or rec.local_min >= safe_ts:
-        return
+        return None
     blocker = rec.blocker
     if blocker is None or blocker.kind not in HELD_AS or blocker.id is None:
-        return
+        return None
     kind = HELD_AS[blocker.kind]
-    if join_id("horizon_violation", node, kind, blocker.id) not in book:
-        out.append(violation(book, node, kind, blocker.id, blocker.ts, (safe_ts, "safe_ts"), now))
+    if join_id("horizon_violation", node, kind, blocker.id) in book:
+        return None
+    return violation(book, node, kind, blocker.id, blocker.ts, (safe_ts, "safe_ts"), now)
 
 
 def check_join(book: AlertBook, members: Members, node: str, holds: Iterable[tuple[str, str, int]], safe_ts: int | None,
-               now: int, out: list[Output]) -> None:
-    """A node that joins the round: every open reader or transaction of it below safe_ts
-    (``holds``: its (kind, id, ts), ``NodeState.open_holds``), lowest first, and its own floor
-    (retention bound or group time) if that is its lowest hold, is alerted now."""
+               now: int) -> list[Output]:
+    """A node that joins the round: every open hold of it below safe_ts (``holds``: its (kind, id,
+    ts), ``NodeState.open_holds``), lowest first, and its own floor (retention bound or group time)
+    if that is its lowest hold, is alerted now; the alerts' messages."""
     rec = members.nodes.get(node)
     if safe_ts is None or rec is None:
-        return
-    for kind, hid, ts in sorted((h for h in holds if h[2] < safe_ts), key=lambda h: (h[2], hold_key(h[0], h[1]))):
-        if join_id("horizon_violation", node, kind, hid) not in book:
-            out.append(violation(book, node, kind, hid, ts, (safe_ts, "safe_ts"), now))
+        return []
+    out = [violation(book, node, kind, hid, ts, (safe_ts, "safe_ts"), now)
+           for kind, hid, ts in sorted((h for h in holds if h[2] < safe_ts), key=lambda h: (h[2], hold_key(h[0], h[1])))
+           if join_id("horizon_violation", node, kind, hid) not in book]
     blocker = rec.blocker
     if blocker is not None and blocker.kind in FLOOR_KINDS:
-        check_floor(book, node, blocker.floor, (safe_ts, "safe_ts"), now, out)
+        out += check_floor(book, node, blocker.floor, (safe_ts, "safe_ts"), now)
+    return out
 
 
-def check_floor(book: AlertBook, node: str, floor: Floor | None, limit: Bound | None, now: int,
-                out: list[Output]) -> None:
+def check_floor(book: AlertBook, node: str, floor: Floor | None, limit: Bound | None, now: int) -> list[Output]:
     """A member's retention bound or group published time below the highest bound it pins
     (``limit``: ``safe_ts``, or once namespaces are in use ``core/tenants.Tenants.pins_all``) is a
     hold below the safe point (a clock or a group that went back): alerted, and cleared once
-    it is back at or above."""
+    it is back at or above; the messages that say so."""
+    out: list[Output] = []
     aid = None
     if floor is not None and limit is not None and floor.ts < limit[0]:
         aid = join_id("horizon_violation", node, floor.kind, floor.id or "-")
@@ -233,6 +235,7 @@ def check_floor(book: AlertBook, node: str, floor: Floor | None, limit: Bound | 
         assert floor is not None and limit is not None
         out.append(violation(book, node, floor.kind, floor.id or "-", floor.ts, limit, now))
         book.set_floor(node, aid)
+    return out
 
 
 def never_problem(node: str) -> Problem:

@@ -364,9 +364,7 @@ class BatchRun:
                     fresh = state is None
                     if state is None:
                         state = ClusterState.starting(cluster, self.start)
-                    taken: list[Output] = []
-                    state.meet_gaps(sorted(gaps.values()), payload["log_ms"] if fresh else None, policy, taken)
-                    for o in taken:
+                    for o in state.meet_gaps(sorted(gaps.values()), payload["log_ms"] if fresh else None, policy):
                         yield o.channel, o.key, o.value
                     gaps = {}
                     touched = True

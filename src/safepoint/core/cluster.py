@@ -180,8 +180,9 @@ class ClusterState:
         if self.members.topology is not None and self.topology_wall is None:
             self.topology_wall = wall
 
-    def apply_node_update(self, u: NodeUpdate, policy: Policy, out: list[Output]) -> None:
-        """Take one node's summary after one of its applied events, then re-evaluate."""
+    def apply_node_update(self, u: NodeUpdate, policy: Policy) -> list[Output]:
+        """Take one node's summary after one of its applied events, then re-evaluate; what it emits."""
+        out: list[Output] = []
         self._advance(u.log_ms)
         now = self.cluster_time
         assert now is not None
@@ -189,24 +190,10 @@ class ClusterState:
         member, fresh, old_min = self.members.take(u)
         if fresh or u.changed:
             self.dirty = True
-        book = self.alerts
-        if book:
-            for kind, hid in u.closed:
-                cleared = book.clear(join_id("horizon_violation", u.node, kind, hid), now)
-                if cleared is not None:
-                    out.append(cleared)
-        for kind, hid, ts, ns in u.opened:
-            if self.safe_ts is not None and ts < self.safe_ts:
-                out.append(violation(book, u.node, kind, hid, ts, (self.safe_ts, "safe_ts"), now))
-            elif self.tenants:
-                self.tenants.check_violation(book, u.node, kind, hid, ts, ns, self.safe_ts, now, out)
-        if member:
-            check_horizon(book, self.members, u.node, self.safe_ts, now, out)
-            limit = self.tenants.pins_all(self.safe_ts) if self.tenants else (
-                None if self.safe_ts is None else (self.safe_ts, "safe_ts"))
-            check_floor(book, u.node, u.floor, limit, now, out)
+        if self.alerts or u.opened or member:
+            out += self._violations(u, member, now)
         if u.signals:
-            self._signals(u.node, u.signals, now, out)
+            out += self._signals(u.node, u.signals, now)
         if self.recovery is not None:
             step = self.recovery.take(u, member, now, policy.node_lease_ms, fresh, -1 if u.partition is None else u.partition)
             if step == ASK:
@@ -221,11 +208,38 @@ class ClusterState:
         elif (self.settled == now and not (fresh or u.signals or self.reference)
               and u.node not in self.aborts.stale):
             if not u.changed:
-                return  # the round reads nothing that changed, at the time it was settled at (take_quiet says why)
+                return out  # the round reads nothing that changed, at the time it was settled at (take_quiet says why)
             if member and self._above_lowest(u, old_min):
                 self.dirty = not self.clears  # what the round would leave; it would find nothing else to do
-                return
-        self.evaluate(policy, out)
+                return out
+        out += self.evaluate(policy)
+        return out
+
+    def _violations(self, u: NodeUpdate, member: bool, now: int) -> list[Output]:
+        """The horizon violations one node update clears (holds it closed) and raises (holds it opened
+        below a bound already sent; for a member, its lowest hold or its own floor below one)."""
+        out: list[Output] = []
+        book = self.alerts
+        if book:
+            for kind, hid in u.closed:
+                cleared = book.clear(join_id("horizon_violation", u.node, kind, hid), now)
+                if cleared is not None:
+                    out.append(cleared)
+        for kind, hid, ts, ns in u.opened:
+            if self.safe_ts is not None and ts < self.safe_ts:
+                out.append(violation(book, u.node, kind, hid, ts, (self.safe_ts, "safe_ts"), now))
+            elif self.tenants:
+                raised = self.tenants.check_violation(book, u.node, kind, hid, ts, ns, self.safe_ts, now)
+                if raised is not None:
+                    out.append(raised)
+        if member:
+            raised = check_horizon(book, self.members, u.node, self.safe_ts, now)
+            if raised is not None:
+                out.append(raised)
+            limit = self.tenants.pins_all(self.safe_ts) if self.tenants else (
+                None if self.safe_ts is None else (self.safe_ts, "safe_ts"))
+            out += check_floor(book, u.node, u.floor, limit, now)
+        return out
 
     def _above_lowest(self, u: NodeUpdate, old_min: int | None) -> bool:
         """A member's known minimum moved from ``old_min`` to another value, both strictly above the
@@ -238,12 +252,12 @@ class ClusterState:
         lowest = self.members.lowest()
         return lowest is not None and old_min > lowest[0] and u.local_min > lowest[0]
 
-    def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy, out: list[Output],
-                   partition: int | None = None) -> bool:
-        """The shortcut of the commonest events: a reader or transaction that opens above, or closes
-        strictly above, its node's lowest hold, while nothing else moves. True when it took the
-        event (``NodeState.apply_quiet`` applied it to the node); False: nothing changed, the full
-        path takes it.
+    def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy,
+                   partition: int | None = None) -> list[Output] | None:
+        """The shortcut of the commonest events: a hold that opens above, or closes strictly above, its
+        node's lowest hold, while nothing else moves. What it emits when it took the event
+        (``NodeState.apply_quiet`` applied it to the node: at most the clearing of a violation by the
+        hold it closes); None: nothing changed, the full path takes it.
 
         ``apply_node_update`` would change the node's record (holds, ``seq``, clock) and then find
         nothing to say: cluster time does not move (the round was settled at it, ``settled``), the
@@ -257,20 +271,20 @@ class ClusterState:
                 or self.recovery is not None
                 or self.tenants.active or self.reference
                 or (self.members.topology is not None and self.topology_wall is None)):
-            return False
+            return None
         name = node.node
         members = self.members
         rec = members.nodes.get(name)
         if rec is None or rec.ns is not None or name in self.aborts.stale or rec.partition != partition:
-            return False
+            return None
         member = name in members.names
         safe = self.safe_ts
         book = self.alerts
         if member and (name in book.floor or (safe is not None and rec.local_min is not None and rec.local_min < safe)):
-            return False
+            return None
         change = node.apply_quiet(event, policy, safe, member, log)
         if change is None:
-            return False
+            return None
         rec.incarnation = node.incarnation
         rec.seq = node.seq
         if log > rec.last_wall:
@@ -282,13 +296,14 @@ class ClusterState:
             if ts is None and book.raised:
                 cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
                 if cleared is not None:
-                    out.append(cleared)
-        return True
+                    return [cleared]
+        return []
 
-    def _signals(self, node: str, signals: list[Signal], now: int, out: list[Output]) -> None:
+    def _signals(self, node: str, signals: list[Signal], now: int) -> list[Output]:
         """What the node stage decided on the node's clock (``core/signals.py``), stamped with the
         cluster's identity and time: alerts, expire and snapshot_request directives, band changes, the
-        emergency's debt report, what the store compacted."""
+        emergency's debt report, what the store compacted. The messages they make."""
+        out: list[Output] = []
         for sig in signals:
             if isinstance(sig, AlertChange):
                 if sig.body["kind"] == "forced_expiry" and self.control.paused is not None:
@@ -310,30 +325,32 @@ class ClusterState:
                 was = self.compacted
                 if was is None or sig.ts > was[0]:
                     self.compacted = [sig.ts, 0 if was is None else was[1] + 1]
+        return out
 
-    def refuse_node_event(self, event: dict[str, Any], why: str, out: list[Output]) -> None:
+    def refuse_node_event(self, event: dict[str, Any], why: str) -> list[Output]:
         """A node event its node did not sign (``core/signing.py``): nothing of it is applied; a
         critical ``node_event_refused`` names the node (once, until it signs again)."""
         node = event["node"]
         aid = join_id("node_event_refused", node)
         if aid in self.alerts.raised:
-            return
+            return []
         now = self.cluster_time if self.cluster_time is not None else log_time(event)
         words = "carries no signature" if why == "unsigned_node_event" else "is not signed with its node's key"
-        out.append(self.alerts.raise_({
+        return [self.alerts.raise_({
             "id": aid, "kind": "node_event_refused", "node": node, "severity": "critical", "value": None,
             "threshold": None, "since": now,
             "detail": f"a {event['type']} of node {node} {words} ({why}): refused, as every one until the node signs "
-                      "with its own key; a node speaks only for itself"}, now))
+                      "with its own key; a node speaks only for itself"}, now)]
 
-    def accept_node_event(self, node: str, out: list[Output]) -> None:
+    def accept_node_event(self, node: str) -> list[Output]:
         """A signed event of ``node``: its refusal alert, if any, clears."""
         if self.cluster_time is not None:
             cleared = self.alerts.clear(join_id("node_event_refused", node), self.cluster_time)
             if cleared is not None:
-                out.append(cleared)
+                return [cleared]
+        return []
 
-    def refuse_misrouted(self, event: dict[str, Any], out: list[Output]) -> None:
+    def refuse_misrouted(self, event: dict[str, Any]) -> list[Output]:
         """A message on the wrong topic (``core/origin.py``): its dead letter, and a critical
         ``event_misrouted`` naming its topic and key (raised again for each, cleared by the next
         control event from the control topic); a control event's action is refused."""
@@ -345,14 +362,15 @@ class ClusterState:
                   "refused and dead-lettered" + ("; whoever may write the events topic could otherwise steer the "
                                                  "cluster (an old publisher needs control_on_events_topic)" if control
                                                  else ""))
-        out.append(Output(DEADLETTER, letter["key"], body))
-        out.append(self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
-                                       "severity": "critical", "value": None, "threshold": None, "since": now,
-                                       "detail": detail}, now))
+        out = [Output(DEADLETTER, letter["key"], body),
+               self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
+                                        "severity": "critical", "value": None, "threshold": None, "since": now,
+                                        "detail": detail}, now)]
         if control:
             self.control.count(MISROUTED)
             if self.control.action(event.get("action_id")) is None:  # a copy of a known action cannot change it
                 self.control.record(event, "refused", MISROUTED, detail, self.cluster_time)
+        return out
 
     def _hold_bound(self) -> Bound | None:
         """The highest bound a service hold must not lie below: a bound already sent (``safe_ts``, a
@@ -374,11 +392,13 @@ class ClusterState:
         self.aborts = AbortSync()
         self._rebuild_recovery()
 
-    def apply_cluster_event(self, event: dict[str, Any], policy: Policy, out: list[Output],
-                            holds_of: Callable[[str], list[tuple[str, str, int]]], partition: int | None = None) -> str | None:
-        """Apply a validated cluster event (from events ``partition``). Returns why it was ignored, or
-        None. ``holds_of(node)``: the node's open readers and transactions (``NodeState.open_holds``),
+    def apply_cluster_event(self, event: dict[str, Any], policy: Policy,
+                            holds_of: Callable[[str], list[tuple[str, str, int]]],
+                            partition: int | None = None) -> tuple[str | None, list[Output]]:
+        """Apply a validated cluster event (from events ``partition``). Returns (why it was ignored, or
+        None; what it emits). ``holds_of(node)``: the node's open holds (``NodeState.open_holds``),
         alerted when a topology makes it a member below the safe point."""
+        out: list[Output] = []
         kind = event["type"]
         if partition is not None:  # where the cluster's own events live, in each topic (core/origin.py)
             self.gaps.home(partition, kind in CONTROL_TYPES)
@@ -387,23 +407,26 @@ class ClusterState:
                 if cleared is not None:
                     out.append(cleared)
         if kind in CONTROL_TYPES and policy.control_keys:
-            why = self.control.check_signature(event, policy.signing_keys, policy.control_signature_window_ms,
-                                               self.cluster_time, self.alerts, out)
+            why, said = self.control.check_signature(event, policy.signing_keys, policy.control_signature_window_ms,
+                                                     self.cluster_time, self.alerts)
+            out += said
             if why is not None:
-                return why
+                return why, out
         if kind == GAP_ACK:
             self._ack_gap(event)
-            self.evaluate(policy, out)
-            return None
+            out += self.evaluate(policy)
+            return None, out
         if kind in CONTROL_TYPES:
-            if self.control.apply(event, self._hold_bound, self.cluster_time, self.alerts, out,
-                                  policy.max_service_hold_ttl_ms):
+            dirty, said = self.control.apply(event, self._hold_bound, self.cluster_time, self.alerts,
+                                             policy.max_service_hold_ttl_ms)
+            out += said
+            if dirty:
                 self.dirty = True
-            self.evaluate(policy, out)
-            return None
+            out += self.evaluate(policy)
+            return None, out
         version = event["version"]
         if version <= self.versions.get(kind, -1):
-            return IGNORED_STALE_VERSION
+            return IGNORED_STALE_VERSION, out
         self.versions[kind] = version
         if kind == "topology":
             joined = self.members.set_topology({n: list(gs) for n, gs in event["nodes"].items()})
@@ -412,31 +435,35 @@ class ClusterState:
             self._rebuild_recovery()
             if self.cluster_time is not None:
                 for node in sorted(joined):
-                    check_join(self.alerts, self.members, node, holds_of(node), self.safe_ts, self.cluster_time, out)
+                    out += check_join(self.alerts, self.members, node, holds_of(node), self.safe_ts, self.cluster_time)
         else:
             self.catalog.apply(event)
         self.dirty = True
-        self.evaluate(policy, out)
-        return None
+        out += self.evaluate(policy)
+        return None, out
 
     # -- events lost from the log (core/gaps.py) ------------------------------------------
-    def meet_gaps(self, gaps: Iterable[Gap], first_log: int | None, policy: Policy, out: list[Output]) -> None:
+    def meet_gaps(self, gaps: Iterable[Gap], first_log: int | None, policy: Policy) -> list[Output]:
         """The gaps found so far, handed to the cluster before its next message; ``first_log``: the log
         time of its first event when it is met for the first time now (None: met before). A cluster met
         for the first time takes a gap found at most a lease before its first event (its earlier events
-        may be what was lost); an older gap cannot hide a live node of it, and is only marked seen."""
+        may be what was lost); an older gap cannot hide a live node of it, and is only marked seen.
+        What they emit."""
+        out: list[Output] = []
         for gap in gaps:
             if first_log is None or first_log <= gap.ms + policy.node_lease_ms:
-                self.take_gap(gap, policy, out)
+                out += self.take_gap(gap, policy)
             else:
                 self.gaps.skip(gap.id)
+        return out
 
-    def take_gap(self, gap: Gap, policy: Policy, out: list[Output]) -> None:
+    def take_gap(self, gap: Gap, policy: Policy) -> list[Output]:
         """A gap in the events or control topic: the nodes whose events may have been in it owe a snapshot
         (and so does a node first seen on its partitions within a lease), the safe point holds meanwhile,
-        and while a service hold may have been lost with it, until every such hold would have run out."""
+        and while a service hold may have been lost with it, until every such hold would have run out.
+        What it emits."""
         if gap.id <= self.gaps.seen:
-            return
+            return []
         now = self.cluster_time
         at = gap.ms if now is None else now
         owed: list[str] = []
@@ -454,12 +481,13 @@ class ClusterState:
                 self.members.loosen({n for n, rec in self.members.nodes.items()
                                      if at - rec.last_wall <= policy.node_lease_ms})
                 self.catalog.hold(True)
-        self.gaps.take(gap, owed, own, holds, now, policy.max_service_hold_ttl_ms, self.alerts, out)
+        out = [self.gaps.take(gap, owed, own, holds, now, policy.max_service_hold_ttl_ms, self.alerts)]
         self.aborts = AbortSync()
         self._rebuild_recovery()
         self.dirty = True
         if now is not None:
-            self.evaluate(policy, out)
+            out += self.evaluate(policy)
+        return out
 
     def _ack_gap(self, event: dict[str, Any]) -> None:
         """An operator acknowledged a gap (``gap``: its id; absent: every open one): control events lost
@@ -481,31 +509,44 @@ class ClusterState:
                                 "no open gap" if gid is None else f"no open gap {gid}", self.cluster_time)
 
     # -- the round ----------------------------------------------------------------------
-    def evaluate(self, policy: Policy, out: list[Output]) -> None:
-        """Run the round at the cluster time; it is settled there after (``settled``)."""
-        self._evaluate(policy, out)
+    def evaluate(self, policy: Policy) -> list[Output]:
+        """Run the round at the cluster time; it is settled there after (``settled``). What it emits."""
+        out = self._evaluate(policy)
         self.settled = self.cluster_time
+        return out
 
-    def _evaluate(self, policy: Policy, out: list[Output]) -> None:
+    def _evaluate(self, policy: Policy) -> list[Output]:
         self.clears = False
         now = self.cluster_time
+        out: list[Output] = []
         if now is None or self.first_wall is None:
-            return
+            return out
         frozen = bool(self.gaps.open) and self.gaps.frozen(now)
-        if self.control and not frozen and self.control.expire(now, self.alerts, out):
-            self.dirty = True  # (while a gap may hide a renewal, no known hold expires)
-        if self.gaps.open and self.gaps.settle(self.members.names if self.members.topology is not None else None, now,
-                                               self.alerts, out):
-            self.dirty = True
-        emergency_moved = bool(self.emergency) and self.emergency.step(now, policy, self.alerts, out)
+        if self.control and not frozen:
+            expired = self.control.expire(now, self.alerts)
+            if expired:
+                self.dirty = True  # (while a gap may hide a renewal, no known hold expires)
+                out += expired
+        if self.gaps.open:
+            closed, said = self.gaps.settle(self.members.names if self.members.topology is not None else None, now,
+                                            self.alerts)
+            out += said
+            if closed:
+                self.dirty = True
+        emergency_moved = False
+        if self.emergency:
+            emergency_moved, said = self.emergency.step(now, policy, self.alerts)
+            out += said
         if self.members.topology is None and now < self.first_wall + policy.node_lease_ms:
-            return  # discovery window: every live node gets a lease to report first
-        aborted = sync_aborts(self.aborts, self.members, self.recovery, self.alerts, now, policy, self.reference, out)
-        if (not self._round(aborted, now, policy, out) and (self.control.announce or emergency_moved)
-                and self.safe_ts is not None):
+            return out  # discovery window: every live node gets a lease to report first
+        aborted, said = sync_aborts(self.aborts, self.members, self.recovery, self.alerts, now, policy, self.reference)
+        out += said
+        emitted, said = self._round(aborted, now, policy)
+        out += said
+        if not emitted and (self.control.announce or emergency_moved) and self.safe_ts is not None:
             # the holds or the pause changed: they ride on a directive at once (same safe point), so
             # that a job that loses its checkpoint keeps them (core/recovery.py); so does an emergency
-            self._emit(self._lowest_node(), now, policy, out)
+            out += self._emit(self._lowest_node(), now, policy)
         # after the round: a message that both ends a long gap and advances the safe point is no stall
         if self.last_advance_wall is None:
             self.last_advance_wall = now if self.first_wall is None else self.first_wall
@@ -513,6 +554,7 @@ class ClusterState:
         if stalled is not None:
             out.append(stalled)
         self.clears = self._passes(aborted, now, policy)
+        return out
 
     def _passes(self, aborted: bool, now: int, policy: Policy) -> bool:
         """The round's gates: not aborted, not paused, not held by a gap that may hide a service hold,
@@ -534,35 +576,37 @@ class ClusterState:
         low = self.round_min() if self.members.complete else None
         return "" if low is None else low[1]
 
-    def _round(self, aborted: bool, now: int, policy: Policy, out: list[Output]) -> bool:
-        """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances;
-        True when it did."""
+    def _round(self, aborted: bool, now: int, policy: Policy) -> tuple[bool, list[Output]]:
+        """Emit a directive if the round is not aborted and safe_ts or catalog_floor advances:
+        (it did, what it emits)."""
         if not self.dirty or not self._passes(aborted, now, policy):
-            return False  # a pause keeps the cluster dirty: what it held back goes out after resume
+            return False, []  # a pause keeps the cluster dirty: what it held back goes out after resume
         self.dirty = False
         lowest = self.members.lowest()
         if lowest is None or not self.members.complete:
-            return False
+            return False, []
         service = self.control.lowest()
         global_min, gnode = _lower(lowest, service)
         safe = global_min if self.safe_ts is None else max(self.safe_ts, global_min)
         floor = self.catalog.floor_at(safe)
-        tenants_moved = (self.tenants.round(self.members, service, safe, now, policy, self.alerts, out)
-                         if (self.members.ns_nodes or self.tenants) else False)
+        tenants_moved = False
+        out: list[Output] = []
+        if self.members.ns_nodes or self.tenants:
+            tenants_moved, out = self.tenants.round(self.members, service, safe, now, policy, self.alerts)
         if safe == self.safe_ts and floor == self.catalog.floor and not tenants_moved:
-            return False
+            return False, out
         self.safe_ts = safe
         self.catalog.advance(floor)
         self.last_advance_wall = now
         cleared = self.alerts.clear("stall/-", now)
         if cleared is not None:
             out.append(cleared)
-        self._emit(gnode, now, policy, out)
-        return True
+        out += self._emit(gnode, now, policy)
+        return True, out
 
-    def _emit(self, gnode: str, now: int, policy: Policy, out: list[Output]) -> None:
+    def _emit(self, gnode: str, now: int, policy: Policy) -> list[Output]:
         self.control.announced()
-        out += self.directives.compaction(safe_ts=self.safe_ts, catalog_floor=self.catalog.floor, gnode=gnode,
+        return self.directives.compaction(safe_ts=self.safe_ts, catalog_floor=self.catalog.floor, gnode=gnode,
                                           members=self.members, control=self.control, tenants=self.tenants, now=now,
                                           retention=policy.retention, extra=self.emergency.directive_fields(policy))
 

@@ -165,41 +165,41 @@ class Control:
 
     # -- control events, in log order ---------------------------------------------------------
     def apply(self, event: dict[str, Any], bound: Callable[[], Bound | None], known: int | None, book: AlertBook,
-              out: list[Output], max_ttl: int = 0) -> bool:
+              max_ttl: int = 0) -> tuple[bool, list[Output]]:
         """Apply one control event in log order at cluster time ``known`` (None: no node reported
         yet). ``bound()`` is the highest bound already sent that a hold pinning every namespace
         must respect (``safe_ts``, or a namespace's bound above it); ``max_ttl``: the longest TTL a
-        service hold may have (0: any). True: the cluster is dirty."""
+        service hold may have (0: any). Returns (the cluster is dirty, the alerts' messages)."""
         if self.action(event.get("action_id")) is not None:
             self.count("repeated")  # the same action delivered again
-            return False
+            return False, []
         kind = event["type"]
         now = known if known is not None else log_time(event)  # only stamps alerts before any node reported
         if kind == "pause":
             was = self.paused
             self.paused = {"reason": event["reason"], "since_wall_ms": was["since_wall_ms"] if was else now,
                            "action_id": event.get("action_id")}
-            out.append(book.raise_again(_body(PAUSED_ID, "paused", None, None, now,
-                                         f"paused: {event['reason']}; no directive advances and no forced expiry "
-                                         "is issued until resume"), now))
+            raised = book.raise_again(_body(PAUSED_ID, "paused", None, None, now,
+                                            f"paused: {event['reason']}; no directive advances and no forced expiry "
+                                            "is issued until resume"), now)
             self.announce = True
             self.record(event, "applied", None, f"paused: {event['reason']}", known)
-            return False
+            return False, [raised]
         if kind == "resume":
             if self.paused is None:
                 self.count("not_paused")
                 self.record(event, "ignored", "not_paused", "the cluster was not paused", known)
-                return False
+                return False, []
             self.paused = None
-            _clear(book, PAUSED_ID, now, out)
             self.announce = True
             self.record(event, "applied", None, "resumed", known)
-            return True  # what the pause held back goes out at the next round
+            return True, _cleared(book, now, PAUSED_ID)  # what the pause held back goes out at the next round
         if kind == "service_release":
             holder = event["holder"]
             held = self.holds.get(holder)
-            if held is not None and self._not_owner(event, held, "release", now, book, out, known):
-                return False
+            refused = self._not_owner(event, held, "release", now, book, known) if held is not None else None
+            if refused is not None:
+                return False, [refused]
             dirty = self.holds.pop(holder, None) is not None
             if not dirty:
                 self.count("unknown_holder")
@@ -210,33 +210,32 @@ class Control:
                 self.record(event, "applied", "forced" if forced else None,
                             f"service hold of {holder} released" + (" by force, without its owner's token" if forced
                                                                      else ""), known)
-            _clear(book, join_id("service_hold_refused", holder), now, out)
-            _clear(book, join_id("service_hold_expired", holder), now, out)
-            return dirty
-        return self._set_hold(event, bound(), known, now, book, out, max_ttl)
+            return dirty, _cleared(book, now, join_id("service_hold_refused", holder),
+                                   join_id("service_hold_expired", holder))
+        return self._set_hold(event, bound(), known, now, book, max_ttl)
 
     def check_signature(self, event: dict[str, Any], keys: list[str], window_ms: int, known: int | None,
-                        book: AlertBook, out: list[Output]) -> str | None:
+                        book: AlertBook) -> tuple[str | None, list[Output]]:
         """With ``keys`` (the cluster's ``control_keys``), a control event must be signed by one of them
-        (``core/signing.py``): None when it is, else why not, with the refusal recorded, counted and
-        alerted (critical ``control_refused``, cleared by the next accepted signed event)."""
+        (``core/signing.py``): (None, ...) when it is, else (why not, ...), with the refusal recorded,
+        counted and alerted (critical ``control_refused``, cleared by the next accepted signed event);
+        and the alerts' messages."""
         log = log_time(event)
         now = known if known is not None else log
         why = verify(event, keys, log, window_ms)
         if why is None:
-            _clear(book, CONTROL_REFUSED_ID, now, out)
-            return None
+            return None, _cleared(book, now, CONTROL_REFUSED_ID)
         self.count(why)
         what = f"{event['type']}" + (f" of {event['holder']}" if "holder" in event else "")
         detail = (f"{what} refused: {SIGNATURE_WORDS[why]}; only a holder of the cluster's control key steers it "
                   f"(action {event.get('action_id') or '-'}, wall_ms {event['wall_ms']}, log time {log})")
-        out.append(book.raise_again(_body(CONTROL_REFUSED_ID, "control_refused", None, None, now, detail, "critical"), now))
+        raised = book.raise_again(_body(CONTROL_REFUSED_ID, "control_refused", None, None, now, detail, "critical"), now)
         if self.action(event.get("action_id")) is None:  # a forged copy of a known action cannot change its outcome
             self.record(event, "refused", why, detail, known)
-        return why
+        return why, [raised]
 
     def _set_hold(self, event: dict[str, Any], bound: Bound | None, known: int | None, now: int, book: AlertBook,
-                  out: list[Output], max_ttl: int = 0) -> bool:
+                  max_ttl: int = 0) -> tuple[bool, list[Output]]:
         holder, ts, ttl = event["holder"], event["ts"], event["ttl_ms"]
         if max_ttl and ttl > max_ttl:
             # the TTL bounds how long a hold lost with events (core/gaps.py) can matter: it must be bounded
@@ -244,9 +243,9 @@ class Control:
             detail = (f"service hold {holder} at ts {ts} refused: its ttl_ms {ttl} is above max_service_hold_ttl_ms "
                       f"{max_ttl}; renew it more often with a shorter TTL")
             aid = join_id("service_hold_refused", holder)
-            out.append(book.raise_again(_body(aid, "service_hold_refused", ttl, max_ttl, now, detail), now))
+            raised = book.raise_again(_body(aid, "service_hold_refused", ttl, max_ttl, now, detail), now)
             self.record(event, "refused", "ttl_too_long", detail, known)
-            return False
+            return False, [raised]
         if bound is not None and ts < bound[0]:
             reason = REASONS.get(bound[1], "below_namespace_bound")
             self.count(reason)
@@ -255,12 +254,13 @@ class Control:
                       f"service hold {holder} at ts {ts} refused: below {bound[1]} {bound[0]} already sent "
                       "(that history may be compacted)")
             aid = join_id("service_hold_refused", holder)
-            out.append(book.raise_again(_body(aid, "service_hold_refused", ts, bound[0], now, detail), now))
+            raised = book.raise_again(_body(aid, "service_hold_refused", ts, bound[0], now, detail), now)
             self.record(event, "refused", reason, detail, known)
-            return False
+            return False, [raised]
         previous = self.holds.get(holder)
-        if previous is not None and self._not_owner(event, previous, "set", now, book, out, known):
-            return False
+        refused = self._not_owner(event, previous, "set", now, book, known) if previous is not None else None
+        if refused is not None:
+            return False, [refused]
         self.holds[holder] = {"ts": ts, "ttl_ms": ttl, "wall_ms": event["wall_ms"], "applied_ms": known,
                               "expires_ms": None if known is None else known + ttl, "label": event.get("label"),
                               "since_wall_ms": previous["since_wall_ms"] if previous else now,
@@ -270,40 +270,41 @@ class Control:
         if moved:
             self.announce = True  # a new or moved hold rides on a directive at once (a renewal need not)
         self.record(event, "applied", None, f"service hold {holder} at ts {ts} for {ttl} ms of cluster time", known)
-        _clear(book, join_id("service_hold_refused", holder), now, out)
-        _clear(book, join_id("service_hold_expired", holder), now, out)
-        return moved
+        return moved, _cleared(book, now, join_id("service_hold_refused", holder), join_id("service_hold_expired", holder))
 
     def _not_owner(self, event: dict[str, Any], held: dict[str, Any], what: str, now: int, book: AlertBook,
-                   out: list[Output], known: int | None) -> bool:
+                   known: int | None) -> Output | None:
         """A hold with an owner (``owner``: the SHA-256 of its owner's token) is renewed or moved only
         with the same ``owner`` and released only with ``owner_token``, unless the event says
-        ``force`` (an operator's override, recorded). True: refused (recorded, counted, alerted)."""
+        ``force`` (an operator's override, recorded). Refused (recorded, counted, alerted): the alert's
+        message; None: allowed."""
         owner = held.get("owner")
         if owner is None or event.get("force"):
-            return False
+            return None
         if what == "set":
             proven = event.get("owner") == owner
         else:
             token = event.get("owner_token")
             proven = isinstance(token, str) and owner_digest(token) == owner
         if proven:
-            return False
+            return None
         holder = event["holder"]
         self.count("not_owner")
         detail = (f"{event['type']} of {holder} refused: the hold belongs to another owner "
                   f"({'a different owner digest' if what == 'set' else 'no matching owner_token'}); its owner's "
                   "token, or --force by an operator, is needed")
         aid = join_id("service_hold_refused", holder)
-        out.append(book.raise_again(_body(aid, "service_hold_refused", None, None, now, detail), now))
+        raised = book.raise_again(_body(aid, "service_hold_refused", None, None, now, detail), now)
         self.record(event, "refused", "not_owner", detail, known)
-        return True
+        return raised
 
-    def expire(self, now: int, book: AlertBook, out: list[Output]) -> bool:
+    def expire(self, now: int, book: AlertBook) -> list[Output]:
         """Start the TTL of holds applied before any cluster time; drop every hold whose deadline
-        cluster time has passed (its last action's outcome becomes ``expired``). True: one expired."""
+        cluster time has passed (its last action's outcome becomes ``expired``). The alert of each that
+        expired (none: none did)."""
         if not self.holds:
-            return False
+            return []
+        out: list[Output] = []
         gone: list[str] = []
         for holder, h in self.holds.items():
             if h["expires_ms"] is None:
@@ -322,7 +323,7 @@ class Control:
             if last is not None:
                 last.update(outcome="expired", reason="ttl", detail=detail, cluster_wall_ms=now)
             self.announce = True
-        return bool(gone)
+        return out
 
 
 def _hold_of(v: dict[str, Any]) -> dict[str, Any]:
@@ -343,7 +344,6 @@ def _body(aid: str, kind: str, value: int | None, threshold: int | None, now: in
             "since": now, "detail": detail}
 
 
-def _clear(book: AlertBook, aid: str, now: int, out: list[Output]) -> None:
-    cleared = book.clear(aid, now)
-    if cleared is not None:
-        out.append(cleared)
+def _cleared(book: AlertBook, now: int, *aids: str) -> list[Output]:
+    """The messages of the alerts among ``aids`` that were raised and are cleared now."""
+    return [m for m in (book.clear(aid, now) for aid in aids) if m is not None]

@@ -65,36 +65,34 @@ class Emergency:
         else:
             self.nodes.pop(node, None)
 
-    def step(self, now: int, policy: Policy, book: AlertBook, out: list[Output]) -> bool:
-        """Enter or leave emergency at cluster time ``now``; True when it changed (a directive must say so)."""
+    def step(self, now: int, policy: Policy, book: AlertBook) -> tuple[bool, list[Output]]:
+        """Enter or leave emergency at cluster time ``now``: (it changed: a directive must say so, the
+        alert's message)."""
         if self.nodes:
             self.calm_since = None
             if self.since is not None:
-                return False
+                return False, []
             self.since = now
             named = ", ".join(f"{n} (+{r} bytes/s)" for n, r in sorted(self.nodes.items())[:5])
             more = f" and {len(self.nodes) - 5} more" if len(self.nodes) > 5 else ""
-            out.append(book.raise_({
+            return True, [book.raise_({
                 "id": EMERGENCY_ID, "kind": "emergency", "node": None, "severity": "critical", "value": len(self.nodes),
                 "threshold": None, "since": now,
                 "detail": f"emergency: in the critical pinned-bytes band with debt still growing: {named}{more}; "
                           f"nodes may raise their compaction budget up to {policy.emergency_compaction_budget}x and "
-                          "long snapshots are refused in the warning band too"}, now))
-            return True
+                          "long snapshots are refused in the warning band too"}, now)]
         if self.since is None:
-            return False
+            return False, []
         if self.calm_since is None:
             self.calm_since = now
         if now - self.calm_since < policy.emergency_exit_ms:
-            return False
+            return False, []
         calm = self.calm_since
         self.since = self.calm_since = None
         cleared = book.clear(EMERGENCY_ID, now, value=0, detail=(
             f"emergency over: no node has been in the critical band with growing debt for {now - calm} ms of "
             f"cluster time (emergency_exit_ms {policy.emergency_exit_ms})"))
-        if cleared is not None:
-            out.append(cleared)
-        return True
+        return True, [] if cleared is None else [cleared]
 
     def directive_fields(self, policy: Policy) -> dict[str, Any]:
         """``emergency`` for a compaction directive while in emergency."""

@@ -78,33 +78,32 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
     """Apply one validated event, the message at routed ``partition``/``offset`` (``core/origin.py``),
     to its node and cluster."""
     state.directives.saw(partition, offset)
-    out: list[Output] = []
     if MISROUTED in event:
         if event["type"] in CONTROL_TYPES and policy.control_on_events_topic:  # an old publisher, allowed
             del event[MISROUTED]
         else:
-            state.refuse_misrouted(event, out)
-            return f"{DEADLETTERED}:{MISROUTED}", out
+            return f"{DEADLETTERED}:{MISROUTED}", state.refuse_misrouted(event)
     if not is_node_event(event):
-        ignored = state.apply_cluster_event(event, policy, out, lambda name: _open_holds(nodes.peek(state.name, name)),
-                                            partition)
+        ignored, out = state.apply_cluster_event(event, policy, lambda name: _open_holds(nodes.peek(state.name, name)),
+                                                 partition)
         return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
+    accepted: list[Output] = []
     if policy.node_key_secret:
         why = verify_node(event, policy.node_key_secret)
         if why is not None:
-            state.refuse_node_event(event, why, out)
-            return f"{IGNORED}:{why}", out
+            return f"{IGNORED}:{why}", state.refuse_node_event(event, why)
         if state.alerts.raised:
-            state.accept_node_event(event["node"], out)
+            accepted = state.accept_node_event(event["node"])
     node = nodes.node(state.name, event["node"])
-    if state.take_quiet(node, event, policy, out, partition):
-        return APPLIED, out
+    quiet = state.take_quiet(node, event, policy, partition)
+    if quiet is not None:
+        return APPLIED, accepted + quiet if accepted else quiet
     update = node.apply(event, policy)
     if isinstance(update, str):
-        return f"{IGNORED}:{update}", out
+        return f"{IGNORED}:{update}", accepted
     update.partition = partition
-    state.apply_node_update(update, policy, out)
-    return APPLIED, out
+    out = state.apply_node_update(update, policy)
+    return APPLIED, accepted + out if accepted else out
 
 
 
@@ -194,7 +193,7 @@ class Engine:
         if state is None:
             state = self.clusters[name] = ClusterState.starting(name, self.start)
             state.reference = self.reference
-            state.meet_gaps(self.gaps, log_time(event), self.policies.of(name), pre)
+            pre = state.meet_gaps(self.gaps, log_time(event), self.policies.of(name))
         label, outs = step(state, self, event, self.policies.of(name), partition, offset)
         return label, pre + outs if pre else outs
 
@@ -205,7 +204,7 @@ class Engine:
         out: list[Output] = []
         for _name, state in sorted(self.clusters.items()):
             if _name:
-                state.take_gap(gap, self.policies.of(_name), out)
+                out += state.take_gap(gap, self.policies.of(_name))
         return out
 
     def cluster(self, name: str) -> ClusterState | None:

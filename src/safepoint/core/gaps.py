@@ -154,15 +154,16 @@ class Gaps:
         return any(g["until"] is not None and not g["acked"] and (now is None or now < g["until"]) for g in self.open.values())
 
     def take(self, gap: Gap, owed: Iterable[str], own: bool, holds: bool, now: int | None, max_ttl: int,
-             book: AlertBook, out: list[Output]) -> None:
+             book: AlertBook) -> Output:
         """Open ``gap``: ``owed`` must restate; ``own``: the cluster's own events may be in it (it stays
-        open until acknowledged); ``holds``: a service hold may be (the safe point holds ``max_ttl``)."""
+        open until acknowledged); ``holds``: a service hold may be (the safe point holds ``max_ttl``).
+        Its ``events_lost`` alert's message."""
         self.seen = max(self.seen, gap.id)
         at = gap.ms if now is None else now
         entry = {"gap": gap.to_json(), "owed": set(owed), "control": own,
                  "until": at + max_ttl if own and holds and max_ttl else None, "acked": False}
         self.open[gap.id] = entry
-        out.append(book.raise_(self._body(gap.id, entry, at), at))
+        return book.raise_(self._body(gap.id, entry, at), at)
 
     def _body(self, gid: int, entry: dict[str, Any], now: int) -> dict[str, Any]:
         gap = Gap.of(entry["gap"])
@@ -196,11 +197,12 @@ class Gaps:
             self.open[i]["acked"] = True
         return ids
 
-    def settle(self, members: set[str] | None, now: int, book: AlertBook, out: list[Output]) -> bool:
+    def settle(self, members: set[str] | None, now: int, book: AlertBook) -> tuple[bool, list[Output]]:
         """Close the gaps that are resolved (their alert cleared); ``members``: the member set when a
-        topology names it (a node that left it owes nothing). True when a gap closed. (A freeze that
-        ends needs no word: the round it held kept the cluster dirty.)"""
+        topology names it (a node that left it owes nothing). Returns (a gap closed, the clearing
+        messages). (A freeze that ends needs no word: the round it held kept the cluster dirty.)"""
         moved = False
+        out: list[Output] = []
         for gid in sorted(self.open):
             entry = self.open[gid]
             if members is not None and entry["owed"]:
@@ -212,7 +214,7 @@ class Gaps:
             if cleared is not None:
                 out.append(cleared)
             moved = True
-        return moved
+        return moved, out
 
     def status(self) -> list[dict[str, Any]]:
         """The open gaps as the cluster's status lists them."""

@@ -84,37 +84,38 @@ class Tenants:
         return best
 
     def check_violation(self, book: AlertBook, node: str, kind: str, hid: str, ts: int, namespace: str | None,
-                        safe_ts: int | None, now: int, out: list[Output]) -> None:
+                        safe_ts: int | None, now: int) -> Output | None:
         """A new hold below a namespace bound it pins (but not below ``safe_ts``: that one is alerted as
-        before): its namespace's bound, or for a hold without one, every namespace's bound."""
+        before): its namespace's bound, or for a hold without one, every namespace's bound. The
+        alert's message, or None."""
         if not self.active:
-            return
+            return None
         if namespace is None:
             highest = self.pins_all(safe_ts)
             if highest is None:
-                return
+                return None
             bound, what = highest
             whose = f"without a namespace (it pins every namespace, {what} included)"
         else:
             known = self.bound_of(namespace, safe_ts)
             if known is None:
-                return
+                return None
             bound, whose = known, f"of namespace {namespace}"
         if ts >= bound or (safe_ts is not None and ts < safe_ts):
-            return
+            return None
         aid = join_id("horizon_violation", node, kind, hid)
-        out.append(book.raise_({"id": aid, "kind": "horizon_violation", "node": node, "severity": "critical",
+        return book.raise_({"id": aid, "kind": "horizon_violation", "node": node, "severity": "critical",
                                 "value": ts, "threshold": bound, "since": now,
                                 "detail": f"{kind} {hid} {whose} on node {node} needs ts {ts}, below the bound "
-                                          f"{bound} already sent: versions it reads may be compacted"}, now))
+                                          f"{bound} already sent: versions it reads may be compacted"}, now)
 
     def round(self, members: Members, service: tuple[int, str] | None, safe: int, now: int, policy: Policy,
-              book: AlertBook, out: list[Output]) -> bool:
-        """Move the namespace bounds for a round that passes (``service``: the lowest service hold);
-        True when any of them advanced or a namespace's own bound appeared or went (the directive
-        must say so)."""
+              book: AlertBook) -> tuple[bool, list[Output]]:
+        """Move the namespace bounds for a round that passes (``service``: the lowest service hold):
+        (any of them advanced or a namespace's own bound appeared or went: the directive must say so,
+        the namespace limit alert's message)."""
         if not members.ns_nodes and not self.active:
-            return False
+            return False, []
         base: int | None = None
         own: dict[str, int] = {}
         for node in members.names:
@@ -137,7 +138,7 @@ class Tenants:
         tracked, untracked = kept + fresh[:room], fresh[room:]
         for ns in untracked:  # beyond the cap: they pin all namespaces
             base = own[ns] if base is None else min(base, own[ns])
-        self._limit_alert(untracked, now, policy, book, out)
+        said = self._limit_alert(untracked, now, policy, book)
         prev_base = self.base
         new_base = max(x for x in (prev_base, base, safe) if x is not None)
         bounds: dict[str, int] = {}
@@ -148,22 +149,23 @@ class Tenants:
         changed = new_base != prev_base or bounds != before
         self.active = True
         self.base, self.bounds = new_base, bounds
-        return changed
+        return changed, said
 
-    def _limit_alert(self, untracked: list[str], now: int, policy: Policy, book: AlertBook,
-                     out: list[Output]) -> None:
+    def _limit_alert(self, untracked: list[str], now: int, policy: Policy, book: AlertBook) -> list[Output]:
+        """``namespace_limit`` raised while namespaces go untracked, cleared once none is."""
+        self.limit = untracked
         if untracked and LIMIT_ID not in book:
-            out.append(book.raise_({
+            return [book.raise_({
                 "id": LIMIT_ID, "kind": "namespace_limit", "node": None, "severity": "warning",
                 "value": len(untracked), "threshold": policy.max_namespaces, "since": now,
                 "detail": f"more namespaces have holds than max_namespaces ({policy.max_namespaces}): the holds of "
                           f"{', '.join(untracked[:5])}{' and more' if len(untracked) > 5 else ''} pin all namespaces"},
-                now))
-        elif not untracked and LIMIT_ID in book:
+                now)]
+        if not untracked and LIMIT_ID in book:
             cleared = book.clear(LIMIT_ID, now)
             assert cleared is not None
-            out.append(cleared)
-        self.limit = untracked
+            return [cleared]
+        return []
 
     def directive_fields(self) -> dict[str, Any]:
         """``namespace_safe_ts`` and ``namespaces`` for the directive, once namespaces are in use."""
