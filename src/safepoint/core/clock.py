@@ -23,7 +23,7 @@ from typing import Any
 from safepoint.core.bands import Band, BandSpec, band_step
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
-from safepoint.core.signals import Signal, alert_change
+from safepoint.core.signals import AlertChange, alert_change
 
 __all__ = ["ClockWatch", "log_time"]
 
@@ -69,15 +69,15 @@ class ClockWatch:
             return None if not self.offset else [self.offset]
         return [self.offset, self.band.to_json()]
 
-    def take(self, wall: int, log: int, policy: Policy, signals: list[Signal]) -> None:
-        """One applied event of the node: its offset, and the alert raised or cleared when the band moves."""
+    def take(self, wall: int, log: int, policy: Policy) -> AlertChange | None:
+        """One applied event of the node: its offset; the alert raised or cleared when the band moves."""
         offset = self.offset = wall - log
         if not policy.max_clock_skew_ms:
-            return
+            return None
         moved = band_step(self.band, _spec(policy), log, abs(offset))
         self.calm = self.band.quiet
         if moved is None:
-            return
+            return None
         old, new, since = moved
         way = "ahead of" if offset > 0 else "behind"
         if new > old:
@@ -89,5 +89,5 @@ class ClockWatch:
         else:
             state = "cleared"
             detail = f"node {self.node}'s clock is within {policy.max_clock_skew_ms} ms of the log's time again"
-        signals.append(alert_change(self.node, "clock_skew", join_id("clock_skew", self.node), state, "warning",
-                                    offset, policy.max_clock_skew_ms, since, detail))
+        return alert_change(self.node, "clock_skew", join_id("clock_skew", self.node), state, "warning",
+                            offset, policy.max_clock_skew_ms, since, detail)

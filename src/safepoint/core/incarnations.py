@@ -27,7 +27,7 @@ from typing import Any
 
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
-from safepoint.core.signals import AlertChange, Signal, alert_change
+from safepoint.core.signals import AlertChange, alert_change
 
 __all__ = ["GONE_KEPT", "Incarnations", "LATE", "TWIN", "alt_key", "own_id"]
 
@@ -161,14 +161,16 @@ class Incarnations:
         """Every incarnation that still speaks for the node."""
         return sorted(set(self.lives) | ({newest} if not self.dropped(newest) else set()))
 
-    def settle(self, newest: int, log: int, policy: Policy, signals: list[Signal]) -> None:
-        """After drops: clear ``duplicate_node`` once one process is left, and forget the newest's own
-        entry once no other incarnation lives."""
+    def settle(self, newest: int, log: int, policy: Policy) -> AlertChange | None:
+        """After drops: clear ``duplicate_node`` once one process is left (the clearing), and forget the
+        newest's own entry once no other incarnation lives."""
+        cleared = None
         if self.raised and len(self.live(newest)) <= 1:
             self.raised = False
-            signals.append(self.alert("cleared", newest, log, policy))
+            cleared = self.alert("cleared", newest, log, policy)
         if set(self.lives) <= {newest}:
             self.lives.clear()
+        return cleared
 
     def alert(self, state: str, newest: int, log: int, policy: Policy) -> AlertChange:
         live = self.live(newest)

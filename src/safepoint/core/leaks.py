@@ -42,32 +42,31 @@ class LeakWatch:
         return alert_change(self.node, "leaked_hold", join_id("leaked_hold", self.node), state, "warning", value,
                             threshold, since, detail)
 
-    def _end(self, why: str, signals: list[Signal]) -> None:
+    def _end(self, why: str) -> list[Signal]:
         leak = self.state
-        if leak is not None:
-            if leak.get("alerted"):
-                signals.append(self._alert("cleared", None, None, leak["since"], why))
-            self.state = None
+        self.state = None
+        if leak is not None and leak.get("alerted"):
+            return [self._alert("cleared", None, None, leak["since"], why)]
+        return []
 
-    def check(self, held: HoldSet, event: dict[str, Any], now: int, policy: Policy, signals: list[Signal]) -> None:
+    def check(self, held: HoldSet, event: dict[str, Any], now: int, policy: Policy) -> list[Signal]:
         """After one applied event of the node (at its time ``now``; ``held``: the holds of the process
-        that sent it): start, raise, repeat the request for, or clear a leak."""
+        that sent it): start, raise, repeat the request for, or clear a leak; what it says."""
         if event["type"] == "snapshot" or not policy.leak_window_ms:
-            self._end("the node's snapshot replaced its holds", signals)
-            return
+            return self._end("the node's snapshot replaced its holds")
         if event["type"] != "heartbeat" or any(k.counted not in event for k in KINDS):
-            return
+            return []
         extra = [len(held.of(k.name)) - event[k.counted] for k in KINDS]
         if all(n <= 0 for n in extra):
-            self._end("the node's counts match again", signals)
-            return
+            return self._end("the node's counts match again")
         leak = self.state
         if leak is None:
             self.state = {"since": now}
-            return
+            return []
         waited = now - leak["since"]
         if waited < policy.leak_window_ms:
-            return
+            return []
+        signals: list[Signal] = []
         if not leak.get("alerted"):
             named = [f"{k.noun} {hid}" for k, n in zip(KINDS, extra, strict=True)
                      for hid, _ in sorted(held.of(k.name).items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(n, 0)]]
@@ -80,6 +79,7 @@ class LeakWatch:
                 f"(oldest first) {', '.join(named[:SUSPECTS_NAMED])}{more}; a snapshot was requested"))
             leak["alerted"] = True
         elif now - leak.get("requested", now) < policy.leak_window_ms:
-            return
+            return signals
         leak["requested"] = now
         signals.append(SnapshotAsk("leaked_hold"))
+        return signals

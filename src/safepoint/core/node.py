@@ -103,10 +103,10 @@ class NodeState:
         """A snapshot sent in parts, received so far: [incarnation, cut, parts, next part, then each
         hold kind's entries in ``KINDS`` order] (``_collect``); None: none under way."""
         self.admission: list[int] | None = None
+        """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self.wraparound_left: int | None = None
         """Transactions left before the engine's 32-bit ids would wrap, as its last heartbeat said (a
         PostgreSQL agent's); None: the node does not say."""
-        """[throttled, refused]: the node's admission control's counts, as its last heartbeat said."""
         self.history: History | None = None
         """The history curve of the last heartbeat that carried one (``core/cost.py``): with it the
         node's holds have costs, and every event walks its holds (the cost of its lowest hold
@@ -215,9 +215,9 @@ class NodeState:
             self.parts = None  # another event between a snapshot's parts: they are not one set any more
         opened: list[OpenedHold] = []
         closed: list[HoldRef] = []
-        said: list[Signal] = []
         log = log_time(event)
-        restarted = self._identity(event, verdict == TWIN or not twin, log, opened, closed, said, policy) or twin
+        restarted, said = self._identity(event, verdict == TWIN or not twin, log, opened, closed, policy)
+        restarted = restarted or twin
         wall = event["wall_ms"]
         if wall > self.last_wall_ms:
             self.last_wall_ms = wall
@@ -241,34 +241,40 @@ class NodeState:
             for inc in self.incs.due(log, policy, self.incarnation):
                 self._drop_incarnation(inc, closed)
                 self.incs.drop(inc)
-            self.incs.settle(self.incarnation, log, policy, said)
+            cleared = self.incs.settle(self.incarnation, log, policy)
+            if cleared is not None:
+                said.append(cleared)
         update = self._update(log, opened, closed, groups_changed, policy, quiet)
         update.snapshot = kind == "snapshot" and whole
         update.sender = incarnation
         if self.incs:
             update.lives = self.incs.live(self.incarnation)
         update.signals += said
-        self.clock.take(wall, log, policy, update.signals)
+        skew = self.clock.take(wall, log, policy)
+        if skew is not None:
+            update.signals.append(skew)
         held = Holds(self.node, self.holds, self.pinned_bytes, self.incarnation)
-        self.pressure.step(held, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event, closed, policy,
-                           update.signals, self.debt_bytes)
+        update.signals += self.pressure.step(held, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event,
+                                             closed, policy, self.debt_bytes)
         if (self.leak or kind in ("heartbeat", "snapshot")) and whole:
             own = self.holds
             if self.incs:  # each process counts its own
                 own = HoldSet({kind: {k: h for k, h in holds.items() if h.incarnation == incarnation}
                                for kind, holds in own.maps()})
-            self.leak.check(own, event, self.last_wall_ms, policy, update.signals)
+            update.signals += self.leak.check(own, event, self.last_wall_ms, policy)
         return update
 
     def _identity(self, event: dict[str, Any], speaks: bool, log: int, opened: list[OpenedHold],
-                  closed: list[HoldRef], said: list[Signal], policy: Policy) -> bool:
+                  closed: list[HoldRef], policy: Policy) -> tuple[bool, list[Signal]]:
         """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
         that speaks after it (``speaks``; or the newest after its holds went) is a second live process;
-        the newest's ``seq`` moves on. True when the incarnations changed or others live (no shortcut)."""
+        the newest's ``seq`` moves on. Returns (the incarnations changed or others live: no shortcut,
+        what it says: ``duplicate_node`` raised, a snapshot asked of a process whose holds went)."""
         incarnation = event["incarnation"]
         twin = incarnation < self.incarnation
+        said: list[Signal] = []
         if twin and not speaks:
-            return True  # the older process's late word (``Incarnations.order`` took its seq)
+            return True, said  # the older process's late word (``Incarnations.order`` took its seq)
         others = bool(self.incs)
         restarted = others
         if incarnation > self.incarnation:
@@ -288,7 +294,7 @@ class NodeState:
             self.seq = event["seq"]
             if others:
                 self.incs.heard(incarnation, self.seq, log)
-        return restarted
+        return restarted, said
 
     def _hold_event(self, event: dict[str, Any], kind: str, twin: bool, wall: int, opened: list[OpenedHold],
                     closed: list[HoldRef]) -> bool:

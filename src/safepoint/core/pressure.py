@@ -203,9 +203,10 @@ class Pressure:
         return min(first_opened + limit, first_prepared + policy.in_doubt_timeout_ms)
 
     def step(self, holds: Holds, now: int, pinned_sample: bool, closed: list[HoldRef], policy: Policy,
-             signals: list[Signal], debt: int | None = None) -> None:
+             debt: int | None = None) -> list[Signal]:
         """Move the bands, in-doubt and expiry state after one event at the node's time ``now``;
-        append what it decides."""
+        what it decides."""
+        signals: list[Signal] = []
         node = holds.node
         for kind, hid in closed:  # what closed is no longer in doubt, expiring, or aged
             if hid in self.in_doubt and KIND[kind].preparable:
@@ -219,12 +220,12 @@ class Pressure:
                                       f"{exp.kind} {hid} expired {exp.mode} is closed"))
         pinned_spec, age_spec = _band_specs(policy)
         if pinned_sample and holds.pinned_bytes is not None:
-            _band(holds, "pinned_bytes", self.pinned_band, pinned_spec, now, holds.pinned_bytes, signals)
+            signals += _band(holds, "pinned_bytes", self.pinned_band, pinned_spec, now, holds.pinned_bytes)
             if policy.forecast_horizon_ms or policy.emergency_exit_ms:
-                self._forecast(holds, holds.pinned_bytes, debt, now, policy, signals)
+                signals += self._forecast(holds, holds.pinned_bytes, debt, now, policy)
         oldest = holds.oldest()
         age = now - oldest[2] if oldest is not None else 0
-        _band(holds, "reader_age", self.age_band, age_spec, now, max(age, 0), signals, oldest)
+        signals += _band(holds, "reader_age", self.age_band, age_spec, now, max(age, 0), oldest)
         for _kind, tid, h in holds.held.items():
             if h.prepared and h.prepared_wall is not None and tid not in self.in_doubt:
                 waited = now - h.prepared_wall
@@ -236,11 +237,12 @@ class Pressure:
                         f"prepared transaction {tid} undecided for {waited} ms (coordinator {h.coordinator}, "
                         f"participants {', '.join(h.participants or [])}); it pins ts {h.ts} until decided"))
         if policy.expire_enabled:
-            self._expire(holds, now, policy, signals)
+            signals += self._expire(holds, now, policy)
+        return signals
 
-    def _forecast(self, holds: Holds, pinned: int, debt: int | None, now: int, policy: Policy,
-                  signals: list[Signal]) -> None:
-        """Fit the growth rates to this heartbeat and raise or clear ``pressure_forecast``."""
+    def _forecast(self, holds: Holds, pinned: int, debt: int | None, now: int, policy: Policy) -> list[Signal]:
+        """Fit the growth rates to this heartbeat and raise or clear ``pressure_forecast``; what it says."""
+        signals: list[Signal] = []
         f = self.forecast
         f.add(now, pinned, debt, policy.forecast_window_ms)
         growing = self.pinned_band.level == 2 and f.debt_per_ms is not None and f.debt_per_ms > 0
@@ -249,7 +251,7 @@ class Pressure:
             debt_rate = round((f.debt_per_ms or 0) * 1000)
             signals.append(DebtReport(growing, debt_rate))
         if not policy.forecast_horizon_ms:
-            return
+            return signals
         critical = policy.pinned_critical_enter_bytes
         ttc = f.time_to_critical(pinned, critical, self.pinned_band.level == 2)
         node = holds.node
@@ -257,7 +259,7 @@ class Pressure:
         horizon = policy.forecast_horizon_ms
         if f.raised_since is None:
             if ttc is None or ttc > horizon:
-                return
+                return signals
             f.raised_since = now
             rate = (f.pinned_per_ms or 0) * 1000
             signals.append(alert_change(node, "pressure_forecast", aid, "raised", "warning", ttc, horizon, now,
@@ -270,16 +272,19 @@ class Pressure:
                    f"the critical threshold is now about {ttc // 1000} s away")
             signals.append(alert_change(node, "pressure_forecast", aid, "cleared", "warning", ttc, horizon, since,
                                   f"pinned bytes {pinned}: {why}"))
+        return signals
 
-    def _expire(self, holds: Holds, now: int, policy: Policy, signals: list[Signal]) -> None:
+    def _expire(self, holds: Holds, now: int, policy: Policy) -> list[Signal]:
         """Under critical pressure sustained for expire_after_ms, expire the holds that pin the
         most (lowest ts first) among those open longer than max_reader_lifetime_ms, graceful
         first and hard after the grace period, at most max_expiries_per_window per window.
-        Prepared transactions are never expired: their fate belongs to their coordinator."""
+        Prepared transactions are never expired: their fate belongs to their coordinator. The expire
+        orders and alerts it decides."""
+        signals: list[Signal] = []
         if self.expire_walls:
             self.expire_walls = [w for w in self.expire_walls if now - w < policy.expire_window_ms]
         if self.pinned_band.level != 2:
-            return  # nothing is expired, or upgraded to hard, outside the critical band
+            return signals  # nothing is expired, or upgraded to hard, outside the critical band
         budget = policy.max_expiries_per_window - len(self.expire_walls)
 
         def upgrade_order(kv: tuple[str, Expiry]) -> tuple[Any, ...]:
@@ -290,16 +295,16 @@ class Pressure:
 
         for _key, exp in sorted(self.expiries.items(), key=upgrade_order):
             if budget <= 0:
-                return
+                return signals
             if holds.of(exp.kind)[exp.id].prepared:
                 continue  # prepared since its graceful expiry: its fate belongs to its coordinator now
             if exp.mode == "graceful" and now - exp.at_wall >= policy.expire_grace_ms:
                 exp.mode, exp.at_wall = "hard", now
-                self._emit_expire(holds, exp.kind, exp.id, "hard", now, signals)
+                signals += self._emit_expire(holds, exp.kind, exp.id, "hard", now)
                 budget -= 1
         critical_since = self.pinned_band.since
         if budget <= 0 or critical_since is None or now - critical_since < policy.expire_after_ms:
-            return
+            return signals
         candidates = [
             (h.ts, h.opened_wall, kind, hid)
             for kind, hid, h in holds.held.items()
@@ -310,9 +315,10 @@ class Pressure:
         ]
         for _ts, _wall, kind, hid in sorted(candidates)[:budget]:
             self.expiries[join_id(kind, hid)] = Expiry(kind, "graceful", now, hid)
-            self._emit_expire(holds, kind, hid, "graceful", now, signals)
+            signals += self._emit_expire(holds, kind, hid, "graceful", now)
+        return signals
 
-    def _emit_expire(self, holds: Holds, kind: str, hid: str, mode: str, now: int, signals: list[Signal]) -> None:
+    def _emit_expire(self, holds: Holds, kind: str, hid: str, mode: str, now: int) -> list[Signal]:
         self.expire_walls.append(now)
         h = holds.of(kind)[hid]
         node = holds.node
@@ -320,17 +326,19 @@ class Pressure:
                   f"{now - h.opened_wall} ms pins ts {h.ts}")
         body: dict[str, Any] = {"v": 1, "type": "expire", "node": node,
                                 KIND[kind].id_field: hid, "reason": reason, "mode": mode}
-        signals.append(ExpireOrder(body))
-        signals.append(alert_change(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "raised",
-                              "critical" if mode == "hard" else "warning", h.ts, None, now,
-                              f"{mode} expiry of {kind} {hid}" + (f" ({h.label})" if h.label else "") + f": {reason}"))
+        return [ExpireOrder(body),
+                alert_change(node, "forced_expiry", join_id("forced_expiry", node, kind, hid), "raised",
+                             "critical" if mode == "hard" else "warning", h.ts, None, now,
+                             f"{mode} expiry of {kind} {hid}" + (f" ({h.label})" if h.label else "") + f": {reason}")]
 
 
-def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: int, signals: list[Signal],
-          oldest: Oldest | None = None) -> None:
+def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: int,
+          oldest: Oldest | None = None) -> list[Signal]:
+    """Move one band; the band change (pinned bytes: the node's admission follows it) and its alert."""
     change = band_step(band, spec, now, value)
     if change is None:
-        return
+        return []
+    signals: list[Signal] = []
     old, new, since = change
     what = f"pinned bytes {value}" if kind == "pinned_bytes" else f"oldest reader/transaction open {value} ms"
     if kind == "pinned_bytes" and oldest is None:
@@ -347,3 +355,4 @@ def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: 
         signals.append(alert_change(node, kind, join_id(kind, node), "raised", LEVEL_NAMES[new], value,
                               spec.enter(new) if new > old else spec.exit(old), since,
                               f"{what}: {LEVEL_NAMES[new]} band"))
+    return signals
