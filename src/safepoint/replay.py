@@ -90,7 +90,7 @@ def summary_lines(engine: Engine) -> list[str]:
         why = why_no_safe_point(c, engine.policies.of(name)) if name else None
         if why:
             lines.append(f"replay: cluster {name} has no safe point: {why}")
-    dead = {label.split(":", 1)[1]: n for label, n in sorted(engine.labels.items()) if label.startswith("deadlettered:")}
+    dead = dict(sorted(engine.dead_letters.items()))
     if dead:
         lines.append(f"replay: {sum(dead.values())} dead letter(s): " + ", ".join(f"{k} {v}" for k, v in dead.items()))
     return lines

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import random
 import zlib
-from collections import Counter
 from typing import Any
 
 import pytest
@@ -31,7 +30,7 @@ from safepoint.core.batch import (
     unpack_routed,
 )
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import step
+from safepoint.core.engine import Outcome, Result, Tally, step
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
@@ -108,17 +107,18 @@ def replay_in_job_order(msgs: list[Message], splits: list[int], policy: Policy
             ((cluster, (routed,)),) = route([(pos.partition, o, k, v, broker_time(m))], pos.topic, policy,
                                             origin=ORIGINS[pos.topic]).items()
             groups.setdefault(cluster, []).append((p, o, routed.log_ms, k, v, broker_time(m)))
-        labels = []
+        tally = Tally()
         for cluster in groups:
             for p, o, _w, k, v, b in merge_log_order(groups[cluster]):
                 outs = engine.process(v, position(p, o, k), b)
                 assert engine.outcomes is not None
                 label = engine.outcomes[-1][2]
-                labels.append(label)
+                result, _, why = label.partition(":")
+                tally.add(Outcome(Result(result), why or None, []))
                 _ch, key, row = accounting_row(p, o, label)
                 written.append(("acct", key, json.dumps(row)))
                 written += [(channel_topic[out.channel], out.key, json.dumps(out.value)) for out in outs]
-        accounting.append(counts_of(Counter(labels)))
+        accounting.append(counts_of(tally))
         start = end
     return by_topic(written), accounting, engine
 

@@ -45,11 +45,11 @@ n1 = NodeClient("n1", "default")
 
 def apply(ev):
     """A validated event of the new kind (the wire would need its schema first)."""
-    label, outs = run.engine.apply(ev, 0, run.offset)
+    outcome = run.engine.apply(ev, 0, run.offset)
     run.offset += 1
-    run.outputs.extend(outs)
-    assert label == "applied", label
-    return outs
+    run.outputs.extend(outcome.outputs)
+    assert outcome.label == "applied", outcome.label
+    return outcome.outputs
 
 
 run.feed(topology(1, W, {"n1": []}, "default"))

@@ -21,7 +21,7 @@ import json
 import pickle
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import APPLIED, DEADLETTERED, step
+from safepoint.core.engine import APPLIED, DEADLETTERED, Outcome, Tally, step
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
 from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.node import NodeState
@@ -193,18 +193,15 @@ def merge_log_order(
     return heapq.merge(*runs, key=wall)
 
 
-def counts_of(labels: Mapping[str, int]) -> dict[str, int]:
-    """The accounting counters of final labels (applied, ignored:<why>, deadlettered:<class>),
-    given as label -> how many messages got it."""
+def counts_of(tally: Tally) -> dict[str, int]:
+    """The accounting counters of the messages' outcomes: ``consumed``, each result, and each result
+    with its why (``ignored_duplicate``)."""
     c: Counter[str] = Counter()
-    for label, n in labels.items():
+    for result, why, n in tally.by_result():
         c["consumed"] += n
-        if label == APPLIED:
-            c["applied"] += n
-            continue
-        outcome, _, why = label.partition(":")
-        c[outcome] += n
-        c[f"{outcome}_{why}"] += n
+        c[result.value] += n
+        if result is not APPLIED:
+            c[f"{result.value}_{why}"] += n
     return {m: c.get(m, 0) for m in METRICS}
 
 
@@ -347,7 +344,7 @@ class BatchRun:
     def outputs(self) -> Iterator[Emitted]:
         cluster, nodes, policy = self.cluster, self.nodes, self.policy
         state = decode_cluster(self.stored) if self.stored is not None else None
-        labels: Counter[str] = Counter()
+        tally = Tally()
         touched = False
         gaps: dict[int, Gap] = {}
         for partition, offset, _log, payload in merge_log_order(self.items):
@@ -357,8 +354,7 @@ class BatchRun:
                 gaps[gap.id] = gap
                 continue
             if isinstance(payload, DeadLetterPayload):
-                label = f"{DEADLETTERED}:{payload.code}"
-                emitted = [Output(DEADLETTER, payload.key, payload.value)]
+                outcome = Outcome(DEADLETTERED, payload.code, [Output(DEADLETTER, payload.key, payload.value)])
             else:
                 if state is None or gaps:
                     fresh = state is None
@@ -368,19 +364,19 @@ class BatchRun:
                         yield o.channel, o.key, o.value
                     gaps = {}
                     touched = True
-                label, emitted = step(state, nodes, payload, policy, partition, offset)
+                outcome = step(state, nodes, payload, policy, partition, offset)
                 touched = True
-            labels[label] += 1
+            label = tally.add(outcome)
             if self.accounting:
                 yield accounting_row(partition, offset, label)
-            for o in emitted:
+            for o in outcome.outputs:
                 yield o.channel, o.key, o.value
         if policy.status_holds and state is not None and touched:
             for name, ns in sorted(nodes.touched.items()):
                 yield STATUS, status_key(cluster, name), node_status(ns, policy)
             yield STATUS, status_key(cluster), cluster_status(state, policy)
         new_state = encode_cluster(state) if state is not None and touched else None
-        self.result = BatchResult([], counts_of(labels), new_state, nodes.dump())
+        self.result = BatchResult([], counts_of(tally), new_state, nodes.dump())
 
 
 def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,

@@ -2,8 +2,8 @@
 
 ``step`` applies one validated event to its cluster: a node event first to the node's
 ``NodeState`` (which says what changed in a ``NodeUpdate``), then to the ``ClusterState``; a
-cluster event to the cluster alone. It returns the message's ``Outcome``: its accounting label and
-what it emits. ``Engine`` calls it for every message of a log, in order, keeping every node and
+cluster event to the cluster alone. It returns the message's ``Outcome``: its ``Result``
+(applied, ignored or dead-lettered, and why) and what it emits. ``Engine`` calls it for every message of a log, in order, keeping every node and
 cluster in memory; the job's one stateful operator calls it for every message of a micro-batch of
 one cluster, in the job's log order, with the nodes loaded bucket by bucket from its state
 (``core/batch.py``). Both give the same outputs for the same order: they are one loop.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any, NamedTuple, Protocol
 
 from safepoint.core.clock import log_time
@@ -27,11 +28,24 @@ from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
 from safepoint.core.signing import verify_node
 
-__all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "dead_lettered", "step"]
+__all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "Result", "Tally",
+           "dead_lettered", "step"]
 
-APPLIED = "applied"
-IGNORED = "ignored"
-DEADLETTERED = "deadlettered"
+
+class Result(Enum):
+    """What became of one message."""
+
+    APPLIED = "applied"
+    """Applied to its node or cluster."""
+    IGNORED = "ignored"
+    """Valid, and nothing of it applied (a duplicate, an older seq, an unsigned node event, ...: its ``why``)."""
+    DEADLETTERED = "deadlettered"
+    """Refused: sent to the dead-letter topic (its ``why``: the class, ``core/events.py``)."""
+
+
+APPLIED = Result.APPLIED
+IGNORED = Result.IGNORED
+DEADLETTERED = Result.DEADLETTERED
 
 
 class Position(NamedTuple):
@@ -43,10 +57,59 @@ class Position(NamedTuple):
     key: bytes | str | None = None
 
 
-Outcome = tuple[str, list[Output]]
-"""What one message did: (its final accounting label: ``applied``, ``ignored:<why>``,
-``deadlettered:<class>``; what it emits, in order: directives, alerts, dead letters). A plain
-tuple: one is made for every message."""
+class Outcome:
+    """What one message did, and what it emits (a plain class, not a tuple: the compiled core makes
+    one for every message, and a compiled class is the cheapest record to make)."""
+
+    __slots__ = ("result", "why", "outputs")
+
+    def __init__(self, result: Result, why: str | None, outputs: list[Output]) -> None:
+        self.result = result
+        self.why = why
+        """Why it was ignored, or the class of its dead letter; None when applied."""
+        self.outputs = outputs
+        """What it emits, in order: directives, alerts, dead letters."""
+
+    @property
+    def label(self) -> str:
+        """Its accounting label: ``applied``, ``ignored:<why>``, ``deadlettered:<class>`` (the
+        accounting rows' ``outcome``, ``Engine.labels``)."""
+        why = self.why
+        if why is None:
+            return APPLIED_LABEL if self.result is APPLIED else self.result.value
+        return f"{self.result.value}:{why}"
+
+
+APPLIED_LABEL = "applied"
+"""The label of the commonest outcome, made once (an enum's value is read through Python)."""
+
+
+class Tally:
+    """Messages counted by label, with each label's (result, why) kept beside it, so that nothing
+    parses a label back (``counts_of``, ``Engine.counts``)."""
+
+    __slots__ = ("counts", "results")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        """Label -> how many messages had it."""
+        self.results: dict[str, tuple[Result, str | None]] = {}
+        """Label -> its result and why."""
+
+    def add(self, outcome: Outcome) -> str:
+        """Count one message's outcome; its label."""
+        label = outcome.label
+        n = self.counts.get(label)
+        if n is None:
+            self.results[label] = (outcome.result, outcome.why)
+            self.counts[label] = 1
+        else:
+            self.counts[label] = n + 1
+        return label
+
+    def by_result(self) -> list[tuple[Result, str | None, int]]:
+        """(result, why, how many) of every label counted."""
+        return [(*self.results[label], n) for label, n in self.counts.items()]
 
 
 class NodeSource(Protocol):
@@ -66,7 +129,7 @@ class NodeSource(Protocol):
 def dead_lettered(rejected: Rejected, value: bytes | str | None, pos: Position) -> Outcome:
     """The outcome of a message that failed parsing or validation: its dead letter."""
     out = dead_letter(rejected.error, value, pos.key, pos.topic, pos.partition, pos.offset)
-    return f"{DEADLETTERED}:{rejected.code}", [out]
+    return Outcome(DEADLETTERED, rejected.code, [out])
 
 
 def _open_holds(ns: NodeState | None) -> list[tuple[str, str, int]]:
@@ -82,28 +145,28 @@ def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: 
         if event["type"] in CONTROL_TYPES and policy.control_on_events_topic:  # an old publisher, allowed
             del event[MISROUTED]
         else:
-            return f"{DEADLETTERED}:{MISROUTED}", state.refuse_misrouted(event)
+            return Outcome(DEADLETTERED, MISROUTED, state.refuse_misrouted(event))
     if not is_node_event(event):
         ignored, out = state.apply_cluster_event(event, policy, lambda name: _open_holds(nodes.peek(state.name, name)),
                                                  partition)
-        return (APPLIED if ignored is None else f"{IGNORED}:{ignored}"), out
+        return Outcome(APPLIED if ignored is None else IGNORED, ignored, out)
     accepted: list[Output] = []
     if policy.node_key_secret:
         why = verify_node(event, policy.node_key_secret)
         if why is not None:
-            return f"{IGNORED}:{why}", state.refuse_node_event(event, why)
+            return Outcome(IGNORED, why, state.refuse_node_event(event, why))
         if state.alerts.raised:
             accepted = state.accept_node_event(event["node"])
     node = nodes.node(state.name, event["node"])
     quiet = state.take_quiet(node, event, policy, partition)
     if quiet is not None:
-        return APPLIED, accepted + quiet if accepted else quiet
+        return Outcome(APPLIED, None, accepted + quiet if accepted else quiet)
     update = node.apply(event, policy)
     if isinstance(update, str):
-        return f"{IGNORED}:{update}", accepted
+        return Outcome(IGNORED, update, accepted)
     update.partition = partition
     out = state.apply_node_update(update, policy)
-    return APPLIED, accepted + out if accepted else out
+    return Outcome(APPLIED, None, accepted + out if accepted else out)
 
 
 
@@ -126,8 +189,8 @@ class Engine:
         """How clusters met for the first time start (seeded and recovering after a lost checkpoint)."""
         self.nodes: dict[tuple[str, str], NodeState] = {}
         self.clusters: dict[str, ClusterState] = {}
-        self._labels: dict[str, int] = {}
-        """Every message's final label -> how many (``labels`` and ``counts`` read it)."""
+        self.tally = Tally()
+        """Every message's outcome, counted (``labels`` and ``counts`` read it)."""
         self.outcomes: list[tuple[int, int, str]] | None = [] if record else None
         """With ``record``: (routed partition, offset, label) of every message, in order (``core/origin.py``)."""
         self.gaps: list[Gap] = []
@@ -145,14 +208,20 @@ class Engine:
     @property
     def labels(self) -> Counter[str]:
         """Messages by final label: applied, ignored:<reason>, deadlettered:<code>."""
-        return Counter(self._labels)
+        return Counter(self.tally.counts)
+
+    @property
+    def dead_letters(self) -> Counter[str]:
+        """Dead-lettered messages by class."""
+        return Counter({why or "": n for result, why, n in self.tally.by_result() if result is DEADLETTERED})
 
     @property
     def counts(self) -> Counter[str]:
         """Messages by outcome: ``applied``, ``ignored:<why>``, ``deadlettered`` (every class of dead letter in one)."""
         counts: Counter[str] = Counter()
-        for label, n in self._labels.items():
-            counts[DEADLETTERED if label.startswith(DEADLETTERED) else label] += n
+        for label, n in self.tally.counts.items():
+            result = self.tally.results[label][0]
+            counts[result.value if result is DEADLETTERED else label] += n
         return counts
 
     def process(self, value: bytes | str | None, pos: Position, log_ms: int | None = None) -> list[Output]:
@@ -170,7 +239,7 @@ class Engine:
         origin = self.origins.get(topic, FILE)
         routed = routed_partition(origin, partition)
         if isinstance(event, Rejected):
-            label, outputs = dead_lettered(event, value, Position(topic, partition, offset, key))
+            outcome = dead_lettered(event, value, Position(topic, partition, offset, key))
         else:
             own = event.get("log_ms")
             if log_ms is not None:
@@ -178,12 +247,11 @@ class Engine:
             elif type(own) is not int:
                 event["log_ms"] = event["wall_ms"]
             misrouted(event, origin, value, key, topic, partition, offset)
-            label, outputs = self.apply(event, routed, offset)
-        labels = self._labels
-        labels[label] = labels.get(label, 0) + 1
+            outcome = self.apply(event, routed, offset)
+        label = self.tally.add(outcome)
         if self.outcomes is not None:
             self.outcomes.append((routed, offset, label))
-        return outputs
+        return outcome.outputs
 
     def apply(self, event: dict[str, Any], partition: int, offset: int) -> Outcome:
         """One validated event through ``step`` (its cluster started if it is new)."""
@@ -194,8 +262,10 @@ class Engine:
             state = self.clusters[name] = ClusterState.starting(name, self.start)
             state.reference = self.reference
             pre = state.meet_gaps(self.gaps, log_time(event), self.policies.of(name))
-        label, outs = step(state, self, event, self.policies.of(name), partition, offset)
-        return label, pre + outs if pre else outs
+        outcome = step(state, self, event, self.policies.of(name), partition, offset)
+        if pre:
+            outcome.outputs = pre + outcome.outputs
+        return outcome
 
     def gap(self, gap: Gap) -> list[Output]:
         """A gap found in the log before the messages that follow (``core/gaps.py``): every cluster
