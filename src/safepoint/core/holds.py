@@ -155,6 +155,10 @@ class HoldSet:
         """(kind, key, hold) of every open hold, kind by kind."""
         return [(kind, key, h) for kind, holds in self.maps() for key, h in holds.items()]
 
+    def preparable(self) -> list[tuple[str, Hold]]:
+        """(key, hold) of every hold of a kind that can be prepared (transactions)."""
+        return [(key, h) for k in KINDS if k.preparable for key, h in self._by[k.name].items()]
+
     def count(self) -> int:
         return sum(len(holds) for holds in self._by.values())
 

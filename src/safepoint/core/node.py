@@ -145,7 +145,8 @@ class NodeState:
         summary = self._summary
         history = self.history
         readers, txs, more = self.holds.to_stored()
-        stored = [self.node, self.incarnation, self.seq, self.last_wall_ms, readers, txs, self.mvcc_now, self.groups or None, self.pinned_bytes, self.debt_bytes,
+        stored = [self.node, self.incarnation, self.seq, self.last_wall_ms, readers, txs,
+                  self.mvcc_now, self.groups or None, self.pinned_bytes, self.debt_bytes,
                   None if summary is None else list(summary) or None,
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
@@ -331,6 +332,8 @@ class NodeState:
             self.parts = None
             return None
         pending[3] = part + 1
+        if len(pending) < 4 + len(KINDS):  # parts begun before a kind of hold was registered
+            pending += [[] for _ in range(4 + len(KINDS) - len(pending))]
         for i, k in enumerate(KINDS):
             pending[4 + i] += event[k.listed]
         if pending[3] < parts:

@@ -226,7 +226,7 @@ class Pressure:
         oldest = holds.oldest()
         age = now - oldest[2] if oldest is not None else 0
         signals += _band(holds, "reader_age", self.age_band, age_spec, now, max(age, 0), oldest)
-        for _kind, tid, h in holds.held.items():
+        for tid, h in holds.held.preparable():
             if h.prepared and h.prepared_wall is not None and tid not in self.in_doubt:
                 waited = now - h.prepared_wall
                 if waited >= policy.in_doubt_timeout_ms:
