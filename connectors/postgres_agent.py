@@ -10,7 +10,9 @@ reports as. Once per poll (default 1 s) it reads the instance (``connectors/post
   each replication slot's ``xmin`` and ``catalog_xmin`` (an inactive slot marked), and on a primary
   each standby's ``hot_standby_feedback``. It publishes what changed: a hold that appeared opens,
   one that went closes (a moved ``xmin`` is one of each). A new agent's first poll publishes them
-  all; its reporter's repair snapshot restates them after a failed delivery.
+  all; its reporter's repair snapshot restates them after a failed delivery. A backend that went
+  idle in its transaction (or back to work) since its hold opened is restated with a snapshot, so
+  that the hold's label marks it ``IDLE IN TRANSACTION`` (or no longer).
 * **A heartbeat** with ``mvcc_now`` = the next xid8 (``pg_current_snapshot()``'s ``xmax``: reading it
   takes no xid), ``pinned_bytes`` = the estimated bytes of dead tuples, ``history_above`` = the
   bytes of versions superseded since each of the last readings (what a hold at that xid alone
@@ -81,6 +83,8 @@ class PostgresAgentStats:
     """Forced-expiry directives for this agent's holds."""
     terminated: int = 0
     """Backends ended with ``pg_terminate_backend``."""
+    relabeled: int = 0
+    """Holds restated with a new label (their backend went idle in its transaction, or back to work)."""
     expiries_not_acted: int = 0
     """Expiries the agent did not act on: terminate off, a running backend under ``idle-in-transaction``,
     a prepared transaction, a slot, a standby, a backend gone or another one meanwhile."""
@@ -251,9 +255,18 @@ class PostgresAgent:
 
     def _sync(self, now: dict[str, PgHold]) -> None:
         """Close the holds that went, open those that came (lowest first: a close never comes before
-        the open that replaces it, so the node's minimum never rises past a hold still there)."""
+        the open that replaces it, so the node's minimum never rises past a hold still there), and
+        restate every hold (a snapshot: no hold closes or opens) once a backend went idle in its
+        transaction or back to work, so that its label says what it does now."""
         assert self.reporter is not None
         came = sorted((h for hid, h in now.items() if hid not in self._handles), key=lambda h: (h.ts, h.id))
+        relabeled = 0
+        for hid, (held, handle) in list(self._handles.items()):
+            fresh = now.get(hid)
+            if fresh is not None and fresh.idle_in_transaction != held.idle_in_transaction:
+                handle.label = fresh.label
+                self._handles[hid] = (fresh, handle)
+                relabeled += 1
         for h in came:
             self._open(h)
         went = [hid for hid in self._handles if hid not in now]
@@ -267,6 +280,9 @@ class PostgresAgent:
             with self._lock:
                 self._gone_below = max(self._gone_below or hold.ts, hold.ts)
         self.stats.holds = len(self._handles)
+        if relabeled:
+            self.reporter.snapshot()
+            self.stats.relabeled += relabeled
 
     def _open(self, h: PgHold) -> None:
         assert self.reporter is not None

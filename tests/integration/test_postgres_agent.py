@@ -217,7 +217,10 @@ def test_forced_expiry_ends_the_right_backend_and_nothing_else(broker: Any, pg: 
         wait_for(lambda: any(k.startswith(f"backend-{late_pid}@") for k in holds_published(
             broker.bootstrap, settings.events_topic, "pg1")), 10, "its hold, published while it runs")
         statement.join(10)
-        time.sleep(1.5)  # the agent's next readings see it idle in its transaction
+        wait_for(lambda: "IDLE IN TRANSACTION" in (holds_published(broker.bootstrap, settings.events_topic, "pg1")
+                                                   [hold_of(late_pid)].get("label") or ""), 15,
+                 "its hold restated with a label that marks it idle in its transaction")
+        assert stats.relabeled >= 1
         expire(hold_of(late_pid), "graceful")
         wait_for(lambda: not alive(late_pid), 30, "the session that went idle to end")
         wait_for(lambda: stats.terminated == 2, 10, "the agent's count of it")
