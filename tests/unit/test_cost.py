@@ -107,18 +107,19 @@ def test_the_stall_alert_names_what_the_blocker_keeps() -> None:
 
 def test_costs_are_the_same_through_a_restore_and_with_every_event_walked() -> None:
     """The curve is part of the node's stored state; the cost of the lowest hold is the same
-    whether the node walks its holds on every event (the reference) or not."""
+    whether the node walks its holds on every event (its state read back before each: the full
+    path) or not."""
     log, n1, _n2 = node_log()
     log += [n1.open("r-between", 200, T0 + 10), n1.close("r-mid", T0 + 11), n1.open("r-low", 50, T0 + 12),
             n1.hb(T0 + 13, 2_100, history_above=[{"ts": 0, "bytes": 12_000}, *CURVE]), n1.close("r-low", T0 + 14),
             n1.hb(T0 + 5_000, 2_200)]
     values = [json.dumps(ev) for ev in log]
 
-    def outputs(reference: bool, restore_at: int | None) -> list[Any]:
-        engine = Engine(POLICY, reference=reference)
+    def outputs(full: bool, restore_at: int | None) -> list[Any]:
+        engine = Engine(POLICY)
         out: list[Any] = []
         for i, v in enumerate(values):
-            if i == restore_at:
+            if full or i == restore_at:
                 restore_engine(engine)
             out += [o.value for o in engine.process(v, Position("events", 0, i, None))]
         return out

@@ -44,7 +44,7 @@ from safepoint.core.leases import LastWalls
 from safepoint.core.node import STORED_FIELDS
 from safepoint.replay import final_status
 
-from core_helpers import EVENTS_TOPIC, NodeClient, check_output, cluster_event
+from core_helpers import EVENTS_TOPIC, NodeClient, check_output, cluster_event, restore_engine
 
 # SAFEPOINT_HYPOTHESIS_EXAMPLES=5000 for a deeper hunt; the default keeps the unit suite quick
 EXAMPLES = int(os.environ.get("SAFEPOINT_HYPOTHESIS_EXAMPLES", "150"))
@@ -310,11 +310,17 @@ def encode(msg: dict[str, Any] | str) -> str:
     return msg if isinstance(msg, str) else json.dumps(msg)
 
 
-def run_engine(policy: Policy, log: list[dict[str, Any] | str], reference: bool = False) -> list[list[Output]]:
-    """One uninterrupted run: the outputs of each message, in order, schema-checked."""
-    engine = Engine(policy, reference=reference)
+def run_engine(policy: Policy, log: list[dict[str, Any] | str], full: bool = False) -> list[list[Output]]:
+    """One run: the outputs of each message, in order, schema-checked. ``full``: every state is read
+    back from its stored form before each message (``restore_engine``), so every message takes the
+    full path: a restored cluster has no settled round (no shortcut: ``take_quiet``, the settled
+    round) and syncs its abort alerts by walking every member, and a restored node has no walk to
+    reuse (``NodeState._update``) -- what the shortcuts must equal, with no flag in the core."""
+    engine = Engine(policy)
     per_message = []
     for offset, msg in enumerate(log):
+        if full:
+            restore_engine(engine)
         outs = engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None))
         for out in outs:
             check_output(out)
@@ -645,23 +651,29 @@ def test_e_incremental_indexes_equal_a_rebuild(sc: Scenario) -> None:
 def test_f_incremental_abort_alerts_equal_the_full_walk(sc: Scenario) -> None:
     """The round's abort alerts are synced from the members touched since the last event and the
     lease changes (core/aborts.py); the outputs must be exactly those of walking every member after
-    every event (``Engine(reference=True)``), alerts, their order and the directives alike."""
+    every event (the full path of a state read back before each message: ``run_engine(full=True)``),
+    alerts, their order and the directives alike."""
     builder = LogBuilder(sc)
     log = builder.build() + builder.settle()
-    assert run_engine(sc.policy, log) == run_engine(sc.policy, log, reference=True)
+    assert run_engine(sc.policy, log) == run_engine(sc.policy, log, full=True)
 
 
 def run_with_status(policy: Policy, log: list[dict[str, Any] | str],
-                    reference: bool = False) -> tuple[list[list[Output]], dict[str, Any]]:
-    engine = Engine(policy, reference=reference)
-    outs = [engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None)) for offset, msg in enumerate(log)]
+                    full: bool = False) -> tuple[list[list[Output]], dict[str, Any]]:
+    """``run_engine``'s outputs (``full``: the full path of every message) and the final status."""
+    engine = Engine(policy)
+    outs = []
+    for offset, msg in enumerate(log):
+        if full:
+            restore_engine(engine)
+        outs.append(engine.process(encode(msg), Position(EVENTS_TOPIC, 0, offset, None)))
     return outs, final_status(engine)
 
 
 def shortcut_equals_the_walk(policy: Policy, log: list[dict[str, Any] | str]) -> None:
     """With the node's shortcut (an event that cannot change its lowest holds reuses the last walk)
     the outputs and the final status (each node's minimum and blocker) are the walk's, exactly."""
-    assert run_with_status(policy, log) == run_with_status(policy, log, reference=True)
+    assert run_with_status(policy, log) == run_with_status(policy, log, full=True)
 
 
 @SETTINGS
@@ -720,7 +732,7 @@ def test_the_shortcut_ends_at_the_millisecond_the_oldest_hold_reaches_its_age_th
         n1.close("other", now) if event == "close" else n1.open("new", 4_000, now),
     ]
     outs = run_engine(policy, log)
-    assert outs == run_engine(policy, log, reference=True)
+    assert outs == run_engine(policy, log, full=True)
     raised = [o.value["kind"] for o in outs[-1] if o.value.get("kind") == "reader_age"]
     assert raised == (["reader_age"] if late else [])
 

@@ -10,9 +10,9 @@ Only the members touched since the last sync can have a different problem, besid
 lease ran out or came back (the stale set, kept as of the last sync). ``sync_aborts`` looks at
 those alone and emits exactly what the full walk would: the clears in the order they were raised,
 then the new ones by id. After a restore, a topology, a recovery start (anything that runs
-``Members.rebuild``) it does the full walk once. A cluster in reference mode
-(``Engine(reference=True)``) walks every member every time (for tests: both must give the same
-outputs).
+``Members.rebuild``) it does the full walk once; so a log whose every state is read back before
+each message walks every member every time, and must give the same outputs
+(``tests/unit/test_properties.py``).
 """
 
 from __future__ import annotations
@@ -91,13 +91,13 @@ def _node_problems(members: Members, recovery: Recovery | None, node: str, stale
 
 
 def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, book: AlertBook, now: int,
-                policy: Policy, reference: bool) -> tuple[bool, list[Output]]:
+                policy: Policy) -> tuple[bool, list[Output]]:
     """Bring the book's abort alerts in step with the problems now: (the round aborts, the alerts'
-    messages). ``reference``: walk every member (the reference the incremental sync is tested against)."""
+    messages)."""
     stale = _stale_now(members, now - policy.node_lease_ms)
     leaderless = members.leaderless
     aborted = bool(members.aborting() or (recovery is not None and recovery.awaiting) or stale)
-    if sync.full or reference:
+    if sync.full:
         said = sync_abort_alerts(book, problems(members, recovery, now, policy), now)
         sync.full = False
         sync.touched = set()

@@ -174,14 +174,11 @@ class Engine:
     """Every message of a log through ``step``, in order, with the accounting of every message."""
 
     def __init__(self, policy: Policy | Policies | None = None, record: bool = False, start: StartPlan | None = None,
-                 reference: bool = False, origins: Mapping[str, str] | None = None) -> None:
+                 origins: Mapping[str, str] | None = None) -> None:
         self.policies = Policies.of_policy(policy)
         """Each cluster's policy (``Policies.of``)."""
         self.policy = self.policies.default
         """The default policy (a message's size limit: it is checked before its cluster is known)."""
-        self.reference = reference
-        """Run the reference algorithms (every node's holds and every member's abort problems
-        walked after every event): slow, the outputs the fast paths are tested against."""
         self.origins = dict(origins or {})
         """topic -> its origin (``core/origin.py``: ``events`` or ``control``), as the job reads them; a
         topic not named (a file, for ``safepoint replay``) is ``file``: it may mix both kinds."""
@@ -199,7 +196,7 @@ class Engine:
     def node(self, cluster: str, name: str) -> NodeState:
         state = self.nodes.get((cluster, name))
         if state is None:
-            state = self.nodes[(cluster, name)] = NodeState(cluster, name, self.reference)
+            state = self.nodes[(cluster, name)] = NodeState(cluster, name)
         return state
 
     def peek(self, cluster: str, name: str) -> NodeState | None:
@@ -260,7 +257,6 @@ class Engine:
         pre: list[Output] = []
         if state is None:
             state = self.clusters[name] = ClusterState.starting(name, self.start)
-            state.reference = self.reference
             pre = state.meet_gaps(self.gaps, log_time(event), self.policies.of(name))
         outcome = step(state, self, event, self.policies.of(name), partition, offset)
         if pre:

@@ -71,10 +71,9 @@ class NodeState:
         "_low",
         "_restored",
         "_since",
-        "reference",
     )
 
-    def __init__(self, cluster: str, node: str, reference: bool = False, pressure: Pressure | None = None,
+    def __init__(self, cluster: str, node: str, pressure: Pressure | None = None,
                  leak: LeakWatch | None = None, clock: ClockWatch | None = None,
                  incs: Incarnations | None = None) -> None:
         """A new node (``from_stored`` passes the stored ``pressure``, ``leak``, ``clock`` and ``incs``
@@ -120,9 +119,6 @@ class NodeState:
         ``Pressure.still_until`` says the pressure has nothing to decide): lower bounds
         ``apply_quiet`` keeps for the pressure's clocks, and the bound they give; None after
         ``apply`` (the next shortcut walks the holds once; not stored)."""
-        self.reference = reference
-        """Walk the holds on every event: the reference the shortcut (an event that cannot change the
-        node's lowest holds reuses the last walk) is tested against (not stored)."""
 
     # -- persistence ------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -165,7 +161,7 @@ class NodeState:
          leak, admission, history, clock, incs, parts, wraparound_left, more) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
-        state = cls(cluster, node, False, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
+        state = cls(cluster, node, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
                     Incarnations(node, incs))
         state.incarnation = incarnation
         state.seq = seq
@@ -398,7 +394,7 @@ class NodeState:
         wall = event["wall_ms"]
         incs = self.incs
         skew = policy.max_clock_skew_ms
-        if (self.history is not None or self.leak.state is not None or self.reference
+        if (self.history is not None or self.leak.state is not None
                 or event["incarnation"] != self.incarnation or event["seq"] <= self.seq
                 or incs.lives or (incs.gone and self.incarnation in incs.gone) or self.parts is not None
                 or not self.clock.calm or (skew and abs(wall - log) >= skew)):
@@ -618,7 +614,7 @@ class NodeState:
         low = self._low
         floor: Blocker | str
         blocker: Blocker | None
-        if quiet and not self.reference and low is not None and self.history is None:
+        if quiet and low is not None and self.history is None:
             floor, blocker, ns = low[0], low[1], None
         else:
             floor, blocker, ns = self._walk(policy)
