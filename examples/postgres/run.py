@@ -105,9 +105,7 @@ class Story:
             "a prepared transaction")
         self.admin.execute("SELECT pg_create_logical_replication_slot('cdc_forgotten', 'test_decoding')")
         time.sleep(1.5)  # the writer moves on between them: each hold keeps its own stretch of history
-        report = psycopg.connect(self.server.dsn(application_name="monthly-report"))
-        report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        report.execute("SELECT sum(total) FROM orders")
+        report = self.server.snapshot("monthly-report", "SELECT sum(total) FROM orders")
         self.keep.append(report)
         self.report_pid = int(self.one("SELECT pid FROM pg_stat_activity WHERE application_name = 'monthly-report'"))
         time.sleep(1.5)
@@ -162,9 +160,7 @@ class Story:
 
     def dashboard(self) -> None:
         say("\n4. The dashboard and the status: a nightly export holds a snapshot now")
-        export = psycopg.connect(self.server.dsn(application_name="nightly-export"))
-        export.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        export.execute("SELECT count(*) FROM orders")
+        export = self.server.snapshot("nightly-export", "SELECT count(*) FROM orders")
         self.keep.append(export)
         wait_until(lambda: any("nightly-export" in (h["label"] or "") for h in self.holds()), 30, "the export's hold")
         node = next(n for n in get_json(f"{self.base}/api/v1/clusters/{CLUSTER}/nodes")["nodes"] if n["node"] == NODE)

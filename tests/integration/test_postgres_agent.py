@@ -48,18 +48,14 @@ def test_every_hold_kind_with_its_xid_and_label_and_gone_when_it_ends(broker: An
     primary = Running(agent_of(pg, broker, settings, "primary"))
     replica = Running(agent_of(standby, broker, settings, "replica"))
     try:
-        report = psycopg.connect(pg.dsn(application_name="report-job"))
-        report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        report.execute("SELECT count(*) FROM t")
+        report = pg.snapshot("report-job", "SELECT count(*) FROM t")
         writer = psycopg.connect(pg.dsn(application_name="writer"))
         writer.execute("INSERT INTO t VALUES (1, 'a')")
         prep = psycopg.connect(pg.dsn(), autocommit=True)
         prep.execute("BEGIN")
         prep.execute("INSERT INTO t VALUES (2, 'b')")
         prep.execute("PREPARE TRANSACTION 'pay-17'")
-        replica_report = psycopg.connect(standby.dsn(application_name="replica-report"))
-        replica_report.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        replica_report.execute("SELECT count(*) FROM t")
+        replica_report = standby.snapshot("replica-report", "SELECT count(*) FROM t")
 
         # PostgreSQL's own figures (epoch 0: an xid is its xid8)
         pid = one(c, "SELECT pid FROM pg_stat_activity WHERE application_name = 'report-job'")
@@ -151,13 +147,9 @@ def test_forced_expiry_ends_the_right_backend_and_nothing_else(broker: Any, pg: 
     settings = make_settings(broker.bootstrap, "pg-expiry", 1)
     c = psycopg.connect(pg.dsn(), autocommit=True)
     c.execute("CREATE TABLE t (id int)")
-    idle = psycopg.connect(pg.dsn(application_name="forgotten-session"))
-    idle.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    idle.execute("SELECT count(*) FROM t")
+    _idle = pg.snapshot("forgotten-session", "SELECT count(*) FROM t")  # held open: its snapshot is the hold
     busy = psycopg.connect(pg.dsn(application_name="busy"), autocommit=True)
-    bystander = psycopg.connect(pg.dsn(application_name="bystander"))
-    bystander.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    bystander.execute("SELECT 1")
+    _bystander = pg.snapshot("bystander")
     c.execute("BEGIN")
     c.execute("INSERT INTO t VALUES (1)")
     c.execute("PREPARE TRANSACTION 'keep-me'")
@@ -251,9 +243,7 @@ def test_the_agent_restarted_and_the_database_stopped_under_it(broker: Any, pg: 
     c.execute("BEGIN")
     c.execute("INSERT INTO t VALUES (1)")
     c.execute("PREPARE TRANSACTION 'survivor'")
-    reader = psycopg.connect(pg.dsn(application_name="long-report"))
-    reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    reader.execute("SELECT 1")
+    _reader = pg.snapshot("long-report")  # held open: its snapshot is the hold
     running = Running(agent_of(pg, broker, settings, "pg1", state_dir=str(tmp_path / "agent")))
     first = running.agent.reporter.incarnation if running.agent.reporter else None
 
@@ -298,9 +288,7 @@ def test_the_broker_away_and_back_loses_no_change(pg: LocalPostgres, tmp_path: P
     settings = make_settings(broker.bootstrap, "pg-broker", 1)
     c = psycopg.connect(pg.dsn(), autocommit=True)
     c.execute("CREATE TABLE t (id int)")
-    first = psycopg.connect(pg.dsn(application_name="first-report"))
-    first.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    first.execute("SELECT 1")
+    first = pg.snapshot("first-report")
     running = Running(agent_of(pg, broker, settings, "pg1"))
 
     def published() -> set[str]:
@@ -315,9 +303,7 @@ def test_the_broker_away_and_back_loses_no_change(pg: LocalPostgres, tmp_path: P
         wait_for(lambda: backends() and backends() <= published(), 30, "the first report's hold")
         broker.stop()
         first.rollback()  # while the broker is away: one hold goes, another comes
-        second = psycopg.connect(pg.dsn(application_name="second-report"))
-        second.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        second.execute("SELECT 1")
+        second = pg.snapshot("second-report")
         polls = running.agent.stats.polls
         wait_for(lambda: running.agent.stats.polls >= polls + 10, 30, "the agent to go on reading the instance")
         broker = EmbeddedBroker(port=port, data_dir=str(tmp_path / "broker")).start()

@@ -152,9 +152,7 @@ class _PostgresEngine(_Engine):
         idle, hold = PG_REPORT_EVERY_S
         while not self._stop.wait(idle):
             try:
-                with psycopg.connect(self.server.dsn(), application_name="nightly-report") as c:
-                    c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    c.execute("SELECT sum(total) FROM orders")
+                with self.server.snapshot("nightly-report", "SELECT sum(total) FROM orders") as c:
                     self._stop.wait(hold)  # idle in its transaction: its snapshot holds the horizon
                     c.rollback()
             except psycopg.Error:

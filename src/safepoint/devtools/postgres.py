@@ -20,9 +20,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from safepoint.devtools.broker import free_port
 from safepoint.errors import SafepointError
+
+if TYPE_CHECKING:
+    import psycopg
 
 __all__ = ["LocalPostgres", "Writer", "pg_bin", "postgres_missing"]
 
@@ -107,6 +111,16 @@ class LocalPostgres:
     def dsn(self, dbname: str = "postgres", user: str = "postgres", application_name: str | None = None) -> str:
         app = f"?application_name={application_name}" if application_name else ""
         return f"postgresql://{user}@127.0.0.1:{self.port}/{dbname}{app}"
+
+    def snapshot(self, application_name: str, query: str = "SELECT 1") -> psycopg.Connection[Any]:
+        """A session (``application_name``) in a ``REPEATABLE READ`` transaction holding the snapshot
+        its ``query`` took: it pins the horizon until the connection ends the transaction."""
+        import psycopg
+
+        conn = psycopg.connect(self.dsn(application_name=application_name))
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        conn.execute(query)
+        return conn
 
     # -- life -----------------------------------------------------------------------------
     def init(self) -> LocalPostgres:
