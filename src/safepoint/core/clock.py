@@ -69,10 +69,17 @@ class ClockWatch:
             return None if not self.offset else [self.offset]
         return [self.offset, self.band.to_json()]
 
+    def still(self, wall: int, log: int, policy: Policy) -> bool:
+        """``take`` of an event at ``wall`` read at ``log`` would only set the offset: no limit, or a
+        quiet band and an offset within the limit (``band_step``'s own test for a quiet band that
+        stays quiet). ``take`` begins with it, and the node's shortcut asks it."""
+        skew = policy.max_clock_skew_ms
+        return not skew or (self.calm and abs(wall - log) < skew)
+
     def take(self, wall: int, log: int, policy: Policy) -> AlertChange | None:
         """One applied event of the node: its offset; the alert raised or cleared when the band moves."""
         offset = self.offset = wall - log
-        if not policy.max_clock_skew_ms:
+        if self.still(wall, log, policy):
             return None
         moved = band_step(self.band, _spec(policy), log, abs(offset))
         self.calm = self.band.quiet

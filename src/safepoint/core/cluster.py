@@ -202,8 +202,7 @@ class ClusterState:
                     self.gaps.restated(u.node)
             if self.recovery.finished(now):
                 self.recovery = None  # the gap's recovery is over: no node owes a snapshot
-        elif (self.settled == now and not (fresh or u.signals)
-              and u.node not in self.aborts.stale):
+        elif not (fresh or u.signals) and self._settled_for(u.node, u.log_ms):
             if not u.changed:
                 return out  # the round reads nothing that changed, at the time it was settled at (take_quiet says why)
             if member and self._above_lowest(u, old_min):
@@ -219,7 +218,7 @@ class ClusterState:
         book = self.alerts
         if book:
             for kind, hid in u.closed:
-                cleared = book.clear(join_id("horizon_violation", u.node, kind, hid), now)
+                cleared = self._clear_violation(u.node, kind, hid, now)
                 if cleared is not None:
                     out.append(cleared)
         for kind, hid, ts, ns in u.opened:
@@ -237,6 +236,18 @@ class ClusterState:
                 None if self.safe_ts is None else (self.safe_ts, "safe_ts"))
             out += check_floor(book, u.node, u.floor, limit, now)
         return out
+
+    def _clear_violation(self, node: str, kind: str, hid: str, now: int) -> Output | None:
+        """A hold that closed clears its horizon violation, if one was raised: the message that says so."""
+        return self.alerts.clear(join_id("horizon_violation", node, kind, hid), now)
+
+    def _settled_for(self, node: str, log: int) -> bool:
+        """The round was settled at the cluster time an event of ``node`` read at ``log`` leaves it at,
+        and the abort sync holds nothing stale of the node: run again it would read from the node
+        only its summary (``apply_node_update`` skips it when that did not change, and so does
+        ``take_quiet``)."""
+        now = self.cluster_time
+        return now is not None and self.settled == now and log <= now and node not in self.aborts.stale
 
     def _above_lowest(self, u: NodeUpdate, old_min: int | None) -> bool:
         """A member's known minimum moved from ``old_min`` to another value, both strictly above the
@@ -256,46 +267,38 @@ class ClusterState:
         (``NodeState.apply_quiet`` applied it to the node: at most the clearing of a violation by the
         hold it closes); None: nothing changed, the full path takes it.
 
-        ``apply_node_update`` would change the node's record (holds, ``seq``, clock) and then find
-        nothing to say: cluster time does not move (the round was settled at it, ``settled``), the
-        node's minimum, groups and abort problems stay (it was not stale at the last sync, so a
-        later clock keeps it fresh), its holds and floor stay at or above ``safe_ts`` with no alert
-        of it to clear or raise but a violation of the hold it closes, and there is no recovery
-        and no namespace. ``test_properties`` checks it against the full path (the same log with every
-        state read back from its stored form before each message: a restored cluster has no settled
-        round, so it takes none of these shortcuts)."""
-        now = self.cluster_time
+        Each condition is one that a step of ``apply_node_update`` begins with, so that it finds
+        nothing to say: the round is settled at the event's time and nothing of the node is stale
+        (``_settled_for``); no recovery, no namespaces and no topology waiting for its time (its
+        recovery, violation and ``_advance`` steps); the node's record exists, holds nothing
+        namespaced and keeps its partition (``Members.take`` would change no more than ``heard``
+        does); for a member, no floor alert raised and its minimum at or above ``safe_ts``
+        (``check_floor``, ``check_horizon``). ``test_properties`` checks it against the full path
+        (the same log with every state read back from its stored form before each message: a
+        restored cluster has no settled round, so it takes none of these shortcuts)."""
         log = log_time(event)
-        if (event["type"] not in EVENTS or now is None or self.settled != now or log > now
-                or self.recovery is not None
-                or self.tenants.active
-                or (self.members.topology is not None and self.topology_wall is None)):
-            return None
         name = node.node
+        if (event["type"] not in EVENTS or not self._settled_for(name, log) or self.recovery is not None
+                or self.tenants.active or (self.members.topology is not None and self.topology_wall is None)):
+            return None
         members = self.members
         rec = members.nodes.get(name)
-        if rec is None or rec.ns is not None or name in self.aborts.stale or rec.partition != partition:
+        if rec is None or rec.ns is not None or rec.partition != partition:
             return None
         member = name in members.names
         safe = self.safe_ts
-        book = self.alerts
-        if member and (name in book.floor or (safe is not None and rec.local_min is not None and rec.local_min < safe)):
+        if member and (name in self.alerts.floor or (safe is not None and rec.local_min is not None and rec.local_min < safe)):
             return None
         change = node.apply_quiet(event, policy, safe, member, log)
         if change is None:
             return None
-        rec.incarnation = node.incarnation
-        rec.seq = node.seq
-        if log > rec.last_wall:
-            rec.last_wall = log
-            if member:
-                members.walls.set(name, log)
-        if change:
-            kind, hid, ts = change
-            if ts is None and book.raised:
-                cleared = book.clear(join_id("horizon_violation", name, kind, hid), now)
-                if cleared is not None:
-                    return [cleared]
+        members.heard(name, rec, node.incarnation, node.seq, log, member)
+        if change and change[2] is None and self.alerts:
+            now = self.cluster_time
+            assert now is not None
+            cleared = self._clear_violation(name, change[0], change[1], now)
+            if cleared is not None:
+                return [cleared]
         return []
 
     def _signals(self, node: str, signals: list[Signal], now: int) -> list[Output]:

@@ -105,6 +105,12 @@ class Incarnations:
         ``log`` by an event sent at ``wall``: its silence is measured from then."""
         self.lives[incarnation] = [seq, log, 0, wall]
 
+    def still(self, incarnation: int) -> bool:
+        """An event of ``incarnation`` (the newest) settles nothing here: no other process lives, and
+        its own holds did not go with a silence (it would be a second live process speaking again).
+        The node's identity step reads it (no shortcut otherwise), and so does its shortcut."""
+        return not self.lives and incarnation not in self.gone
+
     def dropped(self, incarnation: int) -> bool:
         """The incarnation's holds were dropped (and it has not spoken since)."""
         return incarnation in self.gone and incarnation not in self.lives

@@ -49,6 +49,12 @@ class LeakWatch:
             return [self._alert("cleared", None, None, leak["since"], why)]
         return []
 
+    def still(self, kind: str, policy: Policy) -> bool:
+        """``check`` after an event of type ``kind`` would say and change nothing: it is no snapshot and
+        no heartbeat (only those are counted), and no leak is under way that a window of 0 would end.
+        The node runs ``check`` only when this is false, and its shortcut asks it."""
+        return kind != "snapshot" and kind != "heartbeat" and (self.state is None or bool(policy.leak_window_ms))
+
     def check(self, held: HoldSet, event: dict[str, Any], now: int, policy: Policy) -> list[Signal]:
         """After one applied event of the node (at its time ``now``; ``held``: the holds of the process
         that sent it): start, raise, repeat the request for, or clear a leak; what it says."""

@@ -153,23 +153,20 @@ class Members:
             if member:
                 self._index(u.node, rec)
         else:
-            old_min, old_last = rec.local_min, rec.last_wall
+            old_min = rec.local_min
             old_groups = (rec.groups, rec.led) if u.groups is not None else None
-            rec.incarnation = u.incarnation
-            rec.seq = u.seq
+            member = u.node in self.names
+            self.heard(u.node, rec, u.incarnation, u.seq, u.log_ms, member)
             rec.local_min = u.local_min
             rec.unknown = u.unknown
             rec.blocker = u.blocker
             if u.groups is not None:
                 rec.groups = u.groups
                 rec.led = u.led or []
-            if u.log_ms > rec.last_wall:
-                rec.last_wall = u.log_ms
             if u.partition is not None:
                 rec.partition = u.partition
-            member = u.node in self.names
             if member:
-                self._reindex(u.node, rec, old_min, old_last, old_groups)
+                self._reindex(u.node, rec, old_min, old_groups)
         if u.ns is not None or rec.ns is not None:
             rec.ns = u.ns
             (self.ns_nodes.add if u.ns is not None else self.ns_nodes.discard)(u.node)
@@ -220,9 +217,21 @@ class Members:
         assert self.topology is not None
         return sorted(set(self.topology.get(node) or ()) - set(rec.groups))
 
-    def _reindex(self, node: str, rec: NodeRecord, old_min: int | None, old_last: int,
+    def heard(self, node: str, rec: NodeRecord, incarnation: int, seq: int, log: int, member: bool) -> None:
+        """The node's record takes who sent its newest event and when (its last log time, indexed for a
+        member): ``take``'s first part for every event, and all of it for one that changes nothing
+        else (``ClusterState.take_quiet``)."""
+        rec.incarnation = incarnation
+        rec.seq = seq
+        if log > rec.last_wall:
+            rec.last_wall = log
+            if member:
+                self.walls.set(node, log)
+
+    def _reindex(self, node: str, rec: NodeRecord, old_min: int | None,
                  old_groups: tuple[list[str], list[str]] | None) -> None:
-        """Re-index a member whose record changed, touching only what changed."""
+        """Re-index a member whose record changed, touching only what changed (``heard`` indexed its
+        last log time)."""
         new_min = rec.local_min
         if new_min != old_min:
             if old_min is not None:
@@ -233,8 +242,6 @@ class Members:
                 self.mins.add((new_min, node))
         if new_min is None:
             self.unknown[node] = rec.unknown or "unknown"
-        if rec.last_wall != old_last:
-            self.walls.set(node, rec.last_wall)
         if old_groups is not None:
             self._index_groups(node, *old_groups, -1)
             self._index_groups(node, rec.groups, rec.led, +1)

@@ -253,7 +253,7 @@ class NodeState:
         held = Holds(self.node, self.holds, self.pinned_bytes, self.incarnation)
         update.signals += self.pressure.step(held, self.last_wall_ms, kind == "heartbeat" and "pinned_bytes" in event,
                                              closed, policy, self.debt_bytes)
-        if (self.leak or kind in ("heartbeat", "snapshot")) and whole:
+        if whole and not self.leak.still(kind, policy):
             own = self.holds
             if self.incs:  # each process counts its own
                 own = HoldSet({kind: {k: h for k, h in holds.items() if h.incarnation == incarnation}
@@ -273,7 +273,7 @@ class NodeState:
         if twin and not speaks:
             return True, said  # the older process's late word (``Incarnations.order`` took its seq)
         others = bool(self.incs)
-        restarted = others
+        restarted = not self.incs.still(incarnation)
         if incarnation > self.incarnation:
             if self.incarnation >= 0:
                 self._supersede(log, event["wall_ms"], opened, closed)
@@ -308,12 +308,12 @@ class NodeState:
                 closed.append(HoldRef(hkind, key))
             hold = holds[key] = what.opened(event, wall, incarnation)
             opened.append(OpenedHold(hkind, key, hold.ts, hold.namespace))
-            return not closed and hold.namespace is None and self._above(hold.ts)
+            return not closed and self._keeps_lowest(hold.ts, hold.namespace)
         key = self._key(holds, hid, incarnation, twin)
         gone = holds.pop(key, None)
         if gone is not None:
             closed.append(HoldRef(hkind, key))
-        return gone is None or (gone.namespace is None and self._above(gone.ts))
+        return gone is None or self._keeps_lowest(gone.ts, gone.namespace)
 
     def _collect(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """A part of a snapshot sent in several messages: kept until the last, which gives the whole
@@ -382,72 +382,67 @@ class NodeState:
 
     def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool,
                     log: int) -> Quiet | None:
-        """Apply a reader or transaction opening or closing that changes nothing but the node's holds,
-        ``seq`` and clock; None when it might (nothing is changed then: ``apply`` takes the event).
+        """Apply a hold's opening or closing that changes nothing but the node's holds, ``seq`` and
+        clock; None when it might (nothing is changed then: ``apply`` takes the event).
 
-        It is the event ``apply`` would mark quiet (the same incarnation, nothing namespaced, a hold
-        strictly above the lowest of the last walk, no id reused), with nothing for the pressure
-        or the leak watch to decide: ``Pressure.still_until``, no history curve, no leak. For the
-        cluster: a hold it opens is at or above ``safe_ts`` (no violation), and, for a ``member``,
-        the node's floor is too (``check_floor`` has nothing to say). ``apply`` would give the same
-        state and a ``NodeUpdate`` that changes nothing but the record's holds, ``seq`` and clock."""
+        It states no condition of its own: each is the one its step of ``apply`` begins with, so the
+        two cannot drift apart. The event is the newest process's next (``check_order``), with no
+        other process to settle (``Incarnations.still``), no snapshot in parts, a clock and a leak
+        watch with nothing to say (``ClockWatch.still``, ``LeakWatch.still``), the pressure's
+        clocks short of their bound (``Pressure.still_until``, kept as holds come), and a hold that
+        keeps the node's lowest hold (``_keeps_lowest``, with the last walk ``_update`` keeps,
+        ``_kept_low``). For the cluster: a hold it opens is at or above ``safe_ts`` (no violation),
+        and, for a ``member``, the node's floor is too (``check_floor`` has nothing to say)."""
         wall = event["wall_ms"]
-        incs = self.incs
-        skew = policy.max_clock_skew_ms
-        if (self.history is not None or self.leak.state is not None
-                or event["incarnation"] != self.incarnation or event["seq"] <= self.seq
-                or incs.lives or (incs.gone and self.incarnation in incs.gone) or self.parts is not None
-                or not self.clock.calm or (skew and abs(wall - log) >= skew)):
-            return None  # (a clock that is calm, and an offset within the limit: ClockWatch.take would only set it)
-        low = self._low
+        incarnation = event["incarnation"]
+        kind = event["type"]
+        shape = EVENTS.get(kind)
+        if (shape is None or incarnation != self.incarnation or self.check_order(event) is not None
+                or self.parts is not None or not self.incs.still(incarnation)
+                or not self.leak.still(kind, policy) or not self.clock.still(wall, log, policy)):
+            return None
+        low = self._kept_low()
         if low is None:
-            if not self._restored:
+            if not self._restored or self.history is not None:
                 return None
             self._walk(policy)  # what the node's last walk gave before it was stored (its holds are the same)
-            low = self._low
+            low = self._kept_low()
             if low is None:
                 return None
-        lowest = low[1].ts
         if member and safe_ts is not None and low[0].ts < safe_ts:
             return None
-        shape = EVENTS.get(event["type"])
-        if shape is None:
-            return None
         what, opening = shape
-        kind = what.name
-        holds = self.holds.of(kind)
+        hkind = what.name
+        holds = self.holds.of(hkind)
         hid = event[what.id_field]
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
         since = self._since
         if since is None:
             first, prepared = self.holds.earliest()
             since = self._since = (first, prepared, self.pressure.still_until(first, prepared, policy))
+        change: Quiet = ()
         if opening:
-            ts = event[what.ts_field]
-            opened_wall = event.get("opened_wall_ms", wall)
-            if (hid in holds or ts <= lowest or event.get("namespace") is not None
-                    or (safe_ts is not None and ts < safe_ts)):
+            hold = what.opened(event, wall, incarnation)
+            if (hid in holds or not self._keeps_lowest(hold.ts, hold.namespace)
+                    or (safe_ts is not None and hold.ts < safe_ts)):
                 return None
-            if opened_wall < since[0]:  # the node's earliest opening now: the pressure's bound moves
-                since = (opened_wall, since[1], self.pressure.still_until(opened_wall, since[1], policy))
+            if hold.opened_wall < since[0]:  # the node's earliest opening now: the pressure's bound moves
+                since = (hold.opened_wall, since[1], self.pressure.still_until(hold.opened_wall, since[1], policy))
             if now >= since[2]:
                 return None
-            holds[hid] = Hold(ts, opened_wall, event.get("label"), self.incarnation)
+            holds[hid] = hold
             self._since = since
-            change: Quiet = (kind, hid, ts)
+            change = (hkind, hid, hold.ts)
         else:
             gone = holds.get(hid)
-            if gone is not None and (gone.ts <= lowest or gone.namespace is not None):
+            if (gone is not None and not self._keeps_lowest(gone.ts, gone.namespace)) or now >= since[2]:
                 return None
-            if now >= since[2]:
-                return None
-            change = ()
             if gone is not None:
                 del holds[hid]
-                change = (kind, hid, None)
+                change = (hkind, hid, None)
         self.seq = event["seq"]
         self.last_wall_ms = now
-        self.clock.offset = wall - log
+        self.clock.take(wall, log, policy)  # (still: it only sets the offset)
         return change
 
     def _prepare(self, event: dict[str, Any], wall: int, key: str) -> None:
@@ -489,11 +484,18 @@ class NodeState:
         self.groups = new_groups
         return changed
 
-    def _above(self, ts: int) -> bool:
-        """``ts`` lies strictly above the node's lowest hold of the last walk (so that a hold at it,
-        coming or going, changes neither the lowest hold nor a tie), while nothing is namespaced."""
+    def _keeps_lowest(self, ts: int, namespace: str | None) -> bool:
+        """A hold at ``ts`` (in ``namespace``), coming or going, changes neither the node's lowest hold
+        nor a tie: it is not namespaced and lies strictly above the lowest hold of the last walk,
+        while nothing is namespaced (``_low``)."""
         low = self._low
-        return low is not None and ts > low[1].ts
+        return namespace is None and low is not None and ts > low[1].ts
+
+    def _kept_low(self) -> tuple[Blocker, Blocker] | None:
+        """(floor, lowest hold) of the last walk, which an event that keeps the lowest hold
+        (``_keeps_lowest``) keeps too; None where the node must walk again: no walk kept, or a cost
+        curve (the lowest hold's cost depends on the next one)."""
+        return self._low if self.history is None else None
 
     def _theirs(self, key: str, hold: Hold) -> bool:
         """The hold is another incarnation's than the newest (kept under ``id@incarnation``)."""
@@ -611,10 +613,10 @@ class NodeState:
         policy: Policy,
         quiet: bool = False,
     ) -> NodeUpdate:
-        low = self._low
+        low = self._kept_low() if quiet else None
         floor: Blocker | str
         blocker: Blocker | None
-        if quiet and low is not None and self.history is None:
+        if low is not None:
             floor, blocker, ns = low[0], low[1], None
         else:
             floor, blocker, ns = self._walk(policy)

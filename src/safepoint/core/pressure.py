@@ -184,6 +184,12 @@ class Pressure:
                    Forecast(forecast.get("samples"), forecast.get("raised_since")) if forecast else Forecast(),
                    bool(debt_growing))
 
+    def busy(self) -> bool:
+        """Something is in doubt, expiring or recently expired, the pinned band is critical or the age
+        band is not quiet: ``step`` has work at any time (``still_until`` is -infinity)."""
+        return bool(self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2
+                    or not self.age_band.quiet)
+
     def still_until(self, first_opened: float, first_prepared: float, policy: Policy) -> float:
         """The node's clock below which ``step``, after an event that is no heartbeat and closes
         nothing in doubt or expiring, would decide nothing and change nothing (-infinity: at no
@@ -191,8 +197,9 @@ class Pressure:
         was prepared at or after ``first_prepared`` (lower bounds will do: they only lower the
         bound). Below it nothing is in doubt, expiring or recently expired, the pinned band is not
         critical, the age band is quiet and the oldest hold's age stays below its thresholds, and
-        no prepared transaction reaches ``in_doubt_timeout_ms``. It holds until ``step`` runs again."""
-        if self.in_doubt or self.expiries or self.expire_walls or self.pinned_band.level == 2 or not self.age_band.quiet:
+        no prepared transaction reaches ``in_doubt_timeout_ms``. It holds until ``step`` runs again.
+        ``step`` begins with it (its own early exit), and the node's shortcut keeps it as holds come."""
+        if self.busy():
             return -NEVER
         spec = _band_specs(policy)[1]
         # band_step's own test for a quiet band that stays quiet, max(now - first_opened, 0) < both
@@ -206,6 +213,8 @@ class Pressure:
              debt: int | None = None) -> list[Signal]:
         """Move the bands, in-doubt and expiry state after one event at the node's time ``now``;
         what it decides."""
+        if not pinned_sample and not self.busy() and now < self.still_until(*holds.held.earliest(), policy):
+            return []  # nothing to decide (the node's shortcut asks the same of still_until)
         signals: list[Signal] = []
         node = holds.node
         for kind, hid in closed:  # what closed is no longer in doubt, expiring, or aged
