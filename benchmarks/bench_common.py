@@ -149,11 +149,11 @@ def fmt_rate(x: float | None) -> str:
 
 
 def empty_node_bytes() -> int:
-    """What a node without holds adds to its bucket's stored value (``core/batch.py``), with the
-    job's default ``node_buckets``: the state's fixed part per node."""
-    from safepoint.core.batch import encode_bucket
+    """What a node without holds adds to its bucket's stored value (``streaming/stored.py``), with
+    the job's default ``node_buckets``: the state's fixed part per node."""
     from safepoint.core.node import NodeState
     from safepoint.settings import Settings
+    from safepoint.streaming.stored import encode_bucket
 
     ns = NodeState("default", "default-n1000")
     ns.incarnation, ns.seq, ns.mvcc_now, ns.pinned_bytes, ns.last_wall_ms = 0, 123456, 1_700_000_000_000_000, 0, START_MS

@@ -73,14 +73,22 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
 
 def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
     """The job's batch logic (core/batch.py: route per partition, then each cluster's batch through
-    ``run_batch``, with the stored values and the packed hand-off between them) run in this
-    process, without Spark.
+    ``run_batch``, with the stored values and the packed hand-off between them, streaming/stored.py)
+    run in this process, without Spark.
 
     A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
     own cost (Arrow between JVM and Python, the shuffle, RocksDB, the source and sink).
     """
-    from safepoint.core.batch import BucketNodes, pack_routed, route, run_batch, unpack_routed
+    from safepoint.core.batch import route, run_batch
     from safepoint.core.policy import Policy
+    from safepoint.streaming.stored import (
+        decode_cluster,
+        encode_cluster,
+        pack_routed,
+        stored_buckets,
+        stored_nodes,
+        unpack_routed,
+    )
 
     policy = Policy()
     buckets = 8
@@ -109,11 +117,13 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
                     groups[cluster].extend(unpack_routed(pack_routed(items)))
             t1 = time.perf_counter()
             for cluster, items in groups.items():
-                result = run_batch(cluster, clusters.get(cluster), BucketNodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b))),
+                stored = clusters.get(cluster)
+                bucket_nodes = stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b)))
+                result = run_batch(cluster, None if stored is None else decode_cluster(stored), bucket_nodes,
                                    items, policy, False)
                 if result.cluster is not None:
-                    clusters[cluster] = result.cluster
-                nodes.update({(cluster, b): v for b, v in result.buckets.items()})
+                    clusters[cluster] = encode_cluster(result.cluster)
+                nodes.update({(cluster, b): v for b, v in stored_buckets(bucket_nodes).items()})
                 outs += len(result.outputs)
             seconds["route"] += t1 - t0
             seconds["operator"] += time.perf_counter() - t1
@@ -135,8 +145,8 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         "state_value_bytes": state_bytes,
         "top_self": _top_stats(prof, total / n * 1e6),
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
-            "events.py:parse", "engine.py:step", "node.py:apply", "batch.py:bucket_entries", "node.py:from_stored", "batch.py:encode_bucket",
-            "cluster.py:apply_node_update", "batch.py:decode_cluster", "batch.py:encode_cluster",
+            "events.py:parse", "engine.py:step", "node.py:apply", "stored.py:bucket_entries", "node.py:from_stored", "stored.py:encode_bucket",
+            "cluster.py:apply_node_update", "stored.py:decode_cluster", "stored.py:encode_cluster",
             "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route",
             "batch.py:run_batch", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),

@@ -294,9 +294,10 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[byte
 
 def logical_state(engine: Any) -> dict[str, int]:
     """Bytes of the values the job would keep for the engine's state (the nodes' buckets, the
-    clusters' values), in the stored forms the job writes (``core/batch.py``)."""
-    from safepoint.core.batch import bucket_of, encode_bucket, encode_cluster
+    clusters' values), in the stored forms the job writes (``streaming/stored.py``)."""
+    from safepoint.core.batch import bucket_of
     from safepoint.settings import Settings
+    from safepoint.streaming.stored import encode_bucket, encode_cluster
 
     buckets = Settings().node_buckets
     grouped: dict[tuple[str, int], list[Any]] = {}

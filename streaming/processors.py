@@ -9,7 +9,8 @@ produces the outputs itself (``produce``): each is sent the moment the batch log
 every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
 Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
 batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and
-translate rows. Packed rows (``Routed`` records, ``pack_routed``) live only inside one micro-batch.
+translate rows; the bytes are ``streaming/stored.py``'s. Packed rows (``Routed`` records,
+``pack_routed``) live only inside one micro-batch.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from safepoint.core.batch import METRICS, BatchRun, BucketNodes, Emitted, Routed, pack_routed, route, unpack_routed
+from safepoint.core.batch import METRICS, BatchRun, Emitted, Routed, route
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import CONTROL, EVENTS
@@ -31,6 +32,14 @@ from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
 from safepoint.streaming.kafka_sink import Outbox
+from safepoint.streaming.stored import (
+    decode_cluster,
+    encode_bucket,
+    encode_cluster,
+    pack_routed,
+    stored_nodes,
+    unpack_routed,
+)
 
 __all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
 
@@ -153,7 +162,8 @@ class ClusterJob(StatefulProcessor):
         with paused():
             items = unpack(rows)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
-            run = BatchRun(key[0], None if stored is None else bytes(stored[0]), BucketNodes(key[0], self.buckets, self._bucket),
+            run = BatchRun(key[0], None if stored is None else decode_cluster(bytes(stored[0])),
+                           stored_nodes(key[0], self.buckets, self._bucket),
                            items, self.policies.of(key[0]), bool(self.accounting_topic), self.start)
             if self.outbox is not None:  # each output sent the moment the batch logic makes it
                 send = self.outbox.send
@@ -164,10 +174,10 @@ class ClusterJob(StatefulProcessor):
             del items
         result = run.result
         assert result is not None
-        for bucket, value in result.buckets.items():
-            self.nodes.updateValue((bucket,), (value,))
+        for bucket, entries in result.buckets.items():
+            self.nodes.updateValue((bucket,), (encode_bucket(entries, self.buckets),))
         if result.cluster is not None:
-            self.cluster.update((result.cluster,))
+            self.cluster.update((encode_cluster(result.cluster),))
         for channel, okey, ovalue in returned:  # none when the operator produced them itself
             yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
         yield Row(topic="", key=None, value="", **result.counts)

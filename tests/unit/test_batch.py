@@ -25,9 +25,7 @@ from safepoint.core.batch import (
     bucket_of,
     counts_of,
     merge_log_order,
-    pack_routed,
     route,
-    unpack_routed,
 )
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import Outcome, Result, Tally, step
@@ -36,6 +34,7 @@ from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.replay import final_status
+from safepoint.streaming.stored import encode_cluster, pack_routed, stored_buckets, stored_nodes, unpack_routed
 
 from core_helpers import validator
 from local_job import ORIGINS, LocalJob, Message, broker_time, position
@@ -248,16 +247,16 @@ def test_packed_records_come_back_as_they_were_routed() -> None:
 
 def _stored_bucket(policy: Policy, buckets: int) -> bytes:
     hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
-    nodes = BucketNodes("c1", buckets, lambda _b: None)
+    nodes = stored_nodes("c1", buckets, lambda _b: None)
     assert not isinstance(nodes.node("c1", "n1").apply(hb, policy), str)
-    (value,) = nodes.dump().values()
+    (value,) = stored_buckets(nodes).values()
     return value
 
 
 def test_changing_node_buckets_on_a_checkpoint_is_refused() -> None:
     stored = _stored_bucket(Policy(), 8)
     with pytest.raises(ConfigError, match="node_buckets is 4 but this checkpoint's state was written with 8"):
-        BucketNodes("c1", 4, lambda _b: stored).node("c1", "n1")
+        stored_nodes("c1", 4, lambda _b: stored).node("c1", "n1")
 
 
 def test_a_state_of_a_newer_version_is_refused() -> None:
@@ -268,15 +267,15 @@ def test_a_state_of_a_newer_version_is_refused() -> None:
     assert (version, buckets, len(nodes)) == (4, 8, 1)
     newer = msgspec.msgpack.encode([5, buckets, nodes])
     with pytest.raises(ConfigError, match="written by a newer safepoint \\(state version 5, this one reads up to 4\\)"):
-        BucketNodes("c1", 8, lambda _b: newer).node("c1", "n1")
+        stored_nodes("c1", 8, lambda _b: newer).node("c1", "n1")
 
 
 def test_a_bucket_of_state_version_3_is_still_read() -> None:
     """The first layout of one operator wrote a bucket as JSON text, each node by name."""
     stored = _stored_bucket(Policy(), 8)
-    state = BucketNodes("c1", 8, lambda _b: stored).node("c1", "n1")
+    state = stored_nodes("c1", 8, lambda _b: stored).node("c1", "n1")
     version_3 = json.dumps({"v": 3, "b": 8, "nodes": [state.to_json()]}).encode()
-    again = BucketNodes("c1", 8, lambda _b: version_3).node("c1", "n1")
+    again = stored_nodes("c1", 8, lambda _b: version_3).node("c1", "n1")
     assert again.to_json() == state.to_json()
 
 
@@ -334,19 +333,19 @@ def test_a_bucket_decodes_only_the_nodes_a_batch_looks_up() -> None:
     import msgspec
 
     policy = Policy()
-    first = BucketNodes("c1", 1, lambda _b: None)
+    first = stored_nodes("c1", 1, lambda _b: None)
     for i, name in enumerate(("n1", "n2", "n3")):
         hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": name, "incarnation": 0, "seq": 1,
               "wall_ms": 10 + i, "mvcc_now": 1_000 + i, "pinned_bytes": 7}
         assert not isinstance(first.node("c1", name).apply(hb, policy), str)
-    (stored,) = first.dump().values()
-    again = BucketNodes("c1", 1, lambda _b: stored)
+    (stored,) = stored_buckets(first).values()
+    again = stored_nodes("c1", 1, lambda _b: stored)
     state = again.node("c1", "n2")
     state.seq = 9
     entries = again.loaded[0]
     assert [type(entries[n]).__name__ for n in ("n1", "n2", "n3")] == ["list", "NodeState", "list"]
     _version, _buckets, before = msgspec.msgpack.decode(stored)
-    _version, _buckets, after = msgspec.msgpack.decode(again.dump()[0])
+    _version, _buckets, after = msgspec.msgpack.decode(stored_buckets(again)[0])
     assert [after[0], after[2]] == [before[0], before[2]]
     assert after[1][2] == 9 and before[1][2] == 1  # STORED_FIELDS: node, incarnation, seq, ...
 
@@ -364,13 +363,13 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
         {"v": 1, "type": "heartbeat", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 2, "wall_ms": 1,
          "mvcc_now": 1_000_000},
     ]
-    nodes = BucketNodes(cluster, 8, lambda _b: None)
+    nodes = stored_nodes(cluster, 8, lambda _b: None)
     state = ClusterState.starting(cluster, None)
     for offset, event in enumerate(events):
         step(state, nodes, event, policy, 0, offset)
     assert state.safe_ts == 10
-    (bucket, value), = nodes.dump().items()
-    again = BucketNodes(cluster, 8, lambda b: value if b == bucket else None)
+    (bucket, value), = stored_buckets(nodes).items()
+    again = stored_nodes(cluster, 8, lambda b: value if b == bucket else None)
     node = again.node(cluster, "n1")
     opening = {"v": 1, "type": "reader_open", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 3,
                "wall_ms": 1, "reader_id": "above", "read_ts": 20}
@@ -396,8 +395,11 @@ def test_each_output_is_yielded_the_moment_it_is_made() -> None:
     yielded = list(run.outputs())
     assert run.result is not None and run.result.outputs == [] and yielded == returned.outputs
     assert {"directives", "status", None} <= {channel for channel, _k, _v in yielded}
-    assert (run.result.counts, run.result.cluster, run.result.buckets) == (returned.counts, returned.cluster,
-                                                                           returned.buckets)
+    assert run.result.cluster is not None and returned.cluster is not None
+    assert run.result.counts == returned.counts
+    assert encode_cluster(run.result.cluster) == encode_cluster(returned.cluster)
+    assert ({b: [e if isinstance(e, list) else e.to_stored() for e in es] for b, es in run.result.buckets.items()}
+            == {b: [e if isinstance(e, list) else e.to_stored() for e in es] for b, es in returned.buckets.items()})
 
     nodes = BucketNodes("c0", 8, lambda _b: None)
     at_first: list[int] = []

@@ -38,11 +38,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from safepoint.core import ClusterState, Engine, NodeState, Output, Policy, Position
-from safepoint.core.batch import bucket_entries, encode_bucket
 from safepoint.core.ids import escape
 from safepoint.core.leases import LastWalls
 from safepoint.core.node import STORED_FIELDS
 from safepoint.replay import final_status
+from safepoint.streaming.stored import bucket_entries, encode_bucket
 
 from core_helpers import EVENTS_TOPIC, NodeClient, check_output, cluster_event, restore_engine
 

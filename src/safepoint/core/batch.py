@@ -6,27 +6,24 @@
    and the validated event, or its dead letter (those go to cluster ``""``).
 2. ``run_batch`` (the one stateful operator, keyed by cluster) puts one cluster's messages in log
    order (``merge_log_order``) and runs ``engine.step`` on each, as ``replay`` does: the cluster's
-   state from one stored value, each node's from its bucket's value (``BucketNodes``: a bucket is
-   read when the batch first touches one of its nodes, and written back only if it was touched;
-   within it, a node is decoded only when the batch looks it up).
+   state, and each node's from its bucket (``BucketNodes``: a bucket is read when the batch first
+   touches one of its nodes, and written back only if it was touched; within it, a node is made a
+   state only when the batch looks it up).
 
-``streaming/processors.py`` only moves these values in and out of Spark rows; ``replay`` (the
+No bytes here: ``streaming/stored.py`` packs the router's records and reads and writes the stored
+forms, and ``streaming/processors.py`` moves them in and out of Spark rows; ``replay`` (the
 ``Engine``) is the reference the job is tested against, and runs the same ``step``.
 """
 
 from __future__ import annotations
 
 import heapq
-import json
-import pickle
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, NamedTuple
-
-import msgspec
 
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import APPLIED, DEADLETTERED, Outcome, Tally, step
@@ -38,12 +35,10 @@ from safepoint.core.outputs import DEADLETTER, Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS, cluster_status, node_status, status_key
-from safepoint.errors import ConfigError
 
 __all__ = [
     "IGNORE_REASONS",
     "METRICS",
-    "BUCKET_STATE_VERSION",
     "BatchResult",
     "BucketNodes",
     "DeadLetterPayload",
@@ -54,14 +49,8 @@ __all__ = [
     "BatchRun",
     "run_batch",
     "merge_log_order",
-    "pack_routed",
-    "unpack_routed",
     "BY_NAME",
     "counts_of",
-    "encode_bucket",
-    "bucket_entries",
-    "encode_cluster",
-    "decode_cluster",
 ]
 
 IGNORE_REASONS = ("duplicate", "older_seq", "stale_incarnation", "stale_version")
@@ -74,11 +63,6 @@ METRICS: tuple[str, ...] = (
     *(f"deadlettered_{c}" for c in (*DEADLETTER_CODES, MISROUTED)),
 )
 """The per-batch accounting counters (the query's observedMetrics["accounting"])."""
-
-BUCKET_STATE_VERSION = 4
-"""The layout of a bucket's stored value (see "the stored forms" below); 3: JSON text, still read. A
-newer version than this one is refused."""
-
 
 class DeadLetterPayload(NamedTuple):
     """A message the router turned into its dead letter."""
@@ -141,34 +125,6 @@ def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]
     return groups
 
 
-_PACK = msgspec.msgpack.Encoder()
-"""MessagePack for the router's hand-off and the stored forms (below)."""
-_UNPACK = msgspec.msgpack.Decoder()
-_UNPACK_ROUTED = msgspec.msgpack.Decoder(list[Routed])
-_PICKLED = b"\x80"
-"""The first byte of a pickle (protocol 2 and later); a MessagePack array never starts with it."""
-
-
-def pack_routed(items: list[Routed]) -> bytes:
-    """One cluster's ``Routed`` records as the router hands them to the operator, within one
-    micro-batch: MessagePack (about 15 times faster to write than a pickle and 2.5 times faster to
-    read back as ``Routed`` records), or a pickle where MessagePack cannot carry a value as it is
-    (a number with a fraction, kept as its own type by the parser, an integer beyond 64 bits, text
-    with a lone surrogate)."""
-    try:
-        return _PACK.encode(items)
-    except (TypeError, OverflowError, UnicodeEncodeError):
-        return pickle.dumps(items, 5)
-
-
-def unpack_routed(blob: bytes) -> list[Routed]:
-    """The records of ``pack_routed``'s value."""
-    if blob[:1] == _PICKLED:
-        records: list[Routed] = pickle.loads(blob)  # noqa: S301 - packed by this query's router
-        return records
-    return _UNPACK_ROUTED.decode(blob)
-
-
 BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("log_ms"))
 """``merge_log_order``'s getters for rows with named fields: ``merge_log_order(rows, *BY_NAME)``."""
 
@@ -206,12 +162,14 @@ def counts_of(tally: Tally) -> dict[str, int]:
 
 
 class BucketNodes:
-    """One cluster's node states, read bucket by bucket from stored values as a batch touches them
-    (``engine.NodeSource``). ``load(bucket)`` gives a bucket's stored value or None. A bucket's nodes
-    stay in their stored form until the batch looks one up, and the ones it did not are written back
-    as they were read."""
+    """One cluster's node states, read bucket by bucket from the store as a batch touches them
+    (``engine.NodeSource``). ``load(bucket)`` gives a bucket's nodes by name, each as a state or in
+    its compact stored form (``NodeState.to_stored``), or None (``streaming/stored.py`` reads them
+    from bytes). A bucket's nodes stay in their stored form until the batch looks one up, and the
+    ones it did not are written back as they were read."""
 
-    def __init__(self, cluster: str, buckets: int, load: Callable[[int], bytes | None]) -> None:
+    def __init__(self, cluster: str, buckets: int,
+                 load: Callable[[int], dict[str, NodeState | list[Any]] | None]) -> None:
         self.cluster = cluster
         self.buckets = buckets
         self.load = load
@@ -249,57 +207,14 @@ class BucketNodes:
         nodes = self.loaded.get(bucket)
         if nodes is None:
             stored = self.load(bucket)
-            nodes = self.loaded[bucket] = {} if stored is None else bucket_entries(stored, self.buckets)
+            nodes = self.loaded[bucket] = {} if stored is None else stored
         return nodes
 
-    def dump(self) -> dict[int, bytes]:
-        """The stored value of every bucket the batch touched."""
+    def dump(self) -> dict[int, list[NodeState | list[Any]]]:
+        """The nodes of every bucket the batch touched, to be stored (each a state, or in the stored
+        form it was read in)."""
         touched = {bucket_of(name, self.buckets) for name in self.touched}
-        return {b: encode_bucket(self.loaded[b].values(), self.buckets) for b in sorted(touched)}
-
-
-# -- the stored forms -----------------------------------------------------------------------
-#
-# Binary (MessagePack): a bucket is [version, node_buckets, [each node's compact stored form
-# (NodeState.to_stored: its fields by position)]]; a cluster is ClusterState.to_json's value.
-# Values of state version 3 (JSON text, the first layout of one operator) are still read.
-
-
-def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes:
-    """A bucket's stored value: the states of its nodes, each in its compact form (a node given in
-    that form already is written as it is)."""
-    return _PACK.encode([BUCKET_STATE_VERSION, buckets, [ns if isinstance(ns, list) else ns.to_stored() for ns in nodes]])
-
-
-def bucket_entries(stored: bytes, buckets: int) -> dict[str, NodeState | list[Any]]:
-    """A bucket's nodes by name, each in its compact stored form (``NodeState.from_stored`` makes
-    the state), or as a state where the value has the older layout (refused: another
-    ``node_buckets``, a newer version)."""
-    if stored[:1] == b"{":  # state version 3: JSON, each node by name
-        data = json.loads(stored)
-        version, written_with, nodes = data.get("v", 1), data.get("b"), data["nodes"]
-    else:
-        version, written_with, nodes = _UNPACK.decode(stored)
-    if version > BUCKET_STATE_VERSION:
-        msg = (f"this checkpoint's state was written by a newer safepoint (state version {version}, this one "
-               f"reads up to {BUCKET_STATE_VERSION}): run that version, or start from a new checkpoint")
-        raise ConfigError(msg)
-    if written_with != buckets:
-        msg = (f"node_buckets is {buckets} but this checkpoint's state was written with {written_with}: "
-               "keep the old value or start from a new checkpoint")
-        raise ConfigError(msg)
-    if version < 4:
-        return {raw["node"]: NodeState.from_json(raw) for raw in nodes}
-    return {raw[0]: raw for raw in nodes}  # STORED_FIELDS begins with the node's name
-
-
-def encode_cluster(state: ClusterState) -> bytes:
-    """A cluster's stored value."""
-    return _PACK.encode(state.to_json())
-
-
-def decode_cluster(stored: bytes) -> ClusterState:
-    return ClusterState.from_json(json.loads(stored) if stored[:1] == b"{" else _UNPACK.decode(stored))
+        return {b: list(self.loaded[b].values()) for b in sorted(touched)}
 
 
 Emitted = tuple[str | None, str, dict[str, Any]]
@@ -308,13 +223,13 @@ Emitted = tuple[str | None, str, dict[str, Any]]
 
 class BatchResult(NamedTuple):
     """One cluster's micro-batch: what it emits (``run_batch``; none from ``BatchRun``, which yields
-    them), the labels' counters, and what to store (None: leave the cluster's value as it is;
-    buckets: only those the batch touched)."""
+    them), the labels' counters, and what to store (``cluster`` None: leave the cluster's value as
+    it is; ``buckets``: the nodes of only those the batch touched, ``BucketNodes.dump``)."""
 
     outputs: list[Emitted]
     counts: dict[str, int]
-    cluster: bytes | None
-    buckets: dict[int, bytes]
+    cluster: ClusterState | None
+    buckets: dict[int, list[NodeState | list[Any]]]
 
 
 def accounting_row(partition: int, offset: int, label: str) -> Emitted:
@@ -332,18 +247,19 @@ class BatchRun:
     operator sends it on at once); once they are all taken, ``result`` says what to store and the
     labels' counters. The core hands nothing to Kafka itself."""
 
-    __slots__ = ("cluster", "stored", "nodes", "items", "policy", "accounting", "start", "result")
+    __slots__ = ("cluster", "state", "nodes", "items", "policy", "accounting", "start", "result")
 
-    def __init__(self, cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
-                 accounting: bool, start: StartPlan | None = None) -> None:
-        self.cluster, self.stored, self.nodes, self.items = cluster, stored, nodes, items
+    def __init__(self, cluster: str, state: ClusterState | None, nodes: BucketNodes, items: list[Routed],
+                 policy: Policy, accounting: bool, start: StartPlan | None = None) -> None:
+        """``state``: the cluster's as stored (None: none yet)."""
+        self.cluster, self.state, self.nodes, self.items = cluster, state, nodes, items
         self.policy, self.accounting, self.start = policy, accounting, start
         self.result: BatchResult | None = None
         """Set when ``outputs()`` has run to its end (its ``outputs`` empty: they were yielded)."""
 
     def outputs(self) -> Iterator[Emitted]:
         cluster, nodes, policy = self.cluster, self.nodes, self.policy
-        state = decode_cluster(self.stored) if self.stored is not None else None
+        state = self.state
         tally = Tally()
         touched = False
         gaps: dict[int, Gap] = {}
@@ -375,14 +291,14 @@ class BatchRun:
             for name, ns in sorted(nodes.touched.items()):
                 yield STATUS, status_key(cluster, name), node_status(ns, policy)
             yield STATUS, status_key(cluster), cluster_status(state, policy)
-        new_state = encode_cluster(state) if state is not None and touched else None
-        self.result = BatchResult([], counts_of(tally), new_state, nodes.dump())
+        self.state = state
+        self.result = BatchResult([], counts_of(tally), state if touched else None, nodes.dump())
 
 
-def run_batch(cluster: str, stored: bytes | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
+def run_batch(cluster: str, state: ClusterState | None, nodes: BucketNodes, items: list[Routed], policy: Policy,
               accounting: bool, start: StartPlan | None = None) -> BatchResult:
     """A ``BatchRun`` taken whole: its outputs collected in the result (tests, the bench)."""
-    run = BatchRun(cluster, stored, nodes, items, policy, accounting, start)
+    run = BatchRun(cluster, state, nodes, items, policy, accounting, start)
     outputs = list(run.outputs())
     assert run.result is not None
     return run.result._replace(outputs=outputs)
