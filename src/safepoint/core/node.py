@@ -28,6 +28,10 @@ IGNORED_STALE_INCARNATION = "stale_incarnation"
 
 INT64_MIN = -(1 << 63)
 
+Moved = tuple[list[OpenedHold], list[HoldRef]]
+"""The holds a step of ``NodeState.apply`` opened and closed, as it returns them (``apply`` gathers
+them on the update, in the order the steps ran)."""
+
 Quiet = tuple[()] | tuple[str, str, int | None]
 """What ``apply_quiet`` changed: () nothing but the clock and ``seq`` (a closing of an unknown id),
 (kind, id, ts) a hold opened, (kind, id, None) a hold closed."""
@@ -210,10 +214,8 @@ class NodeState:
         kind = event["type"]
         if self.parts is not None and not (kind == "snapshot" and event.get("part", 0) > 0):
             self.parts = None  # another event between a snapshot's parts: they are not one set any more
-        opened: list[OpenedHold] = []
-        closed: list[HoldRef] = []
         log = log_time(event)
-        restarted, said = self._identity(event, verdict == TWIN or not twin, log, opened, closed, policy)
+        restarted, said, (opened, closed) = self._identity(event, verdict == TWIN or not twin, log, policy)
         restarted = restarted or twin
         wall = event["wall_ms"]
         if wall > self.last_wall_ms:
@@ -229,14 +231,19 @@ class NodeState:
             full = self._collect(event) if event.get("parts", 1) > 1 else event
             whole = full is not None
             if full is not None:
-                self._replace(full, wall, incarnation, twin, opened, closed)
+                more_opened, more_closed = self._replace(full, wall, incarnation, twin)
+                opened += more_opened
+                closed += more_closed
         elif kind == "tx_prepare":
             self._prepare(event, wall, self._key(self.holds.of(TX.name), event[TX.id_field], incarnation, twin))
         else:
-            quiet = self._hold_event(event, kind, twin, wall, opened, closed) and not restarted
+            keeps, more_opened, more_closed = self._hold_event(event, kind, twin, wall)
+            quiet = keeps and not restarted
+            opened += more_opened
+            closed += more_closed
         if self.incs:
             for inc in self.incs.due(log, policy, self.incarnation):
-                self._drop_incarnation(inc, closed)
+                closed += self._drop_incarnation(inc)
                 self.incs.drop(inc)
             cleared = self.incs.settle(self.incarnation, log, policy)
             if cleared is not None:
@@ -261,22 +268,24 @@ class NodeState:
             update.signals += self.leak.check(own, event, self.last_wall_ms, policy)
         return update
 
-    def _identity(self, event: dict[str, Any], speaks: bool, log: int, opened: list[OpenedHold],
-                  closed: list[HoldRef], policy: Policy) -> tuple[bool, list[Signal]]:
+    def _identity(self, event: dict[str, Any], speaks: bool, log: int,
+                  policy: Policy) -> tuple[bool, list[Signal], Moved]:
         """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
         that speaks after it (``speaks``; or the newest after its holds went) is a second live process;
         the newest's ``seq`` moves on. Returns (the incarnations changed or others live: no shortcut,
-        what it says: ``duplicate_node`` raised, a snapshot asked of a process whose holds went)."""
+        what it says: ``duplicate_node`` raised, a snapshot asked of a process whose holds went; the
+        holds a supersession moved)."""
         incarnation = event["incarnation"]
         twin = incarnation < self.incarnation
         said: list[Signal] = []
+        moved: Moved = ([], [])
         if twin and not speaks:
-            return True, said  # the older process's late word (``Incarnations.order`` took its seq)
+            return True, said, moved  # the older process's late word (``Incarnations.order`` took its seq)
         others = bool(self.incs)
         restarted = not self.incs.still(incarnation)
         if incarnation > self.incarnation:
             if self.incarnation >= 0:
-                self._supersede(log, event["wall_ms"], opened, closed)
+                moved = self._supersede(log, event["wall_ms"])
                 restarted = True
             self.incarnation = incarnation
             self.seq = -1
@@ -291,12 +300,13 @@ class NodeState:
             self.seq = event["seq"]
             if others:
                 self.incs.heard(incarnation, self.seq, log)
-        return restarted, said
+        return restarted, said, moved
 
-    def _hold_event(self, event: dict[str, Any], kind: str, twin: bool, wall: int, opened: list[OpenedHold],
-                    closed: list[HoldRef]) -> bool:
+    def _hold_event(self, event: dict[str, Any], kind: str, twin: bool,
+                    wall: int) -> tuple[bool, list[OpenedHold], list[HoldRef]]:
         """A hold opened or closed (by the newest process, or by an older one under ``id@incarnation``).
-        True when it cannot change the node's lowest holds (``_update``'s shortcut)."""
+        Returns (whether it cannot change the node's lowest holds: ``_update``'s shortcut, the holds
+        it opened, those it closed)."""
         incarnation = event["incarnation"]
         what, opening = EVENTS[kind]
         hkind = what.name
@@ -304,16 +314,15 @@ class NodeState:
         hid = event[what.id_field]
         if opening:
             key = alt_key(hid, incarnation) if twin else hid
-            if key in holds:
-                closed.append(HoldRef(hkind, key))
+            closed = [HoldRef(hkind, key)] if key in holds else []
             hold = holds[key] = what.opened(event, wall, incarnation)
-            opened.append(OpenedHold(hkind, key, hold.ts, hold.namespace))
-            return not closed and self._keeps_lowest(hold.ts, hold.namespace)
+            return (not closed and self._keeps_lowest(hold.ts, hold.namespace),
+                    [OpenedHold(hkind, key, hold.ts, hold.namespace)], closed)
         key = self._key(holds, hid, incarnation, twin)
         gone = holds.pop(key, None)
-        if gone is not None:
-            closed.append(HoldRef(hkind, key))
-        return gone is None or self._keeps_lowest(gone.ts, gone.namespace)
+        if gone is None:
+            return True, [], []
+        return self._keeps_lowest(gone.ts, gone.namespace), [], [HoldRef(hkind, key)]
 
     def _collect(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """A part of a snapshot sent in several messages: kept until the last, which gives the whole
@@ -350,10 +359,13 @@ class NodeState:
                 return hid
         return key
 
-    def _supersede(self, log: int, wall: int, opened: list[OpenedHold], closed: list[HoldRef]) -> None:
+    def _supersede(self, log: int, wall: int) -> Moved:
         """A newer incarnation appeared: the newest one's unprepared holds stay held, under
         ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``); its
-        prepared transactions pass to the new process, which must learn their decision."""
+        prepared transactions pass to the new process, which must learn their decision. The holds
+        it moved (each closed under its id, opened under the new key)."""
+        opened: list[OpenedHold] = []
+        closed: list[HoldRef] = []
         old = self.incarnation
         self.incs.supersede(old, self.seq, log, wall)
         for kind, holds in self.holds.maps():
@@ -364,10 +376,12 @@ class NodeState:
                 holds[key] = hold
                 closed.append(HoldRef(kind, hid))
                 opened.append(OpenedHold(kind, key, hold.ts, hold.namespace))
+        return opened, closed
 
-    def _drop_incarnation(self, incarnation: int, closed: list[HoldRef]) -> None:
-        """An incarnation fell silent: its unprepared holds died with it; its prepared transactions
-        stay held (under their own id again, where that is free)."""
+    def _drop_incarnation(self, incarnation: int) -> list[HoldRef]:
+        """An incarnation fell silent: its unprepared holds died with it (those it returns); its
+        prepared transactions stay held (under their own id again, where that is free)."""
+        closed: list[HoldRef] = []
         for kind, holds in self.holds.maps():
             for key in [k for k, h in holds.items() if h.incarnation == incarnation]:
                 hold = holds[key]
@@ -379,6 +393,7 @@ class NodeState:
                     if plain is not None and plain not in holds:
                         del holds[key]
                         holds[plain] = hold
+        return closed
 
     def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool,
                     log: int) -> Quiet | None:
@@ -507,12 +522,12 @@ class NodeState:
         wall: int,
         incarnation: int,
         twin: bool,
-        opened: list[OpenedHold],
-        closed: list[HoldRef],
-    ) -> None:
+    ) -> Moved:
         """A snapshot: the complete set of the sending process's holds replaces what the job held for
         that process (the newest, or an older one that still speaks); the holds of the node's other
-        incarnations stay."""
+        incarnations stay. The holds it opened and closed (one whose ts changed is both)."""
+        opened: list[OpenedHold] = []
+        closed: list[HoldRef] = []
         def mine(key: str, hold: Hold) -> bool:
             return (hold.incarnation == incarnation and self._theirs(key, hold)) if twin else not self._theirs(key, hold)
 
@@ -537,6 +552,7 @@ class NodeState:
             if len(old_map) < len(held):
                 new_map.update((k, h) for k, h in held.items() if k not in old_map and k not in new_map)
             self.holds.put(kind, new_map)
+        return opened, closed
 
     def floor_hold(self, policy: Policy) -> Blocker | str:
         """The lowest of the node's own bounds, the retention bound and its groups' published times;
