@@ -35,11 +35,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import fastjsonschema
 
-from safepoint.connectors.delivery import consumer_conf, deliver_until_stopped
 from safepoint.connectors.directive_models import (
     BAND,
     DEFAULT_DIRECTIVES_TOPIC,
@@ -56,6 +55,7 @@ from safepoint.connectors.kafka.clients import (
     PARTITION_EOF,
     assign_from_beginning,
     check_client,
+    consumer_conf,
     end_offsets,
     known_ends,
     make_consumer,
@@ -82,6 +82,43 @@ __all__ = [
 ]
 
 log = logging.getLogger("safepoint.listener")
+
+D = TypeVar("D")
+
+
+def deliver_until_stopped(
+    poll: Callable[[float], D | None],
+    handler: Callable[[D], object],
+    stop: threading.Event,
+    retry_backoff_s: float,
+    on_failure: Callable[[D], None],
+) -> None:
+    """Poll and hand each new directive to ``handler`` until ``stop`` is set or the source closes (the
+    listener's background thread). A handler that raises is retried every ``retry_backoff_s`` until
+    it succeeds or a newer directive supersedes the one it failed on: a node applies the newest safe
+    point it can, never a stale one after a newer one, and never skips the newest.
+    ``on_failure(directive)`` runs inside the ``except`` of a failed call (it may log the traceback)."""
+    pending: D | None = None
+    while not stop.is_set():
+        try:
+            newer = poll(0.2 if pending is None else retry_backoff_s)
+        except ClientClosed:
+            return
+        except SafepointError as exc:
+            log.warning("directive listener: %s; retrying", exc)
+            stop.wait(retry_backoff_s)
+            continue
+        if newer is not None:
+            pending = newer
+        if pending is None:
+            continue
+        current = pending
+        try:
+            handler(current)
+            pending = None
+        except Exception:
+            on_failure(current)
+
 
 class DirectiveListener(NodeDirectivesMixin):
     """Follows one cluster's directives; see the module docstring."""

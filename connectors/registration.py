@@ -1,6 +1,5 @@
-"""Publishing a node's holds: opens (lazily, when asked), prepares and closes.
-
-Lazy registration: a node publishes only the readers and transactions that can hold history back.
+"""Lazy registration: a node publishes only the readers and transactions that can hold history back
+(their opens, lazily, when asked; prepares; closes).
 
 The job's minimum for a node is at most its retention bound, ``mvcc_now - retention`` of the
 node's last heartbeat. A reader or an unprepared transaction at or above that bound can never
@@ -36,12 +35,12 @@ if TYPE_CHECKING:
     from safepoint.connectors.admission import Admission
     from safepoint.connectors.sender import Sender
 
-__all__ = ["HoldsMixin", "LazyPublishing"]
+__all__ = ["HoldsMixin", "LazyRegistration"]
 
 log = logging.getLogger("safepoint.reporter")
 
 
-class LazyPublishing:
+class LazyRegistration:
     """When a node's holds must be published (see the module docstring). ``retention`` None: always."""
 
     def __init__(self, node: str, retention: int | None) -> None:
@@ -88,7 +87,7 @@ class LazyPublishing:
 
 class HoldsMixin:
     """``Reporter``'s publishing of its handles' opens, prepares and closes (its lock, handles,
-    sender and ``LazyPublishing``)."""
+    sender and ``LazyRegistration``)."""
 
     node: str
     _lock: threading.RLock
@@ -97,7 +96,7 @@ class HoldsMixin:
     _safe_ts: int | None
     _ns_bounds: tuple[int, dict[str, int]] | None
     _closed: bool
-    _lazy: LazyPublishing
+    _lazy: LazyRegistration
     _sender: Sender
     _admission: Admission
     _observer: bool

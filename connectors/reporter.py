@@ -53,7 +53,7 @@ from safepoint.connectors.heartbeat import Figures, start_heartbeats
 from safepoint.connectors.incarnation import MAX_INCARNATION, default_incarnation, wall_clock_ms
 from safepoint.connectors.kafka.clients import CONFLUENT, check_client
 from safepoint.connectors.kafka.producer import BOOTSTRAP_SERVERS, producer_conf
-from safepoint.connectors.publishing import HoldsMixin, LazyPublishing
+from safepoint.connectors.registration import HoldsMixin, LazyRegistration
 from safepoint.connectors.sender import ReporterStats, Sender
 from safepoint.errors import ClientClosed
 
@@ -195,7 +195,7 @@ class Reporter(ExpiryMixin, HoldsMixin):
         self._closing = False
         self._repairs = 0
         self._on_expire = on_expire
-        self._lazy = LazyPublishing(self.node, retention)
+        self._lazy = LazyRegistration(self.node, retention)
         self._admission = Admission(self.node, long_per_s, long_read_after)
         self._expired = 0
         self._expiries_ignored = 0

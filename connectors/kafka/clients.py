@@ -13,8 +13,10 @@ whichever library it uses.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
+import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from types import SimpleNamespace
@@ -28,9 +30,11 @@ __all__ = [
     "CONFLUENT",
     "KAFKA_PYTHON",
     "PARTITION_EOF",
+    "RECEIVE_MESSAGE_MAX_BYTES",
     "ClientError",
     "assign_from_beginning",
     "check_client",
+    "consumer_conf",
     "crc32_partition",
     "make_client",
     "end_offsets",
@@ -45,6 +49,30 @@ KAFKA_PYTHON = "kafka-python"
 CLIENTS = (CONFLUENT, KAFKA_PYTHON)
 PARTITION_EOF = -191
 """librdkafka's ``RD_KAFKA_RESP_ERR__PARTITION_EOF``: the error code of an end-of-partition event."""
+
+
+RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000
+"""The consumer's ``receive.message.max.bytes``: the embedded broker ignores fetch size limits and
+may answer one fetch with the whole backlog (a directive's ``basis`` names every node)."""
+
+
+def consumer_conf(bootstrap: str, client_id: str, logger: str, kafka_conf: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A consumer that reads a compacted topic from the beginning with ``assign()`` only."""
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        # librdkafka wants a group.id even for a consumer that only assign()s; it never joins
+        # the group and never commits offsets.
+        "group.id": f"{client_id}-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
+        "client.id": client_id,
+        "logger": logging.getLogger(logger),
+    }
+    conf.update(kafka_conf or {})
+    return conf
 
 
 class ClientError(Exception):

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
+from safepoint.connectors.kafka.clients import RECEIVE_MESSAGE_MAX_BYTES
 from safepoint.connectors.kafka.idle import IdlePause
 
 __all__ = ["TopicFollower", "read_to_end"]
@@ -30,7 +31,7 @@ class TopicFollower:
                  start: Literal["beginning", "end"] = "beginning", idle_s: float = 0.25,
                  client_id: str = "safepoint-follow", eof: bool = False) -> None:
         self.conf = {**conf, "group.id": f"{client_id}-{time.time_ns()}", "enable.auto.commit": False,
-                     "enable.auto.offset.store": False, "receive.message.max.bytes": 1_000_000_000,
+                     "enable.auto.offset.store": False, "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
                      "enable.partition.eof": eof,
                      "client.id": client_id, "logger": logging.getLogger("safepoint.follow.librdkafka")}
         self.topics = [topics] if isinstance(topics, str) else [t for t in topics if t]

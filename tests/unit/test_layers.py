@@ -30,8 +30,8 @@ ALLOWED = {
 """Which parts each part may import (``devtools`` and ``cli`` sit on top and may import any): what
 operators run never needs what developers run."""
 
-NODE_CLIENT = ["reporter", "sender", "handles", "publishing", "admission", "heartbeat", "incarnation", "expiry", "listener",
-               "directive_models", "node_directives", "delivery", "service_hold", "actions", "kafka/follow", "kafka/idle",
+NODE_CLIENT = ["reporter", "sender", "handles", "registration", "admission", "heartbeat", "incarnation", "expiry", "listener",
+               "directive_models", "node_directives", "service_hold", "actions", "kafka/follow", "kafka/idle",
                "kafka/clients", "kafka/producer", "kafka/topics"]
 """The connectors a database node runs (``pip install safepoint`` without extras): the node client, and
 the Kafka plumbing it shares (``connectors/kafka/``)."""
