@@ -38,10 +38,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from safepoint.core.event_records import NodeEvent
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.policy import Policy
 
@@ -132,7 +133,7 @@ class NodeCheck:
         if self._order(event, where):
             self._holds(event, where)
 
-    def _order(self, event: dict[str, Any], where: str) -> bool:
+    def _order(self, event: NodeEvent, where: str) -> bool:
         """Check the event's incarnation and seq; False for an older process's event (its holds are
         not the newest process's)."""
         n = self.state
@@ -167,7 +168,7 @@ class NodeCheck:
             n.lost = False
         return True
 
-    def _parts(self, event: dict[str, Any], where: str) -> dict[str, Any] | None:
+    def _parts(self, event: Mapping[str, Any], where: str) -> Mapping[str, Any] | None:
         """The whole snapshot once its last part is read (None before, and for parts that do not follow)."""
         n = self.state
         if event["type"] != "snapshot" or event.get("parts", 1) == 1:
@@ -193,7 +194,7 @@ class NodeCheck:
         n.parts = None
         return {**event, "readers": p["readers"], "txs": p["txs"]}
 
-    def _holds(self, event: dict[str, Any], where: str) -> None:
+    def _holds(self, event: Mapping[str, Any], where: str) -> None:
         whole = self._parts(event, where)
         if whole is None:
             return

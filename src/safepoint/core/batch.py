@@ -23,10 +23,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from itertools import groupby
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import APPLIED, DEADLETTERED, Outcome, Tally, step
+from safepoint.core.event_records import Event
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
 from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.node import NodeState
@@ -76,12 +77,12 @@ class DeadLetterPayload(NamedTuple):
 class Routed(NamedTuple):
     """One message of a micro-batch, from the router to its cluster's operator: where it came from,
     its log time (what partitions are merged by in log order; -1 for a dead letter) and the validated
-    event, or its dead letter."""
+    event, or its dead letter (or, at ``GAP_PARTITION``, a gap the source found: ``Gap.to_json``)."""
 
     partition: int
     offset: int
     log_ms: int
-    payload: dict[str, Any] | DeadLetterPayload
+    payload: Event | DeadLetterPayload | dict[str, Any]
 
 
 # msgspec decodes a Routed record by its fields' annotations; the compiled core (core/compiled.py)
@@ -280,7 +281,7 @@ class BatchRun:
                         yield o.channel, o.key, o.value
                     gaps = {}
                     touched = True
-                outcome = step(state, nodes, payload, policy, partition, offset)
+                outcome = step(state, nodes, cast(Event, payload), policy, partition, offset)
                 touched = True
             label = tally.add(outcome)
             if self.accounting:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from safepoint.core.event_records import Catalog as CatalogEvent
+from safepoint.core.event_records import IndexBuild, Rebalance
+
 __all__ = ["Catalog"]
 
 
@@ -52,17 +55,16 @@ class Catalog:
         lost checkpoint."""
         self.floor = floor
 
-    def apply(self, event: dict[str, Any]) -> None:
+    def apply(self, event: CatalogEvent | IndexBuild | Rebalance) -> None:
         """Take a ``catalog``, ``index_build`` or ``rebalance`` event (past its version gate)."""
-        kind = event["type"]
-        if kind == "catalog":
+        if event["type"] == "catalog":
             self.activated[event["catalog_version"]] = event["activated_at"]
-        elif kind == "index_build":
+        elif event["type"] == "index_build":
             if event["state"] == "started":
                 self.index_builds[event["index"]] = event["catalog_version"]
             else:
                 self.index_builds.pop(event["index"], None)
-        elif kind == "rebalance":
+        else:
             if event["state"] == "started":
                 self.rebalances[event["group"]] = event["catalog_version"]
             else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from safepoint.core.bands import Band, BandSpec, band_step
+from safepoint.core.event_records import Event
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
 from safepoint.core.signals import AlertChange, alert_change
@@ -32,7 +33,7 @@ _NEVER = 1 << 62
 _specs: dict[tuple[int, int], BandSpec] = {}
 
 
-def log_time(event: dict[str, Any]) -> int:
+def log_time(event: Event) -> int:
     """An event's log time: its ``log_ms`` (set where the message was read), else its ``wall_ms``."""
     log: int | None = event.get("log_ms")
     return event["wall_ms"] if log is None else log

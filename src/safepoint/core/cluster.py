@@ -33,6 +33,8 @@ from safepoint.core.clock import log_time
 from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
+from safepoint.core.event_records import ClusterEvent, Event, GapAck, NodeEvent
+from safepoint.core.events import is_control_event
 from safepoint.core.gaps import Gap, Gaps
 from safepoint.core.holds import EVENTS
 from safepoint.core.ids import join_id
@@ -260,7 +262,7 @@ class ClusterState:
         lowest = self.members.lowest()
         return lowest is not None and old_min > lowest[0] and u.local_min > lowest[0]
 
-    def take_quiet(self, node: NodeState, event: dict[str, Any], policy: Policy,
+    def take_quiet(self, node: NodeState, event: NodeEvent, policy: Policy,
                    partition: int | None = None) -> list[Output] | None:
         """The shortcut of the commonest events: a hold that opens above, or closes strictly above, its
         node's lowest hold, while nothing else moves. What it emits when it took the event
@@ -329,7 +331,7 @@ class ClusterState:
                     self.compacted = [sig.ts, 0 if was is None else was[1] + 1]
         return out
 
-    def refuse_node_event(self, event: dict[str, Any], why: str) -> list[Output]:
+    def refuse_node_event(self, event: NodeEvent, why: str) -> list[Output]:
         """A node event its node did not sign (``core/signing.py``): nothing of it is applied; a
         critical ``node_event_refused`` names the node (once, until it signs again)."""
         node = event["node"]
@@ -352,7 +354,7 @@ class ClusterState:
                 return [cleared]
         return []
 
-    def refuse_misrouted(self, event: dict[str, Any]) -> list[Output]:
+    def refuse_misrouted(self, event: Event) -> list[Output]:
         """A message on the wrong topic (``core/origin.py``): its dead letter, and a critical
         ``event_misrouted`` naming its topic and key (raised again for each, cleared by the next
         control event from the control topic); a control event's action is refused."""
@@ -368,7 +370,7 @@ class ClusterState:
                self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
                                         "severity": "critical", "value": None, "threshold": None, "since": now,
                                         "detail": detail}, now)]
-        if control:
+        if is_control_event(event):
             self.control.count(MISROUTED)
             if self.control.action(event.get("action_id")) is None:  # a copy of a known action cannot change it
                 self.control.record(event, "refused", MISROUTED, detail, self.cluster_time)
@@ -394,7 +396,7 @@ class ClusterState:
         self.aborts = AbortSync()
         self._rebuild_recovery()
 
-    def apply_cluster_event(self, event: dict[str, Any], policy: Policy,
+    def apply_cluster_event(self, event: ClusterEvent, policy: Policy,
                             holds_of: Callable[[str], list[tuple[str, str, int]]],
                             partition: int | None = None) -> tuple[str | None, list[Output]]:
         """Apply a validated cluster event (from events ``partition``). Returns (why it was ignored, or
@@ -408,17 +410,18 @@ class ClusterState:
                 cleared = self.alerts.clear(MISROUTED_ID, self.cluster_time)
                 if cleared is not None:
                     out.append(cleared)
-        if kind in CONTROL_TYPES and policy.control_keys:
-            why, said = self.control.check_signature(event, policy.signing_keys, policy.control_signature_window_ms,
-                                                     self.cluster_time, self.alerts)
-            out += said
-            if why is not None:
-                return why, out
-        if kind == GAP_ACK:
-            self._ack_gap(event)
-            out += self.evaluate(policy)
-            return None, out
-        if kind in CONTROL_TYPES:
+        if is_control_event(event):
+            if policy.control_keys:
+                why, said = self.control.check_signature(event, policy.signing_keys,
+                                                         policy.control_signature_window_ms, self.cluster_time,
+                                                         self.alerts)
+                out += said
+                if why is not None:
+                    return why, out
+            if event["type"] == GAP_ACK:
+                self._ack_gap(event)
+                out += self.evaluate(policy)
+                return None, out
             dirty, said = self.control.apply(event, self._hold_bound, self.cluster_time, self.alerts,
                                              policy.max_service_hold_ttl_ms)
             out += said
@@ -430,7 +433,7 @@ class ClusterState:
         if version <= self.versions.get(kind, -1):
             return IGNORED_STALE_VERSION, out
         self.versions[kind] = version
-        if kind == "topology":
+        if event["type"] == "topology":
             joined = self.members.set_topology({n: list(gs) for n, gs in event["nodes"].items()})
             self.topology_wall = self.cluster_time
             self.aborts = AbortSync()
@@ -491,7 +494,7 @@ class ClusterState:
             out += self.evaluate(policy)
         return out
 
-    def _ack_gap(self, event: dict[str, Any]) -> None:
+    def _ack_gap(self, event: GapAck) -> None:
         """An operator acknowledged a gap (``gap``: its id; absent: every open one): control events lost
         in it need not hold the safe point any more."""
         gid = event.get("gap")

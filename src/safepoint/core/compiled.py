@@ -24,11 +24,12 @@ __all__ = ["BUILD", "GROUP", "PLAIN", "compiled_modules", "digest", "select"]
 HERE = Path(__file__).resolve().parent
 BUILD = HERE.parents[2] / "build" / "core"
 """Where ``scripts/build_core.py`` puts the build (``build/core`` of the checkout)."""
-PLAIN = frozenset({"__init__", "compiled", "fastcheck", "jsonfloat", "policy"})
-"""Modules that stay Python: this one and the package (they choose), ``fastcheck`` (it writes
-Python at run time), ``jsonfloat`` (a subclass of ``str``, which mypyc cannot compile) and
-``policy`` (a compiled class checks its fields' types before ``__post_init__`` can say which
-setting is wrong)."""
+PLAIN = frozenset({"__init__", "compiled", "event_records", "fastcheck", "jsonfloat", "policy"})
+"""Modules that stay Python: this one and the package (they choose), ``event_records`` (type
+declarations only: no code runs on them, and a compiled ``TypedDict`` keeps no ``__required_keys__``),
+``fastcheck`` (it writes Python at run time), ``jsonfloat`` (a subclass of ``str``, which mypyc
+cannot compile) and ``policy`` (a compiled class checks its fields' types before ``__post_init__``
+can say which setting is wrong)."""
 GROUP = "safepoint.core._compiled"
 """The build's group: its shared library is the module ``GROUP + "__mypyc"``, inside the package so
 that the package's path finds it."""

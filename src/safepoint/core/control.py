@@ -44,10 +44,11 @@ dirty: its next round runs).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from safepoint.core.alerts import AlertBook, Bound
 from safepoint.core.clock import log_time
+from safepoint.core.event_records import ControlEvent, ServiceHold, ServiceRelease
 from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
 from safepoint.core.signing import owner_digest, verify
@@ -56,7 +57,7 @@ from safepoint.schemas import CONTROL_EVENT_TYPES
 __all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "GAP_ACK"]
 
 CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
-GAP_ACK = "gap_ack"
+GAP_ACK: Final = "gap_ack"
 """An operator's acknowledgement of a gap in the log (``core/gaps.py``; the cluster applies it)."""
 ACTIONS_KEPT = 256
 """Outcomes of the most recent actions a cluster keeps (and its status shows)."""
@@ -132,7 +133,7 @@ class Control:
                 return self.actions[i]
         return None
 
-    def record(self, event: dict[str, Any], outcome: str, reason: str | None, detail: str, now: int | None) -> None:
+    def record(self, event: ControlEvent, outcome: str, reason: str | None, detail: str, now: int | None) -> None:
         """Keep an action's outcome (events without an ``action_id`` keep none)."""
         aid = event.get("action_id")
         if aid is None:
@@ -164,7 +165,7 @@ class Control:
                 "age_ms": now - since if since is not None else None, "label": h.get("label")}
 
     # -- control events, in log order ---------------------------------------------------------
-    def apply(self, event: dict[str, Any], bound: Callable[[], Bound | None], known: int | None, book: AlertBook,
+    def apply(self, event: ControlEvent, bound: Callable[[], Bound | None], known: int | None, book: AlertBook,
               max_ttl: int = 0) -> tuple[bool, list[Output]]:
         """Apply one control event in log order at cluster time ``known`` (None: no node reported
         yet). ``bound()`` is the highest bound already sent that a hold pinning every namespace
@@ -173,9 +174,8 @@ class Control:
         if self.action(event.get("action_id")) is not None:
             self.count("repeated")  # the same action delivered again
             return False, []
-        kind = event["type"]
         now = known if known is not None else log_time(event)  # only stamps alerts before any node reported
-        if kind == "pause":
+        if event["type"] == "pause":
             was = self.paused
             self.paused = {"reason": event["reason"], "since_wall_ms": was["since_wall_ms"] if was else now,
                            "action_id": event.get("action_id")}
@@ -185,7 +185,7 @@ class Control:
             self.announce = True
             self.record(event, "applied", None, f"paused: {event['reason']}", known)
             return False, [raised]
-        if kind == "resume":
+        if event["type"] == "resume":
             if self.paused is None:
                 self.count("not_paused")
                 self.record(event, "ignored", "not_paused", "the cluster was not paused", known)
@@ -194,7 +194,7 @@ class Control:
             self.announce = True
             self.record(event, "applied", None, "resumed", known)
             return True, _cleared(book, now, PAUSED_ID)  # what the pause held back goes out at the next round
-        if kind == "service_release":
+        if event["type"] == "service_release":
             holder = event["holder"]
             held = self.holds.get(holder)
             refused = self._not_owner(event, held, "release", now, book, known) if held is not None else None
@@ -212,9 +212,10 @@ class Control:
                                                                      else ""), known)
             return dirty, _cleared(book, now, join_id("service_hold_refused", holder),
                                    join_id("service_hold_expired", holder))
+        assert event["type"] == "service_hold", "a gap_ack is the cluster's (ClusterState._ack_gap)"
         return self._set_hold(event, bound(), known, now, book, max_ttl)
 
-    def check_signature(self, event: dict[str, Any], keys: list[str], window_ms: int, known: int | None,
+    def check_signature(self, event: ControlEvent, keys: list[str], window_ms: int, known: int | None,
                         book: AlertBook) -> tuple[str | None, list[Output]]:
         """With ``keys`` (the cluster's ``control_keys``), a control event must be signed by one of them
         (``core/signing.py``): (None, ...) when it is, else (why not, ...), with the refusal recorded,
@@ -226,7 +227,8 @@ class Control:
         if why is None:
             return None, _cleared(book, now, CONTROL_REFUSED_ID)
         self.count(why)
-        what = f"{event['type']}" + (f" of {event['holder']}" if "holder" in event else "")
+        holder = event.get("holder")  # (a service hold's or release's)
+        what = f"{event['type']}" + (f" of {holder}" if holder is not None else "")
         detail = (f"{what} refused: {SIGNATURE_WORDS[why]}; only a holder of the cluster's control key steers it "
                   f"(action {event.get('action_id') or '-'}, wall_ms {event['wall_ms']}, log time {log})")
         raised = book.raise_again(_body(CONTROL_REFUSED_ID, "control_refused", None, None, now, detail, "critical"), now)
@@ -234,7 +236,7 @@ class Control:
             self.record(event, "refused", why, detail, known)
         return why, [raised]
 
-    def _set_hold(self, event: dict[str, Any], bound: Bound | None, known: int | None, now: int, book: AlertBook,
+    def _set_hold(self, event: ServiceHold, bound: Bound | None, known: int | None, now: int, book: AlertBook,
                   max_ttl: int = 0) -> tuple[bool, list[Output]]:
         holder, ts, ttl = event["holder"], event["ts"], event["ttl_ms"]
         if max_ttl and ttl > max_ttl:
@@ -272,7 +274,7 @@ class Control:
         self.record(event, "applied", None, f"service hold {holder} at ts {ts} for {ttl} ms of cluster time", known)
         return moved, _cleared(book, now, join_id("service_hold_refused", holder), join_id("service_hold_expired", holder))
 
-    def _not_owner(self, event: dict[str, Any], held: dict[str, Any], what: str, now: int, book: AlertBook,
+    def _not_owner(self, event: ServiceHold | ServiceRelease, held: dict[str, Any], what: str, now: int, book: AlertBook,
                    known: int | None) -> Output | None:
         """A hold with an owner (``owner``: the SHA-256 of its owner's token) is renewed or moved only
         with the same ``owner`` and released only with ``owner_token``, unless the event says

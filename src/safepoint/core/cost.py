@@ -18,7 +18,7 @@ Costs are counted on the hold's own node. A node that sends no curve has no cost
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["History", "layer_costs"]
@@ -36,7 +36,7 @@ class History:
         self.points = points
 
     @classmethod
-    def of(cls, raw: Iterable[dict[str, Any]]) -> History:
+    def of(cls, raw: Iterable[Mapping[str, Any]]) -> History:
         """The curve of a heartbeat's ``history_above``: read in ts order (a ts listed twice keeps its
         lower bytes), and where bytes rise with ts it is read as its running minimum (a younger
         version set cannot outweigh an older one that contains it)."""

@@ -14,11 +14,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from enum import Enum
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from safepoint.core.clock import log_time
 from safepoint.core.cluster import ClusterState
 from safepoint.core.control import CONTROL_TYPES
+from safepoint.core.event_records import Event
 from safepoint.core.events import Rejected, is_node_event, parse
 from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
@@ -136,7 +137,7 @@ def _open_holds(ns: NodeState | None) -> list[tuple[str, str, int]]:
     return [] if ns is None else ns.open_holds()
 
 
-def step(state: ClusterState, nodes: NodeSource, event: dict[str, Any], policy: Policy, partition: int,
+def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, partition: int,
          offset: int) -> Outcome:
     """Apply one validated event, the message at routed ``partition``/``offset`` (``core/origin.py``),
     to its node and cluster."""
@@ -250,7 +251,7 @@ class Engine:
             self.outcomes.append((routed, offset, label))
         return outcome.outputs
 
-    def apply(self, event: dict[str, Any], partition: int, offset: int) -> Outcome:
+    def apply(self, event: Event, partition: int, offset: int) -> Outcome:
         """One validated event through ``step`` (its cluster started if it is new)."""
         name = event["cluster"]
         state = self.clusters.get(name)

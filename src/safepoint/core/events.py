@@ -10,20 +10,25 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fastjsonschema
 import msgspec
 
+from safepoint.core.event_records import ClusterEvent, ControlEvent, Event, NodeEvent
 from safepoint.core.fastcheck import compile_check
 from safepoint.core.holds import EVENTS as HOLD_EVENTS
 from safepoint.core.jsonfloat import JsonFloat as _JsonFloat
-from safepoint.schemas import EVENT_TYPES, NODE_EVENT_TYPES, load
+from safepoint.schemas import CONTROL_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES, load
 
-__all__ = ["Rejected", "parse", "parse_obj", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs  # typing's own from Python 3.13
+
+__all__ = ["Rejected", "parse", "parse_obj", "is_cluster_event", "is_control_event", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
 
 DEFAULT_CLUSTER = "default"
 _NODE_TYPES = frozenset(NODE_EVENT_TYPES)
+_CONTROL = frozenset(CONTROL_EVENT_TYPES)
 _KNOWN = frozenset(EVENT_TYPES)
 _PREFIX_CODES = (
     ("empty message", "empty"),
@@ -125,13 +130,23 @@ def _quick(event_type: str) -> Callable[[Any], bool] | None:
     return check
 
 
-def is_node_event(event: dict[str, Any]) -> bool:
+def is_node_event(event: Event) -> TypeIs[NodeEvent]:
     """A node's event (its node's rules take it); a registered hold kind's events are (``core/holds.py``)."""
     kind = event["type"]
     return kind in _NODE_TYPES or kind in HOLD_EVENTS
 
 
-def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False) -> dict[str, Any] | Rejected:
+def is_cluster_event(event: Event) -> TypeIs[ClusterEvent]:
+    """An event about the cluster (its rules take it): not a node's."""
+    return not is_node_event(event)
+
+
+def is_control_event(event: Event) -> TypeIs[ControlEvent]:
+    """An operator's control event (the control topic's: ``CONTROL_EVENT_TYPES``)."""
+    return event["type"] in _CONTROL
+
+
+def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False) -> Event | Rejected:
     """Decode, parse and validate one message value. ``reference``: with ``json``'s decoder and
     the full validator on every message, as before msgspec and the quick test (the tests compare
     the two)."""
@@ -204,16 +219,16 @@ def _type_name(obj: Any) -> str:
     return {int: "integer", str: "string", list: "array", dict: "object"}.get(type(obj), type(obj).__name__)
 
 
-def parse_obj(obj: Any, *, reference: bool = False) -> dict[str, Any] | Rejected:
+def parse_obj(obj: Any, *, reference: bool = False) -> Event | Rejected:
     """Validate an already decoded JSON value (``reference``: the full validator, without the
-    quick test first)."""
+    quick test first): the typed record its schema says it is (``core/event_records.py``)."""
     if not reference and type(obj) is dict:  # the commonest value: a valid event of a type met before
         t = obj.get("type")
         sure = _SURE.get(t) if type(t) is str else None
         if sure is not None and sure(obj):
             if "cluster" not in obj:
                 obj["cluster"] = DEFAULT_CLUSTER
-            return obj
+            return cast(Event, obj)
     if not isinstance(obj, dict):
         return Rejected(f"not an object: the value is a JSON {_type_name(obj)}")
     if "v" not in obj:
@@ -239,7 +254,7 @@ def parse_obj(obj: Any, *, reference: bool = False) -> dict[str, Any] | Rejected
             return Rejected(f"invalid {event_type}: {_explain(exc)}")
     if "cluster" not in obj:
         obj["cluster"] = DEFAULT_CLUSTER
-    return obj
+    return cast(Event, obj)
 
 
 def _explain(exc: fastjsonschema.JsonSchemaValueException) -> str:

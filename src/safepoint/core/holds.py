@@ -13,6 +13,7 @@ needs: its events' schemas, its stored field, the client's calls).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from safepoint.core.records import Hold
@@ -57,7 +58,24 @@ class HoldKind:
         self.prepared_name = f"prepared_{name}" if preparable else name
         """What a blocker, a status entry and a cost call a prepared one (``prepared_tx``)."""
 
-    def opened(self, event: dict[str, Any], wall: int, incarnation: int) -> Hold:
+    # A kind's fields are named by the registry, so its events are read through these (an event
+    # record's own fields are read by name: core/event_records.py).
+    def id_of(self, event: Mapping[str, Any]) -> str:
+        """The id of the hold an event of this kind opens or closes."""
+        hid: str = event[self.id_field]
+        return hid
+
+    def listed_in(self, snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """A snapshot's (or a snapshot part's) entries of this kind."""
+        entries: list[dict[str, Any]] = snapshot[self.listed]
+        return entries
+
+    def count_in(self, heartbeat: Mapping[str, Any]) -> int | None:
+        """The heartbeat's count of the node's open ones (None: it does not say)."""
+        count: int | None = heartbeat.get(self.counted)
+        return count
+
+    def opened(self, event: Mapping[str, Any], wall: int, incarnation: int) -> Hold:
         """The hold its opening event opens."""
         return Hold(event[self.ts_field], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
                     namespace=event.get("namespace"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from safepoint.core.event_records import NodeEvent
 from safepoint.core.holds import KINDS, HoldSet
 from safepoint.core.ids import join_id
 from safepoint.core.policy import Policy
@@ -55,14 +56,15 @@ class LeakWatch:
         The node runs ``check`` only when this is false, and its shortcut asks it."""
         return kind != "snapshot" and kind != "heartbeat" and (self.state is None or bool(policy.leak_window_ms))
 
-    def check(self, held: HoldSet, event: dict[str, Any], now: int, policy: Policy) -> list[Signal]:
+    def check(self, held: HoldSet, event: NodeEvent, now: int, policy: Policy) -> list[Signal]:
         """After one applied event of the node (at its time ``now``; ``held``: the holds of the process
         that sent it): start, raise, repeat the request for, or clear a leak; what it says."""
         if event["type"] == "snapshot" or not policy.leak_window_ms:
             return self._end("the node's snapshot replaced its holds")
-        if event["type"] != "heartbeat" or any(k.counted not in event for k in KINDS):
+        counts = [k.count_in(event) for k in KINDS]
+        if event["type"] != "heartbeat" or None in counts:
             return []
-        extra = [len(held.of(k.name)) - event[k.counted] for k in KINDS]
+        extra = [len(held.of(k.name)) - (n or 0) for k, n in zip(KINDS, counts, strict=True)]
         if all(n <= 0 for n in extra):
             return self._end("the node's counts match again")
         leak = self.state
@@ -78,10 +80,10 @@ class LeakWatch:
                      for hid, _ in sorted(held.of(k.name).items(), key=lambda kv: (kv[1].opened_wall, kv[0]))[:max(n, 0)]]
             more = f" and {len(named) - SUSPECTS_NAMED} more" if len(named) > SUSPECTS_NAMED else ""
             holds = " and ".join(f"{len(held.of(k.name))} {k.plural}" for k in KINDS)
-            counts = " and ".join(str(event[k.counted]) for k in KINDS)
+            said = " and ".join(str(n) for n in counts)
             signals.append(self._alert(
                 "raised", sum(max(n, 0) for n in extra), policy.leak_window_ms, leak["since"],
-                f"the job holds {holds} of node {self.node}, which reports {counts} for {waited} ms: suspects "
+                f"the job holds {holds} of node {self.node}, which reports {said} for {waited} ms: suspects "
                 f"(oldest first) {', '.join(named[:SUSPECTS_NAMED])}{more}; a snapshot was requested"))
             leak["alerted"] = True
         elif now - leak.get("requested", now) < policy.leak_window_ms:

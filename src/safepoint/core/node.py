@@ -7,10 +7,11 @@ summary, never the whole hold set.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
+from safepoint.core.event_records import Heartbeat, NodeEvent, Snapshot, TxPrepare
 from safepoint.core.holds import EVENTS, HELD_AS, KINDS, TX, HoldSet, blocker_kind
 from safepoint.core.incarnations import LATE, TWIN, Incarnations, alt_key, own_id
 from safepoint.core.leaks import LeakWatch
@@ -191,7 +192,7 @@ class NodeState:
         return cls.from_stored(data["cluster"], head + [data.get(f) for f in STORED_FIELDS[len(head):]])
 
     # -- the rules --------------------------------------------------------------------
-    def check_order(self, event: dict[str, Any]) -> str | None:
+    def check_order(self, event: NodeEvent) -> str | None:
         """Return why the event is ignored (stale or duplicate), or None to apply it."""
         incarnation = event["incarnation"]
         if incarnation < self.incarnation:
@@ -203,7 +204,7 @@ class NodeState:
                 return IGNORED_OLDER_SEQ
         return None
 
-    def apply(self, event: dict[str, Any], policy: Policy) -> NodeUpdate | str:
+    def apply(self, event: NodeEvent, policy: Policy) -> NodeUpdate | str:
         """Apply one validated node event. Returns the update, or the reason it was ignored."""
         incarnation = event["incarnation"]
         twin = incarnation < self.incarnation  # an older process that still speaks (core/incarnations.py)
@@ -212,7 +213,7 @@ class NodeState:
             return verdict
         self._since = None
         kind = event["type"]
-        if self.parts is not None and not (kind == "snapshot" and event.get("part", 0) > 0):
+        if self.parts is not None and not (event["type"] == "snapshot" and event.get("part", 0) > 0):
             self.parts = None  # another event between a snapshot's parts: they are not one set any more
         log = log_time(event)
         restarted, said, (opened, closed) = self._identity(event, verdict == TWIN or not twin, log, policy)
@@ -223,19 +224,19 @@ class NodeState:
         groups_changed = False
         quiet = False  # the event cannot change the node's lowest holds (see _update)
         whole = True
-        if kind == "heartbeat":
+        if event["type"] == "heartbeat":
             groups_changed = self._heartbeat(event)
             if "compacted_ts" in event:  # the store's own compaction: the cluster refuses holds below it
                 said.append(Compacted(event["compacted_ts"]))
-        elif kind == "snapshot":
+        elif event["type"] == "snapshot":
             full = self._collect(event) if event.get("parts", 1) > 1 else event
             whole = full is not None
             if full is not None:
                 more_opened, more_closed = self._replace(full, wall, incarnation, twin)
                 opened += more_opened
                 closed += more_closed
-        elif kind == "tx_prepare":
-            self._prepare(event, wall, self._key(self.holds.of(TX.name), event[TX.id_field], incarnation, twin))
+        elif event["type"] == "tx_prepare":
+            self._prepare(event, wall, self._key(self.holds.of(TX.name), TX.id_of(event), incarnation, twin))
         else:
             keeps, more_opened, more_closed = self._hold_event(event, kind, twin, wall)
             quiet = keeps and not restarted
@@ -268,7 +269,7 @@ class NodeState:
             update.signals += self.leak.check(own, event, self.last_wall_ms, policy)
         return update
 
-    def _identity(self, event: dict[str, Any], speaks: bool, log: int,
+    def _identity(self, event: NodeEvent, speaks: bool, log: int,
                   policy: Policy) -> tuple[bool, list[Signal], Moved]:
         """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
         that speaks after it (``speaks``; or the newest after its holds went) is a second live process;
@@ -302,7 +303,7 @@ class NodeState:
                 self.incs.heard(incarnation, self.seq, log)
         return restarted, said, moved
 
-    def _hold_event(self, event: dict[str, Any], kind: str, twin: bool,
+    def _hold_event(self, event: NodeEvent, kind: str, twin: bool,
                     wall: int) -> tuple[bool, list[OpenedHold], list[HoldRef]]:
         """A hold opened or closed (by the newest process, or by an older one under ``id@incarnation``).
         Returns (whether it cannot change the node's lowest holds: ``_update``'s shortcut, the holds
@@ -311,7 +312,7 @@ class NodeState:
         what, opening = EVENTS[kind]
         hkind = what.name
         holds = self.holds.of(hkind)
-        hid = event[what.id_field]
+        hid = what.id_of(event)
         if opening:
             key = alt_key(hid, incarnation) if twin else hid
             closed = [HoldRef(hkind, key)] if key in holds else []
@@ -324,7 +325,7 @@ class NodeState:
             return True, [], []
         return self._keeps_lowest(gone.ts, gone.namespace), [], [HoldRef(hkind, key)]
 
-    def _collect(self, event: dict[str, Any]) -> dict[str, Any] | None:
+    def _collect(self, event: Snapshot) -> Snapshot | None:
         """A part of a snapshot sent in several messages: kept until the last, which gives the whole
         snapshot (its holds of every kind, all parts'); None until then, or when the part does not
         continue the parts received (another cut, a part skipped: nothing is applied, and the node is
@@ -340,11 +341,12 @@ class NodeState:
         if len(pending) < 4 + len(KINDS):  # parts begun before a kind of hold was registered
             pending += [[] for _ in range(4 + len(KINDS) - len(pending))]
         for i, k in enumerate(KINDS):
-            pending[4 + i] += event[k.listed]
+            pending[4 + i] += k.listed_in(event)
         if pending[3] < parts:
             return None
         self.parts = None
-        return {**event, **{k.listed: pending[4 + i] for i, k in enumerate(KINDS)}}
+        whole: dict[str, Any] = {**event, **{k.listed: pending[4 + i] for i, k in enumerate(KINDS)}}
+        return cast(Snapshot, whole)
 
     def _key(self, holds: dict[str, Hold], hid: str, incarnation: int, twin: bool) -> str:
         """The key of hold ``hid`` of ``incarnation``: its own id for the newest process; for an older
@@ -395,7 +397,7 @@ class NodeState:
                         holds[plain] = hold
         return closed
 
-    def apply_quiet(self, event: dict[str, Any], policy: Policy, safe_ts: int | None, member: bool,
+    def apply_quiet(self, event: NodeEvent, policy: Policy, safe_ts: int | None, member: bool,
                     log: int) -> Quiet | None:
         """Apply a hold's opening or closing that changes nothing but the node's holds, ``seq`` and
         clock; None when it might (nothing is changed then: ``apply`` takes the event).
@@ -429,7 +431,7 @@ class NodeState:
         what, opening = shape
         hkind = what.name
         holds = self.holds.of(hkind)
-        hid = event[what.id_field]
+        hid = what.id_of(event)
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
         since = self._since
         if since is None:
@@ -460,7 +462,7 @@ class NodeState:
         self.clock.take(wall, log, policy)  # (still: it only sets the offset)
         return change
 
-    def _prepare(self, event: dict[str, Any], wall: int, key: str) -> None:
+    def _prepare(self, event: TxPrepare, wall: int, key: str) -> None:
         """A transaction is prepared: its fate now belongs to its coordinator (never expired)."""
         tx = self.holds.of(TX.name).get(key)
         if tx is not None:
@@ -470,7 +472,7 @@ class NodeState:
             if tx.prepared_wall is None:
                 tx.prepared_wall = wall
 
-    def _heartbeat(self, event: dict[str, Any]) -> bool:
+    def _heartbeat(self, event: Heartbeat) -> bool:
         """Take a heartbeat's figures and groups; True when the groups or the ones it leads changed."""
         self.mvcc_now = event["mvcc_now"]
         if "pinned_bytes" in event:
@@ -518,7 +520,7 @@ class NodeState:
 
     def _replace(
         self,
-        event: dict[str, Any],
+        event: Snapshot,
         wall: int,
         incarnation: int,
         twin: bool,
@@ -536,7 +538,7 @@ class NodeState:
             held = self.holds.of(kind)
             old_map = {k: h for k, h in held.items() if mine(k, h)}
             new_map: dict[str, Hold] = {}
-            for entry in event[what.listed]:
+            for entry in what.listed_in(event):
                 hid = entry[what.id_field]
                 key = alt_key(hid, incarnation) if twin else hid
                 same = new_map.get(key)

@@ -19,8 +19,9 @@ topics: its messages are never misrouted.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Final
 
+from safepoint.core.event_records import Event
 from safepoint.core.outputs import dead_letter
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
@@ -31,7 +32,7 @@ EVENTS = "events"
 CONTROL = "control"
 FILE = "file"
 """A message's origin: the events topic, the control topic, or a file without topics."""
-MISROUTED = "misrouted"
+MISROUTED: Final = "misrouted"
 """The field of a misrouted event that carries its dead letter (set by the router; never on the wire)."""
 _CONTROL_BASE = -2
 _CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
@@ -68,7 +69,7 @@ def routed_of(key: str) -> int:
     return control_partition(int(key[8:])) if key.startswith("control:") else int(key)
 
 
-def misrouted(event: dict[str, Any], origin: str, value: bytes | str | None, key: bytes | str | None, topic: str,
+def misrouted(event: Event, origin: str, value: bytes | str | None, key: bytes | str | None, topic: str,
               partition: int, offset: int) -> None:
     """Mark ``event`` (validated; from ``topic``'s Kafka ``partition`` at ``offset``) with its dead
     letter when it is on the wrong topic. A control event on the events topic is marked too: its
