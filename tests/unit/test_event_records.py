@@ -1,7 +1,7 @@
-"""The events' typed records (``core/event_records.py``) are the schemas' own: the generator writes
-them from ``schemas/events/``, a schema changed without them fails here, and what the parser returns
-for each golden event is the record its type names (its required fields there, each declared field
-of the declared kind)."""
+"""The events' typed records (``core/event_records.py``) and the alerts' kinds (``core/alert_kinds.py``)
+are the schemas' own: the generator writes them from ``schemas/``, a schema changed without them
+fails here, and what the parser returns for each golden event is the record its type names (its
+required fields there, each declared field of the declared kind)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ def generator() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_alert_kinds_are_the_schemas() -> None:
+    from safepoint.core.alert_kinds import AlertKind, Severity
+    from safepoint.schemas import ALERT_KINDS, load
+
+    assert get_args(AlertKind) == ALERT_KINDS
+    assert get_args(Severity) == tuple(load("outputs", "alert")["properties"]["severity"]["enum"])
 
 
 def test_the_records_are_written_from_the_schemas() -> None:

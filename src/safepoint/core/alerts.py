@@ -17,8 +17,9 @@ records and indexes (``core/members.py``) and write only to the book.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
+from safepoint.core.alert_kinds import AlertKind
 from safepoint.core.holds import HELD_AS
 from safepoint.core.ids import escape, hold_key, join_id, split_id
 from safepoint.core.members import Members
@@ -26,11 +27,13 @@ from safepoint.core.outputs import Output, alert
 from safepoint.core.policy import Policy
 from safepoint.core.records import FLOOR_KINDS, Blocker, Floor
 from safepoint.core.recovery import Recovery
+from safepoint.core.signals import AlertBody
 
 __all__ = ["ABORT_KINDS", "AlertBook", "Problem", "check_floor", "check_horizon", "check_join", "problems",
            "stall_alert", "sync_abort_alerts", "violation"]
 
-ABORT_KINDS = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot", "leaderless_group")
+ABORT_KINDS: tuple[AlertKind, ...] = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot",
+                                      "leaderless_group")
 Bound = tuple[int, str]
 """A bound already sent that a hold must not lie below: (ts, what it is, for the alert)."""
 
@@ -38,7 +41,7 @@ Bound = tuple[int, str]
 class Problem(NamedTuple):
     """One reason the current round must abort."""
 
-    kind: str
+    kind: AlertKind
     """One of ``ABORT_KINDS``."""
     node: str | None
     """The node it is about (None: a group's, ``leaderless_group``)."""
@@ -56,9 +59,9 @@ class AlertBook:
 
     __slots__ = ("cluster", "raised", "floor")
 
-    def __init__(self, cluster: str, raised: dict[str, dict[str, Any]] | None = None) -> None:
+    def __init__(self, cluster: str, raised: dict[str, AlertBody] | None = None) -> None:
         self.cluster = cluster
-        self.raised: dict[str, dict[str, Any]] = raised if raised is not None else {}
+        self.raised: dict[str, AlertBody] = raised if raised is not None else {}
         self.floor: dict[str, str] = {}  # node -> its raised retention/group violation
         for aid in self.raised:
             parts = split_id(aid)
@@ -71,18 +74,18 @@ class AlertBook:
     def __contains__(self, aid: object) -> bool:
         return aid in self.raised
 
-    def raise_(self, body: dict[str, Any], now: int) -> Output:
+    def raise_(self, body: AlertBody, now: int) -> Output:
         """Put ``body`` in the book (replacing one of the same id) and say it is raised."""
         self.raised[body["id"]] = body
         return self.stamp(body, "raised", now)
 
-    def raise_again(self, body: dict[str, Any], now: int) -> Output:
+    def raise_again(self, body: AlertBody, now: int) -> Output:
         """Raise ``body`` anew: said again even when its id is raised (a newer pause, another
         refusal), and kept as the book's newest."""
         self.raised.pop(body["id"], None)
         return self.raise_(body, now)
 
-    def carry(self, body: dict[str, Any]) -> None:
+    def carry(self, body: AlertBody) -> None:
         """Put ``body`` in the book as raised without saying so: it was said before a lost checkpoint
         (``core/recovery.py``), and its clearing will be said."""
         self.raised[body["id"]] = body
@@ -91,7 +94,8 @@ class AlertBook:
         """Take ``aid`` out of the book and say it is cleared, with ``changes`` to its body (its
         ``value``, its ``detail``); None: it was not raised."""
         body = self.raised.pop(aid, None)
-        return None if body is None else self.stamp({**body, **changes} if changes else body, "cleared", now)
+        return None if body is None else self.stamp(cast(AlertBody, {**body, **changes}) if changes else body,
+                                                    "cleared", now)
 
     def floor_of(self, node: str) -> str | None:
         """The id of ``node``'s raised retention or group violation, if any."""
@@ -104,7 +108,7 @@ class AlertBook:
         else:
             self.floor[node] = aid
 
-    def stamp(self, body: dict[str, Any], state: str, now: int) -> Output:
+    def stamp(self, body: AlertBody, state: str, now: int) -> Output:
         """The alert message of ``body`` in ``state`` (raised or cleared) at cluster time ``now``."""
         return alert(
             kind=body["kind"],

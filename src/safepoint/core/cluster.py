@@ -34,7 +34,7 @@ from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
 from safepoint.core.event_records import ClusterEvent, Event, GapAck, NodeEvent
-from safepoint.core.events import is_control_event
+from safepoint.core.events import is_control_event, is_node_event
 from safepoint.core.gaps import Gap, Gaps
 from safepoint.core.holds import EVENTS
 from safepoint.core.ids import join_id
@@ -367,7 +367,8 @@ class ClusterState:
                                                  "cluster (an old publisher needs control_on_events_topic)" if control
                                                  else ""))
         out = [Output(DEADLETTER, letter["key"], body),
-               self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted", "node": event.get("node"),
+               self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted",
+                                        "node": event["node"] if is_node_event(event) else None,
                                         "severity": "critical", "value": None, "threshold": None, "since": now,
                                         "detail": detail}, now)]
         if is_control_event(event):

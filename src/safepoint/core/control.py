@@ -46,11 +46,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from safepoint.core.alert_kinds import AlertKind, Severity
 from safepoint.core.alerts import AlertBook, Bound
 from safepoint.core.clock import log_time
 from safepoint.core.event_records import ControlEvent, ServiceHold, ServiceRelease
 from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
+from safepoint.core.signals import AlertBody
 from safepoint.core.signing import owner_digest, verify
 from safepoint.schemas import CONTROL_EVENT_TYPES
 
@@ -122,7 +124,7 @@ class Control:
         self.paused = dict(pause) if pause else None
         if pause:
             book.carry({"id": PAUSED_ID, "kind": "paused", "node": None, "severity": "warning", "value": None,
-                        "threshold": None, "since": pause.get("since_wall_ms"),
+                        "threshold": None, "since": pause["since_wall_ms"],  # (required by the directive's schema)
                         "detail": f"paused: {pause.get('reason')} (carried over a lost checkpoint)"})
 
     def action(self, action_id: str | None) -> dict[str, Any] | None:
@@ -340,8 +342,8 @@ def _hold_of(v: dict[str, Any]) -> dict[str, Any]:
     return h
 
 
-def _body(aid: str, kind: str, value: int | None, threshold: int | None, now: int, detail: str,
-          severity: str = "warning") -> dict[str, Any]:
+def _body(aid: str, kind: AlertKind, value: int | None, threshold: int | None, now: int, detail: str,
+          severity: Severity = "warning") -> AlertBody:
     return {"id": aid, "kind": kind, "node": None, "severity": severity, "value": value, "threshold": threshold,
             "since": now, "detail": detail}
 

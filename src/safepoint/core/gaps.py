@@ -47,6 +47,7 @@ from safepoint.core.alerts import AlertBook
 from safepoint.core.ids import join_id
 from safepoint.core.origin import control_partition, is_control
 from safepoint.core.outputs import Output
+from safepoint.core.signals import AlertBody
 
 __all__ = ["GAP_KINDS", "GAP_PARTITION", "NAMED", "Gap", "Gaps"]
 
@@ -165,7 +166,7 @@ class Gaps:
         self.open[gap.id] = entry
         return book.raise_(self._body(gap.id, entry, at), at)
 
-    def _body(self, gid: int, entry: dict[str, Any], now: int) -> dict[str, Any]:
+    def _body(self, gid: int, entry: dict[str, Any], now: int) -> AlertBody:
         gap = Gap.of(entry["gap"])
         owed = sorted(entry["owed"])
         nodes = ", ".join(owed[:NAMED]) + (f" and {len(owed) - NAMED} more" if len(owed) > NAMED else "")

@@ -17,8 +17,9 @@ report), which the cluster stage stamps with the cluster's identity and time.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from safepoint.core.alert_kinds import Severity
 from safepoint.core.bands import LEVEL_NAMES, Band, BandSpec, band_step
 from safepoint.core.holds import KIND, NEVER, HoldSet, Oldest
 from safepoint.core.ids import join_id
@@ -341,7 +342,12 @@ class Pressure:
                              f"{mode} expiry of {kind} {hid}" + (f" ({h.label})" if h.label else "") + f": {reason}")]
 
 
-def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: int,
+def _severity(level: int) -> Severity:
+    """The alert's severity of a band's level above normal (``LEVEL_NAMES``)."""
+    return "critical" if level == 2 else "warning"
+
+
+def _band(holds: Holds, kind: Literal["pinned_bytes", "reader_age"], band: Band, spec: BandSpec, now: int, value: int,
           oldest: Oldest | None = None) -> list[Signal]:
     """Move one band; the band change (pinned bytes: the node's admission follows it) and its alert."""
     change = band_step(band, spec, now, value)
@@ -358,10 +364,10 @@ def _band(holds: Holds, kind: str, band: Band, spec: BandSpec, now: int, value: 
     if kind == "pinned_bytes":  # the node's admission control follows its pinned band (a band directive)
         signals.append(BandChange(LEVEL_NAMES[new]))
     if new == 0:
-        signals.append(alert_change(node, kind, join_id(kind, node), "cleared", LEVEL_NAMES[old], value,
+        signals.append(alert_change(node, kind, join_id(kind, node), "cleared", _severity(old), value,
                               spec.exit(old), since, f"{what}: back below the {LEVEL_NAMES[old]} exit threshold"))
     else:
-        signals.append(alert_change(node, kind, join_id(kind, node), "raised", LEVEL_NAMES[new], value,
+        signals.append(alert_change(node, kind, join_id(kind, node), "raised", _severity(new), value,
                               spec.enter(new) if new > old else spec.exit(old), since,
                               f"{what}: {LEVEL_NAMES[new]} band"))
     return signals

@@ -9,16 +9,33 @@ branch there: nothing is keyed by a string.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
-__all__ = ["AlertChange", "BandChange", "Compacted", "DebtReport", "ExpireOrder", "Signal", "SnapshotAsk", "alert_change"]
+from safepoint.core.alert_kinds import AlertKind, Severity
+
+__all__ = ["AlertBody", "AlertChange", "BandChange", "Compacted", "DebtReport", "ExpireOrder", "Signal", "SnapshotAsk", "alert_change"]
+
+
+class AlertBody(TypedDict):
+    """An alert as the ``AlertBook`` keeps it (``core/alerts.py``), before the cluster stamps its
+    message: its kind and severity are the alert schema's (``core/alert_kinds.py``)."""
+
+    id: str
+    """Its id within the cluster (``kind/...``, ``core/ids.py``)."""
+    kind: AlertKind
+    severity: Severity
+    node: str | None
+    value: int | None
+    threshold: int | None
+    since: int
+    """When it began (the node's or the cluster's time)."""
+    detail: str
 
 
 class AlertChange(NamedTuple):
-    """An alert of the node raised or cleared: its body as the ``AlertBook`` keeps it (``id``, ``kind``,
-    ``severity``, ``node``, ``value``, ``threshold``, ``since``, ``detail``)."""
+    """An alert of the node raised or cleared: its body as the ``AlertBook`` keeps it."""
 
-    body: dict[str, Any]
+    body: AlertBody
     state: str
     """``raised`` or ``cleared``."""
 
@@ -58,8 +75,8 @@ class Compacted(NamedTuple):
 Signal = AlertChange | ExpireOrder | SnapshotAsk | BandChange | DebtReport | Compacted
 
 
-def alert_change(node: str, kind: str, aid: str, state: str, severity: str, value: int | None, threshold: int | None,
-                 since: int, detail: str) -> AlertChange:
+def alert_change(node: str, kind: AlertKind, aid: str, state: str, severity: Severity, value: int | None,
+                 threshold: int | None, since: int, detail: str) -> AlertChange:
     """An ``AlertChange`` of ``node``'s alert ``aid``."""
     return AlertChange({"id": aid, "kind": kind, "severity": severity, "node": node, "value": value,
                         "threshold": threshold, "since": since, "detail": detail}, state)
