@@ -29,8 +29,8 @@ from safepoint.core.records import FLOOR_KINDS, Blocker, Floor
 from safepoint.core.recovery import Recovery
 from safepoint.core.signals import AlertBody
 
-__all__ = ["ABORT_KINDS", "AlertBook", "Problem", "check_floor", "check_horizon", "check_join", "problems",
-           "stall_alert", "sync_abort_alerts", "violation"]
+__all__ = ["ABORT_KINDS", "AlertBook", "Problem", "below_sent", "check_floor", "check_horizon", "check_join",
+           "problems", "stall_alert", "sync_abort_alerts", "violation"]
 
 ABORT_KINDS: tuple[AlertKind, ...] = ("missing_node", "unknown_node_min", "missing_group", "awaiting_snapshot",
                                       "leaderless_group")
@@ -183,6 +183,13 @@ def violation(book: AlertBook, node: str, kind: str, hid: str, ts: int, bound: B
     }, now)
 
 
+def below_sent(ts: int | None, safe_ts: int | None) -> bool:
+    """A hold (or a node's minimum) at ``ts`` lies below ``safe_ts`` already sent: the versions it reads
+    may be compacted (a ``horizon_violation``). The rules that raise one ask it, and so do the
+    shortcuts that must raise none (``NodeState.apply_quiet``, ``ClusterState.take_quiet``)."""
+    return ts is not None and safe_ts is not None and ts < safe_ts
+
+
 def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | None, now: int) -> Output | None:
     """A member whose lowest hold is a reader or transaction below safe_ts has it alerted (the
     alert's message, or None).
@@ -192,8 +199,9 @@ def check_horizon(book: AlertBook, members: Members, node: str, safe_ts: int | N
     once that hold closes, the node's next one still below safe_ts.
     """
     rec = members.nodes.get(node)
-    if safe_ts is None or rec is None or rec.local_min is None or rec.local_min >= safe_ts:
+    if rec is None or not below_sent(rec.local_min, safe_ts):
         return None
+    assert safe_ts is not None
     blocker = rec.blocker
     if blocker is None or blocker.kind not in HELD_AS or blocker.id is None:
         return None

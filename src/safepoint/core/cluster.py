@@ -27,7 +27,17 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from safepoint.core.aborts import AbortSync, sync_aborts
-from safepoint.core.alerts import ABORT_KINDS, AlertBook, Bound, check_floor, check_horizon, check_join, stall_alert, violation
+from safepoint.core.alerts import (
+    ABORT_KINDS,
+    AlertBook,
+    Bound,
+    below_sent,
+    check_floor,
+    check_horizon,
+    check_join,
+    stall_alert,
+    violation,
+)
 from safepoint.core.catalog import Catalog
 from safepoint.core.clock import log_time
 from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
@@ -224,7 +234,8 @@ class ClusterState:
                 if cleared is not None:
                     out.append(cleared)
         for kind, hid, ts, ns in u.opened:
-            if self.safe_ts is not None and ts < self.safe_ts:
+            if below_sent(ts, self.safe_ts):
+                assert self.safe_ts is not None
                 out.append(violation(book, u.node, kind, hid, ts, (self.safe_ts, "safe_ts"), now))
             elif self.tenants:
                 raised = self.tenants.check_violation(book, u.node, kind, hid, ts, ns, self.safe_ts, now)
@@ -274,8 +285,8 @@ class ClusterState:
         (``_settled_for``); no recovery, no namespaces and no topology waiting for its time (its
         recovery, violation and ``_advance`` steps); the node's record exists, holds nothing
         namespaced and keeps its partition (``Members.take`` would change no more than ``heard``
-        does); for a member, no floor alert raised and its minimum at or above ``safe_ts``
-        (``check_floor``, ``check_horizon``). ``test_properties`` checks it against the full path
+        does); for a member, no floor alert raised (``AlertBook.floor_of``) and its minimum not
+        below ``safe_ts`` (``below_sent``, as ``check_horizon`` asks). ``test_properties`` checks it against the full path
         (the same log with every state read back from its stored form before each message: a
         restored cluster has no settled round, so it takes none of these shortcuts)."""
         log = log_time(event)
@@ -289,7 +300,7 @@ class ClusterState:
             return None
         member = name in members.names
         safe = self.safe_ts
-        if member and (name in self.alerts.floor or (safe is not None and rec.local_min is not None and rec.local_min < safe)):
+        if member and (self.alerts.floor_of(name) is not None or below_sent(rec.local_min, safe)):
             return None
         change = node.apply_quiet(event, policy, safe, member, log)
         if change is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+from safepoint.core.alerts import below_sent
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
 from safepoint.core.event_records import Heartbeat, NodeEvent, Snapshot, TxPrepare
@@ -408,8 +409,9 @@ class NodeState:
         watch with nothing to say (``ClockWatch.still``, ``LeakWatch.still``), the pressure's
         clocks short of their bound (``Pressure.still_until``, kept as holds come), and a hold that
         keeps the node's lowest hold (``_keeps_lowest``, with the last walk ``_update`` keeps,
-        ``_kept_low``). For the cluster: a hold it opens is at or above ``safe_ts`` (no violation),
-        and, for a ``member``, the node's floor is too (``check_floor`` has nothing to say)."""
+        ``_kept_low``). For the cluster: a hold it opens is not below ``safe_ts`` (``below_sent``: no
+        violation), and, for a ``member``, the node's floor is not either (``check_floor`` has
+        nothing to say)."""
         wall = event["wall_ms"]
         incarnation = event["incarnation"]
         kind = event["type"]
@@ -426,7 +428,7 @@ class NodeState:
             low = self._kept_low()
             if low is None:
                 return None
-        if member and safe_ts is not None and low[0].ts < safe_ts:
+        if member and below_sent(low[0].ts, safe_ts):
             return None
         what, opening = shape
         hkind = what.name
@@ -441,7 +443,7 @@ class NodeState:
         if opening:
             hold = what.opened(event, wall, incarnation)
             if (hid in holds or not self._keeps_lowest(hold.ts, hold.namespace)
-                    or (safe_ts is not None and hold.ts < safe_ts)):
+                    or below_sent(hold.ts, safe_ts)):
                 return None
             if hold.opened_wall < since[0]:  # the node's earliest opening now: the pressure's bound moves
                 since = (hold.opened_wall, since[1], self.pressure.still_until(hold.opened_wall, since[1], policy))
