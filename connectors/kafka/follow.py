@@ -29,7 +29,10 @@ TP = tuple[str, int]
 class TopicFollower:
     def __init__(self, conf: Mapping[str, Any], topics: str | Sequence[str],
                  start: Literal["beginning", "end"] = "beginning", idle_s: float = 0.25,
-                 client_id: str = "safepoint-follow", eof: bool = False) -> None:
+                 client_id: str = "safepoint-follow", eof: bool = False, partial: bool = False) -> None:
+        """``partial``: read the topics that exist while looking again, every second, for those not
+        made yet (for a screen, where each topic stands alone); without it nothing is read until
+        every topic exists (for a reader that must see the topics together, such as the auditor)."""
         self.conf = {**conf, "group.id": f"{client_id}-{time.time_ns()}", "enable.auto.commit": False,
                      "enable.auto.offset.store": False, "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
                      "enable.partition.eof": eof,
@@ -38,6 +41,10 @@ class TopicFollower:
         self.start = start
         self.error: str | None = None
         """Why the last poll could not read (no topic yet, a broker error); None once it reads."""
+        self.partial = partial
+        self.missing: list[str] = []
+        """With ``partial``: the topics not made yet, looked for again every second."""
+        self._looked = 0.0
         self.last_poll: float | None = None
         """``time.monotonic()`` of the last poll that reached the broker (read, or found nothing new)."""
         self._consumer: Any = None
@@ -63,13 +70,21 @@ class TopicFollower:
         if self._consumer is None:
             self._consumer = Consumer(self.conf)
         found: list[TP] = []
+        missing: list[str] = []
         for topic in self.topics:
             md = self._consumer.list_topics(topic, timeout=5).topics.get(topic)
             self.last_poll = time.monotonic()  # the broker answered (a topic not made yet is no stall)
             if md is None or md.error is not None or not md.partitions:
-                self.error = f"topic {topic} not found yet"
-                return False
+                missing.append(topic)
+                if not self.partial:
+                    break
+                continue
             found += [(topic, p) for p in sorted(md.partitions)]
+        self._looked = time.monotonic()
+        self.missing = missing if self.partial else []
+        if missing and (not self.partial or not found):
+            self.error = f"topic {missing[0]} not found yet"
+            return False
         for tp in found:
             if tp not in self._next:
                 self._next[tp] = (int(self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5)[1])
@@ -147,6 +162,8 @@ class TopicFollower:
             if self._consumer is None and not self._assign():
                 time.sleep(min(1.0, timeout_s))
                 return []
+            if self.missing and time.monotonic() - self._looked >= 1.0:
+                self._assign()  # the topics made since are read too, the others where they stood
             positions = self._positions()
             go = self._idle.may_poll(self._ends, positions, self._resume)
             if go is not True:

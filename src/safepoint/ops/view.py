@@ -243,7 +243,8 @@ class LiveView:
         self.settings = settings
         self.follower = TopicFollower(settings.librdkafka(logger=logging.getLogger("safepoint.librdkafka")),
                                       [settings.directives_topic, settings.alerts_topic, settings.status_topic],
-                                      client_id="safepoint-view")  # idle once caught up
+                                      client_id="safepoint-view", partial=True)  # idle once caught up; a
+        # topic not made yet (no job has written its status) leaves the others on the screen
         self.state = ViewState(settings.mvcc_unit, {c: t["mvcc_unit"] for c, t in settings.clusters.items()
                                                     if "mvcc_unit" in t})
         self.expiries = expiries
