@@ -85,8 +85,10 @@ class Routed(NamedTuple):
     payload: Event | DeadLetterPayload | dict[str, Any]
 
 
-# msgspec decodes a Routed record by its fields' annotations; the compiled core (core/compiled.py)
-# keeps a union's annotation only as ``type``, so the payload's is set here again as written above
+# msgspec (streaming/stored.py unpack_routed) decodes a Routed record by its fields' annotations: the
+# compiled core (core/compiled.py) keeps a union's annotation only as ``type``, and msgspec decodes no
+# union of several TypedDicts; an event record is the map itself, so the payload is read as a map
+# (an event, or a gap's) or a dead letter
 Routed.__annotations__["payload"] = dict[str, Any] | DeadLetterPayload
 
 
