@@ -57,6 +57,8 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("README.md", "./scripts/demo.sh"):
         "tests/integration/test_demo.py::test_the_readmes_demo_command_gives_directives_and_ends_soon_after_ctrl_c",
     ("README.md", "./scripts/test.sh"): "tests/unit/test_doc_blocks.py::test_ci_runs_the_readmes_test_command",
+    ("docs/development.md", ".venv/bin/python scripts/gen_event_records.py"):
+        "tests/unit/test_event_records.py::test_the_developers_page_writes_the_records_and_checks_the_rules",
     ("README.md", "pip install ."): "tests/integration/test_bare_install.py::test_the_bare_package_is_the_node_client",
     ("README.md", "from safepoint.connectors.reporter import Reporter"):
         "tests/integration/test_readme.py::test_the_readme_node_example_runs_and_compacts",

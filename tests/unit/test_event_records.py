@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,8 @@ import pytest
 from safepoint.core import event_records
 from safepoint.core.events import Rejected, parse
 from safepoint.schemas import EVENT_TYPES
+
+from doc_blocks import block
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gen_event_records.py"
@@ -44,6 +47,19 @@ def test_the_alert_kinds_are_the_schemas() -> None:
 def test_the_records_are_written_from_the_schemas() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_developers_page_writes_the_records_and_checks_the_rules() -> None:
+    """``docs/development.md``'s two lines: the generator (run here with the ``--check`` its comment
+    names, so that the test writes nothing under the other tests' feet) and the type check, which the
+    test command runs (``scripts/test.sh``)."""
+    text = block("docs/development.md", ".venv/bin/python scripts/gen_event_records.py").text
+    generate, typecheck = [line.split("#")[0].strip() for line in text.splitlines()]
+    argv = shlex.split(generate)
+    assert argv[0] == ".venv/bin/python" and "--check" in text
+    done = subprocess.run([sys.executable, *argv[1:], "--check"], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert typecheck in (ROOT / "scripts" / "test.sh").read_text(encoding="utf-8")
 
 
 def test_a_schema_changed_without_its_record_is_caught(tmp_path: Path) -> None:
