@@ -40,7 +40,7 @@ from safepoint.core.alerts import (
 )
 from safepoint.core.catalog import Catalog
 from safepoint.core.clock import log_time
-from safepoint.core.control import CONTROL_TYPES, GAP_ACK, Control
+from safepoint.core.control import GAP_ACK, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
 from safepoint.core.event_records import ClusterEvent, Event, GapAck, NodeEvent
@@ -372,20 +372,20 @@ class ClusterState:
         letter = event[MISROUTED]
         body = letter["value"]
         now = self.cluster_time if self.cluster_time is not None else log_time(event)
-        control = event["type"] in CONTROL_TYPES
+        control = event if is_control_event(event) else None  # (narrowed once: its action is refused below)
         detail = (f"{body['error']} (partition {body['partition']}, offset {body['offset']}, key {body['key']!r}): "
                   "refused and dead-lettered" + ("; whoever may write the events topic could otherwise steer the "
-                                                 "cluster (an old publisher needs control_on_events_topic)" if control
-                                                 else ""))
+                                                 "cluster (an old publisher needs control_on_events_topic)"
+                                                 if control is not None else ""))
         out = [Output(DEADLETTER, letter["key"], body),
                self.alerts.raise_again({"id": MISROUTED_ID, "kind": "event_misrouted",
                                         "node": event["node"] if is_node_event(event) else None,
                                         "severity": "critical", "value": None, "threshold": None, "since": now,
                                         "detail": detail}, now)]
-        if is_control_event(event):
+        if control is not None:
             self.control.count(MISROUTED)
-            if self.control.action(event.get("action_id")) is None:  # a copy of a known action cannot change it
-                self.control.record(event, "refused", MISROUTED, detail, self.cluster_time)
+            if self.control.action(control.get("action_id")) is None:  # a copy of a known action cannot change it
+                self.control.record(control, "refused", MISROUTED, detail, self.cluster_time)
         return out
 
     def _hold_bound(self) -> Bound | None:
@@ -408,21 +408,28 @@ class ClusterState:
         self.aborts = AbortSync()
         self._rebuild_recovery()
 
+    def _read_from(self, partition: int | None, control: bool) -> list[Output]:
+        """Where the cluster's own events live, in each topic (``core/origin.py``), noted from one read
+        from events ``partition`` (None: a file); a control event from the control topic clears
+        ``event_misrouted``: the message that says so."""
+        if partition is None:
+            return []
+        self.gaps.home(partition, control)
+        if is_control(partition) and MISROUTED_ID in self.alerts.raised and self.cluster_time is not None:
+            cleared = self.alerts.clear(MISROUTED_ID, self.cluster_time)
+            if cleared is not None:
+                return [cleared]
+        return []
+
     def apply_cluster_event(self, event: ClusterEvent, policy: Policy,
                             holds_of: Callable[[str], list[tuple[str, str, int]]],
                             partition: int | None = None) -> tuple[str | None, list[Output]]:
         """Apply a validated cluster event (from events ``partition``). Returns (why it was ignored, or
         None; what it emits). ``holds_of(node)``: the node's open holds (``NodeState.open_holds``),
         alerted when a topology makes it a member below the safe point."""
-        out: list[Output] = []
         kind = event["type"]
-        if partition is not None:  # where the cluster's own events live, in each topic (core/origin.py)
-            self.gaps.home(partition, kind in CONTROL_TYPES)
-            if is_control(partition) and MISROUTED_ID in self.alerts.raised and self.cluster_time is not None:
-                cleared = self.alerts.clear(MISROUTED_ID, self.cluster_time)
-                if cleared is not None:
-                    out.append(cleared)
         if is_control_event(event):
+            out = self._read_from(partition, True)
             if policy.control_keys:
                 why, said = self.control.check_signature(event, policy.signing_keys,
                                                          policy.control_signature_window_ms, self.cluster_time,
@@ -441,6 +448,7 @@ class ClusterState:
                 self.dirty = True
             out += self.evaluate(policy)
             return None, out
+        out = self._read_from(partition, False)
         version = event["version"]
         if version <= self.versions.get(kind, -1):
             return IGNORED_STALE_VERSION, out

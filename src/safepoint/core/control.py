@@ -54,11 +54,9 @@ from safepoint.core.ids import join_id
 from safepoint.core.outputs import Output
 from safepoint.core.signals import AlertBody
 from safepoint.core.signing import owner_digest, verify
-from safepoint.schemas import CONTROL_EVENT_TYPES
 
-__all__ = ["ACTIONS_KEPT", "CONTROL_TYPES", "Control", "GAP_ACK"]
+__all__ = ["ACTIONS_KEPT", "Control", "GAP_ACK"]
 
-CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
 GAP_ACK: Final = "gap_ack"
 """An operator's acknowledgement of a gap in the log (``core/gaps.py``; the cluster applies it)."""
 ACTIONS_KEPT = 256

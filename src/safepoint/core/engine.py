@@ -18,9 +18,8 @@ from typing import NamedTuple, Protocol
 
 from safepoint.core.clock import log_time
 from safepoint.core.cluster import ClusterState
-from safepoint.core.control import CONTROL_TYPES
 from safepoint.core.event_records import Event
-from safepoint.core.events import Rejected, is_node_event, parse
+from safepoint.core.events import Rejected, is_control_event, is_node_event, parse
 from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
 from safepoint.core.origin import FILE, MISROUTED, misrouted, routed_partition
@@ -143,7 +142,7 @@ def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, p
     to its node and cluster."""
     state.directives.saw(partition, offset)
     if MISROUTED in event:
-        if event["type"] in CONTROL_TYPES and policy.control_on_events_topic:  # an old publisher, allowed
+        if is_control_event(event) and policy.control_on_events_topic:  # an old publisher, allowed
             del event[MISROUTED]
         else:
             return Outcome(DEADLETTERED, MISROUTED, state.refuse_misrouted(event))

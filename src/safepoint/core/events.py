@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import fastjsonschema
 import msgspec
 
-from safepoint.core.event_records import ClusterEvent, ControlEvent, Event, NodeEvent
+from safepoint.core.event_records import ControlEvent, Event, NodeEvent
 from safepoint.core.fastcheck import compile_check
 from safepoint.core.holds import EVENTS as HOLD_EVENTS
 from safepoint.core.jsonfloat import JsonFloat as _JsonFloat
@@ -24,7 +24,7 @@ from safepoint.schemas import CONTROL_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-__all__ = ["Rejected", "parse", "parse_obj", "is_cluster_event", "is_control_event", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
+__all__ = ["Rejected", "parse", "parse_obj", "is_control_event", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
 
 DEFAULT_CLUSTER = "default"
 _NODE_TYPES = frozenset(NODE_EVENT_TYPES)
@@ -136,13 +136,9 @@ def is_node_event(event: Event) -> TypeIs[NodeEvent]:
     return kind in _NODE_TYPES or kind in HOLD_EVENTS
 
 
-def is_cluster_event(event: Event) -> TypeIs[ClusterEvent]:
-    """An event about the cluster (its rules take it): not a node's."""
-    return not is_node_event(event)
-
-
 def is_control_event(event: Event) -> TypeIs[ControlEvent]:
-    """An operator's control event (the control topic's: ``CONTROL_EVENT_TYPES``)."""
+    """An operator's control event (the control topic's: ``CONTROL_EVENT_TYPES``): the core's one test
+    of it (routing, refusal, signatures and the control part all ask it)."""
     return event["type"] in _CONTROL
 
 

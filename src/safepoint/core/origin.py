@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Final
 
 from safepoint.core.event_records import Event
+from safepoint.core.events import is_control_event
 from safepoint.core.outputs import dead_letter
-from safepoint.schemas import CONTROL_EVENT_TYPES
 
 __all__ = ["CONTROL", "EVENTS", "FILE", "MISROUTED", "control_partition", "is_control", "kafka_partition", "misrouted",
            "position_key", "routed_of", "routed_partition"]
@@ -35,7 +35,6 @@ FILE = "file"
 MISROUTED: Final = "misrouted"
 """The field of a misrouted event that carries its dead letter (set by the router; never on the wire)."""
 _CONTROL_BASE = -2
-_CONTROL_TYPES = frozenset(CONTROL_EVENT_TYPES)
 
 
 def control_partition(partition: int) -> int:
@@ -76,7 +75,7 @@ def misrouted(event: Event, origin: str, value: bytes | str | None, key: bytes |
     cluster's policy decides (``control_on_events_topic``)."""
     if origin == FILE:
         return
-    control = event["type"] in _CONTROL_TYPES
+    control = is_control_event(event)
     if control == (origin == CONTROL):
         return
     why = (f"misrouted: a {event['type']} event on the events topic {topic}; control events belong on the control "
