@@ -123,7 +123,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
                                    items, policy, False)
                 if result.cluster is not None:
                     clusters[cluster] = encode_cluster(result.cluster)
-                nodes.update({(cluster, b): v for b, v in stored_buckets(bucket_nodes).items()})
+                nodes.update({(cluster, b): v for b, v in stored_buckets(result.buckets, buckets).items()})
                 outs += len(result.outputs)
             seconds["route"] += t1 - t0
             seconds["operator"] += time.perf_counter() - t1

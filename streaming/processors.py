@@ -34,9 +34,9 @@ from safepoint.gcfreeze import freeze_once, paused
 from safepoint.streaming.kafka_sink import Outbox
 from safepoint.streaming.stored import (
     decode_cluster,
-    encode_bucket,
     encode_cluster,
     pack_routed,
+    stored_buckets,
     stored_nodes,
     unpack_routed,
 )
@@ -174,8 +174,8 @@ class ClusterJob(StatefulProcessor):
             del items
         result = run.result
         assert result is not None
-        for bucket, entries in result.buckets.items():
-            self.nodes.updateValue((bucket,), (encode_bucket(entries, self.buckets),))
+        for bucket, value in stored_buckets(result.buckets, self.buckets).items():
+            self.nodes.updateValue((bucket,), (value,))
         if result.cluster is not None:
             self.cluster.update((encode_cluster(result.cluster),))
         for channel, okey, ovalue in returned:  # none when the operator produced them itself

@@ -12,14 +12,15 @@ and back, so that a layout change is made here and nowhere in the core.
 - **A cluster** (``encode_cluster``, ``decode_cluster``): ``ClusterState.to_json``'s value in
   MessagePack (JSON text, the older layout, still read).
 
-``stored_nodes`` and ``stored_buckets`` put a ``BucketNodes`` over a store of encoded buckets.
+``stored_nodes`` reads a ``BucketNodes``'s buckets from their stored values, and ``stored_buckets``
+writes back the ones a batch touched.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -120,6 +121,7 @@ def stored_nodes(cluster: str, buckets: int, load: Callable[[int], bytes | None]
     return BucketNodes(cluster, buckets, entries)
 
 
-def stored_buckets(nodes: BucketNodes) -> dict[int, bytes]:
-    """The stored value of every bucket the batch touched."""
-    return {bucket: encode_bucket(entries, nodes.buckets) for bucket, entries in nodes.dump().items()}
+def stored_buckets(touched: Mapping[int, Iterable[NodeState | list[Any]]], buckets: int) -> dict[int, bytes]:
+    """The stored value of each bucket a batch touched (``BucketNodes.dump``, a ``BatchResult``'s
+    ``buckets``), written with ``buckets`` as ``node_buckets``."""
+    return {bucket: encode_bucket(entries, buckets) for bucket, entries in touched.items()}

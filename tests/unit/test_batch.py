@@ -249,7 +249,7 @@ def _stored_bucket(policy: Policy, buckets: int) -> bytes:
     hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2, "mvcc_now": 5}
     nodes = stored_nodes("c1", buckets, lambda _b: None)
     assert not isinstance(nodes.node("c1", "n1").apply(hb, policy), str)
-    (value,) = stored_buckets(nodes).values()
+    (value,) = stored_buckets(nodes.dump(), nodes.buckets).values()
     return value
 
 
@@ -338,14 +338,14 @@ def test_a_bucket_decodes_only_the_nodes_a_batch_looks_up() -> None:
         hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": name, "incarnation": 0, "seq": 1,
               "wall_ms": 10 + i, "mvcc_now": 1_000 + i, "pinned_bytes": 7}
         assert not isinstance(first.node("c1", name).apply(hb, policy), str)
-    (stored,) = stored_buckets(first).values()
+    (stored,) = stored_buckets(first.dump(), first.buckets).values()
     again = stored_nodes("c1", 1, lambda _b: stored)
     state = again.node("c1", "n2")
     state.seq = 9
     entries = again.loaded[0]
     assert [type(entries[n]).__name__ for n in ("n1", "n2", "n3")] == ["list", "NodeState", "list"]
     _version, _buckets, before = msgspec.msgpack.decode(stored)
-    _version, _buckets, after = msgspec.msgpack.decode(stored_buckets(again)[0])
+    _version, _buckets, after = msgspec.msgpack.decode(stored_buckets(again.dump(), again.buckets)[0])
     assert [after[0], after[2]] == [before[0], before[2]]
     assert after[1][2] == 9 and before[1][2] == 1  # STORED_FIELDS: node, incarnation, seq, ...
 
@@ -368,7 +368,7 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
     for offset, event in enumerate(events):
         step(state, nodes, event, policy, 0, offset)
     assert state.safe_ts == 10
-    (bucket, value), = stored_buckets(nodes).items()
+    (bucket, value), = stored_buckets(nodes.dump(), nodes.buckets).items()
     again = stored_nodes(cluster, 8, lambda b: value if b == bucket else None)
     node = again.node(cluster, "n1")
     opening = {"v": 1, "type": "reader_open", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 3,
