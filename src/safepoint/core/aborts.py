@@ -124,7 +124,7 @@ def sync_aborts(sync: AbortSync, members: Members, recovery: Recovery | None, bo
     if len(gone) > 1:
         order = {aid: i for i, aid in enumerate(raised)}
         gone.sort(key=order.__getitem__)
-    out = [cleared for aid in gone if (cleared := book.clear(aid, now)) is not None]
+    out = book.clear_each(gone, now)
     if found:
         out += raise_new(book, found, now)
     return aborted, out

@@ -97,6 +97,10 @@ class AlertBook:
         return None if body is None else self.stamp(cast(AlertBody, {**body, **changes}) if changes else body,
                                                     "cleared", now)
 
+    def clear_each(self, aids: Iterable[str], now: int) -> list[Output]:
+        """``clear`` each of ``aids`` in turn: the messages of those that were raised."""
+        return [cleared for aid in aids if (cleared := self.clear(aid, now)) is not None]
+
     def floor_of(self, node: str) -> str | None:
         """The id of ``node``'s raised retention or group violation, if any."""
         return self.floor.get(node)
@@ -130,8 +134,7 @@ def sync_abort_alerts(book: AlertBook, found: dict[str, Problem], now: int) -> l
     messages that say so, in order."""
     if not found and not book:
         return []
-    said = [cleared for aid in [a for a in book.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found]
-            if (cleared := book.clear(aid, now)) is not None]
+    said = book.clear_each([a for a in book.raised if a.split("/", 1)[0] in ABORT_KINDS and a not in found], now)
     return said + raise_new(book, found, now)
 
 
@@ -220,7 +223,7 @@ def check_join(book: AlertBook, members: Members, node: str, holds: Iterable[tup
     if safe_ts is None or rec is None:
         return []
     out = [violation(book, node, kind, hid, ts, (safe_ts, "safe_ts"), now)
-           for kind, hid, ts in sorted((h for h in holds if h[2] < safe_ts), key=lambda h: (h[2], hold_key(h[0], h[1])))
+           for kind, hid, ts in sorted((h for h in holds if below_sent(h[2], safe_ts)), key=lambda h: (h[2], hold_key(h[0], h[1])))
            if join_id("horizon_violation", node, kind, hid) not in book]
     blocker = rec.blocker
     if blocker is not None and blocker.kind in FLOOR_KINDS:

@@ -193,7 +193,7 @@ class Control:
             self.paused = None
             self.announce = True
             self.record(event, "applied", None, "resumed", known)
-            return True, _cleared(book, now, PAUSED_ID)  # what the pause held back goes out at the next round
+            return True, book.clear_each([PAUSED_ID], now)  # what the pause held back goes out at the next round
         if event["type"] == "service_release":
             holder = event["holder"]
             held = self.holds.get(holder)
@@ -210,8 +210,8 @@ class Control:
                 self.record(event, "applied", "forced" if forced else None,
                             f"service hold of {holder} released" + (" by force, without its owner's token" if forced
                                                                      else ""), known)
-            return dirty, _cleared(book, now, join_id("service_hold_refused", holder),
-                                   join_id("service_hold_expired", holder))
+            return dirty, book.clear_each([join_id("service_hold_refused", holder),
+                                          join_id("service_hold_expired", holder)], now)
         assert event["type"] == "service_hold", "a gap_ack is the cluster's (ClusterState._ack_gap)"
         return self._set_hold(event, bound(), known, now, book, max_ttl)
 
@@ -225,7 +225,7 @@ class Control:
         now = known if known is not None else log
         why = verify(event, keys, log, window_ms)
         if why is None:
-            return None, _cleared(book, now, CONTROL_REFUSED_ID)
+            return None, book.clear_each([CONTROL_REFUSED_ID], now)
         self.count(why)
         holder = event.get("holder")  # (a service hold's or release's)
         what = f"{event['type']}" + (f" of {holder}" if holder is not None else "")
@@ -272,7 +272,8 @@ class Control:
         if moved:
             self.announce = True  # a new or moved hold rides on a directive at once (a renewal need not)
         self.record(event, "applied", None, f"service hold {holder} at ts {ts} for {ttl} ms of cluster time", known)
-        return moved, _cleared(book, now, join_id("service_hold_refused", holder), join_id("service_hold_expired", holder))
+        return moved, book.clear_each([join_id("service_hold_refused", holder),
+                                          join_id("service_hold_expired", holder)], now)
 
     def _not_owner(self, event: ServiceHold | ServiceRelease, held: dict[str, Any], what: str, now: int, book: AlertBook,
                    known: int | None) -> Output | None:
@@ -346,6 +347,3 @@ def _body(aid: str, kind: AlertKind, value: int | None, threshold: int | None, n
             "since": now, "detail": detail}
 
 
-def _cleared(book: AlertBook, now: int, *aids: str) -> list[Output]:
-    """The messages of the alerts among ``aids`` that were raised and are cleared now."""
-    return [m for m in (book.clear(aid, now) for aid in aids) if m is not None]
