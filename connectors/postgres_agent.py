@@ -11,8 +11,9 @@ reports as. Once per poll (default 1 s) it reads the instance (``connectors/post
   each standby's ``hot_standby_feedback``. It publishes what changed: a hold that appeared opens,
   one that went closes (a moved ``xmin`` is one of each). A new agent's first poll publishes them
   all; its reporter's repair snapshot restates them after a failed delivery. A backend that went
-  idle in its transaction (or back to work) since its hold opened is restated with a snapshot, so
-  that the hold's label marks it ``IDLE IN TRANSACTION`` (or no longer).
+  idle in its transaction (or back to work) since its hold opened, or a slot whose reader went (or
+  came), is restated with a snapshot, so that the hold's label marks it ``IDLE IN TRANSACTION`` or
+  ``INACTIVE`` (or no longer).
 * **A heartbeat** with ``mvcc_now`` = the next xid8 (``pg_current_snapshot()``'s ``xmax``: reading it
   takes no xid), ``pinned_bytes`` = the estimated bytes of dead tuples, ``history_above`` = the
   bytes of versions superseded since each of the last readings (what a hold at that xid alone
@@ -84,7 +85,8 @@ class PostgresAgentStats:
     terminated: int = 0
     """Backends ended with ``pg_terminate_backend``."""
     relabeled: int = 0
-    """Holds restated with a new label (their backend went idle in its transaction, or back to work)."""
+    """Holds restated with a new label (their backend went idle in its transaction or back to work,
+    their slot's reader went or came)."""
     expiries_not_acted: int = 0
     """Expiries the agent did not act on: terminate off, a running backend under ``idle-in-transaction``,
     a prepared transaction, a slot, a standby, a backend gone or another one meanwhile."""
@@ -256,14 +258,15 @@ class PostgresAgent:
     def _sync(self, now: dict[str, PgHold]) -> None:
         """Close the holds that went, open those that came (lowest first: a close never comes before
         the open that replaces it, so the node's minimum never rises past a hold still there), and
-        restate every hold (a snapshot: no hold closes or opens) once a backend went idle in its
-        transaction or back to work, so that its label says what it does now."""
+        restate every hold (a snapshot: no hold closes or opens) once one's marked state changed (a
+        backend went idle in its transaction or back to work, a slot's reader went or came), so that
+        its label says what it does now."""
         assert self.reporter is not None
         came = sorted((h for hid, h in now.items() if hid not in self._handles), key=lambda h: (h.ts, h.id))
         relabeled = 0
         for hid, (held, handle) in list(self._handles.items()):
             fresh = now.get(hid)
-            if fresh is not None and fresh.idle_in_transaction != held.idle_in_transaction:
+            if fresh is not None and fresh.marked != held.marked:
                 handle.label = fresh.label
                 self._handles[hid] = (fresh, handle)
                 relabeled += 1

@@ -90,6 +90,9 @@ class PgHold:
     """The backend that holds it (a backend's snapshot or xid): what a forced expiry may end."""
     backend_start_ms: int | None = None
     idle_in_transaction: bool = False
+    marked: bool = False
+    """What its label says in capitals, the state an operator hunts: a backend ``IDLE IN
+    TRANSACTION``, a slot nobody reads (``INACTIVE``). The agent restates the hold when it changes."""
 
 
 @dataclass(frozen=True)
@@ -175,12 +178,12 @@ def holds_of(inst: Instance, own_pid: int | None = None) -> dict[str, PgHold]:
         if b.xmin is not None:
             xmin8 = to_xid8(b.xmin, nxt)
             h = PgHold("reader", f"backend-{b.pid}@{xmin8}", xmin8, label, b.xact_start_ms or b.backend_start_ms, b.pid,
-                       b.backend_start_ms, b.idle_in_transaction)
+                       b.backend_start_ms, b.idle_in_transaction, b.idle_in_transaction)
             out[h.id] = h
         if b.xid is not None:
             xid8 = to_xid8(b.xid, nxt)
             h = PgHold("tx", f"xact-{xid8}", xid8, label, b.xact_start_ms or b.backend_start_ms, b.pid,
-                       b.backend_start_ms, b.idle_in_transaction)
+                       b.backend_start_ms, b.idle_in_transaction, b.idle_in_transaction)
             out[h.id] = h
     for gid, xid, owner, database, at_ms in inst.prepared:
         xid8 = to_xid8(xid, nxt)
@@ -195,7 +198,8 @@ def holds_of(inst: Instance, own_pid: int | None = None) -> dict[str, PgHold]:
                 continue
             xid8 = to_xid8(slot_xid, nxt)
             hid = f"slot-{name}{suffix}@{xid8}"
-            out[hid] = PgHold("reader", hid, xid8, f"{what}: {'catalog_xmin' if suffix else 'xmin'}", None)
+            out[hid] = PgHold("reader", hid, xid8, f"{what}: {'catalog_xmin' if suffix else 'xmin'}", None,
+                              marked=not active)
     for app, addr, state, xmin, start_ms in inst.standbys:
         xid8 = to_xid8(xmin, nxt)
         hid = f"standby-{app or addr or '?'}@{xid8}"

@@ -77,8 +77,9 @@ def test_each_hold_kind_with_its_xid8_id_and_label() -> None:
     assert (prepared.kind, prepared.ts, prepared.pid, prepared.opened_wall_ms) == ("prepared", epoch + 960, None,
                                                                                  NOW_MS - 5_000)
     slot = by_id[f"slot-cdc.catalog@{epoch + 800}"]
-    assert "INACTIVE" in slot.label and "catalog_xmin" in slot.label and slot.pid is None
-    assert "INACTIVE" not in by_id[f"slot-phys@{epoch + 850}"].label
+    assert "INACTIVE" in slot.label and "catalog_xmin" in slot.label and slot.pid is None and slot.marked
+    assert "INACTIVE" not in by_id[f"slot-phys@{epoch + 850}"].label and not by_id[f"slot-phys@{epoch + 850}"].marked
+    assert snap.marked and not running.marked  # what each label says in capitals: the agent relabels when it changes
     assert by_id[f"standby-replica-1@{epoch + 870}"].label.startswith("standby replica-1 (127.0.0.1, streaming)")
     assert all(h.id not in ("backend-99@" + str(epoch + 10)) for h in holds.values())  # the agent's own backend
 
