@@ -53,15 +53,15 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
                           **settings.jvm())
+    stopping = threading.Event()  # in place of Spark's SIGINT handler, which cancels jobs from inside a py4j call
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)
     print(f"safepoint run: reading {settings.events_topic} and {settings.control_topic} at {settings.bootstrap}, "
           f"checkpoint {settings.checkpoint}", flush=True)
     print(f"safepoint run: the core runs {'compiled' if CORE == 'compiled' else 'as Python'} ({CORE_WHY})", flush=True)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     last = None
     told = 0
     try:

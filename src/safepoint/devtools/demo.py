@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import queue
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -248,13 +249,18 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
                              port=settings.http_port or 0)  # before Spark: nothing else takes the port
         spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file,
                               **settings.jvm())
+        # Spark's own SIGINT handler cancels its jobs from inside whatever py4j call the main thread is in,
+        # which fails with a reentrant call and logs tracebacks; Ctrl-C only asks the loop below to end
+        stopping = threading.Event()
+        signal.signal(signal.SIGINT, lambda *_: stopping.set())
+        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
         query = build_query(spark, settings)
 
         view = LiveView(settings, expiries)
         last_print = 0.0
         last_batch = None
         try:
-            while duration_s is None or time.monotonic() - start < duration_s:
+            while not stopping.is_set() and (duration_s is None or time.monotonic() - start < duration_s):
                 view.poll(1.0)
                 if not query.isActive:
                     print(f"the job stopped: {query.exception()}", file=sys.stderr)
