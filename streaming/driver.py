@@ -8,9 +8,7 @@ starts (so that its port is bound first); ``active()`` says whether the query ru
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -33,7 +31,7 @@ class Surface(Protocol):
 def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
     """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
     from safepoint.streaming.job import batch_accounting, build_query, gaps_in, messages_in
-    from safepoint.streaming.session import build_session, stop_session
+    from safepoint.streaming.session import build_session, stop_on_signals, stop_session
 
     if not settings.checkpoint:
         msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
@@ -53,9 +51,7 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
                           **settings.jvm())
-    stopping = threading.Event()  # in place of Spark's SIGINT handler, which cancels jobs from inside a py4j call
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    stopping = stop_on_signals()
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
     query = build_query(spark, settings)

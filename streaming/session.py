@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from safepoint.errors import JavaMissingError
 from safepoint.streaming.classes import java_options
 from safepoint.streaming.java import java_binary, java_version_text
 
-__all__ = ["GC_OPTIONS", "JIT_OPTIONS", "check_java", "build_session", "quiet_accumulator_hangup", "spark_conf"]
+__all__ = ["GC_OPTIONS", "JIT_OPTIONS", "check_java", "build_session", "stop_on_signals", "quiet_accumulator_hangup", "spark_conf"]
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
@@ -151,6 +153,17 @@ def build_session(
     spark.sparkContext.setLogLevel("WARN")
     quiet_accumulator_hangup(getattr(spark.sparkContext, "_accumulatorServer", None))
     return spark
+
+
+def stop_on_signals() -> threading.Event:
+    """Set the returned event on SIGINT or SIGTERM, in place of the handler a Spark session installs
+    for SIGINT: that one cancels every job from inside whatever py4j call the main thread is in,
+    which fails with a reentrant read and logs tracebacks. For a command's main thread, once its
+    session exists; its loop ends when the event is set."""
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    return stopping
 
 
 def stop_session(spark: Any) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -201,7 +200,7 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
     from safepoint.streaming.job import batch_accounting, build_query, messages_in
-    from safepoint.streaming.session import build_session, check_java, stop_session
+    from safepoint.streaming.session import build_session, check_java, stop_on_signals, stop_session
 
     check_java()
     tty = sys.stdout.isatty()
@@ -249,35 +248,30 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
                              port=settings.http_port or 0)  # before Spark: nothing else takes the port
         spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-demo", log_file=log_file,
                               **settings.jvm())
-        # Spark's own SIGINT handler cancels its jobs from inside whatever py4j call the main thread is in,
-        # which fails with a reentrant call and logs tracebacks; Ctrl-C only asks the loop below to end
-        stopping = threading.Event()
-        signal.signal(signal.SIGINT, lambda *_: stopping.set())
-        signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+        stopping = stop_on_signals()  # Ctrl-C ends the demo as its duration does: the summary, then a clean stop
         query = build_query(spark, settings)
 
         view = LiveView(settings, expiries)
         last_print = 0.0
         last_batch = None
-        try:
-            while not stopping.is_set() and (duration_s is None or time.monotonic() - start < duration_s):
-                view.poll(1.0)
-                if not query.isActive:
-                    print(f"the job stopped: {query.exception()}", file=sys.stderr)
-                    return 1
-                if not sim_thread.is_alive() and (duration_s is None or time.monotonic() - start < duration_s - 1):
-                    print("the simulator stopped early (its error is printed above); stopping the demo", file=sys.stderr)
-                    return 1
-                prog = query.lastProgress
-                job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
-                if prog and prog["batchId"] != last_batch:
-                    last_batch = prog["batchId"]
-                    surface.batch(prog, batch_accounting(prog), messages_in(prog))
-                group = view.render(f"safepoint demo ({nodes} nodes, {rate:.0f} events/s)",
-                                    f"t+{time.monotonic() - start:.0f}s   job: {job}")
-                last_print = show(group, tty, last_print)
-        except KeyboardInterrupt:  # Ctrl-C ends the demo as its duration does: the summary, then a clean stop
-            print(flush=True)
+        while not stopping.is_set() and (duration_s is None or time.monotonic() - start < duration_s):
+            view.poll(1.0)
+            if not query.isActive:
+                print(f"the job stopped: {query.exception()}", file=sys.stderr)
+                return 1
+            if not sim_thread.is_alive() and (duration_s is None or time.monotonic() - start < duration_s - 1):
+                print("the simulator stopped early (its error is printed above); stopping the demo", file=sys.stderr)
+                return 1
+            prog = query.lastProgress
+            job = f"batch {prog['batchId']}, {messages_in(prog)} events" if prog else "starting"
+            if prog and prog["batchId"] != last_batch:
+                last_batch = prog["batchId"]
+                surface.batch(prog, batch_accounting(prog), messages_in(prog))
+            group = view.render(f"safepoint demo ({nodes} nodes, {rate:.0f} events/s)",
+                                f"t+{time.monotonic() - start:.0f}s   job: {job}")
+            last_print = show(group, tty, last_print)
+        if stopping.is_set():
+            print(flush=True)  # past the ^C a terminal echoes
         print(f"demo finished: {view.count} directives; final:", flush=True)
         for name, d in sorted(view.latest.items()):
             print(f"  cluster {name}: seq {d['seq']}, safe point {view.state.ts_full(d['safe_ts'], name)}", flush=True)
