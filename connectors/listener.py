@@ -52,6 +52,7 @@ from safepoint.connectors.directive_models import (
 from safepoint.connectors.kafka.clients import (
     CLIENT_ERRORS,
     CONFLUENT,
+    GROUP_AUTHORIZATION_FAILED,
     PARTITION_EOF,
     assign_from_beginning,
     check_client,
@@ -323,7 +324,8 @@ class DirectiveListener(NodeDirectivesMixin):
         if err is not None:
             if err.code() == PARTITION_EOF:
                 return self._on_eof(msg.partition())
-            log.warning("directive listener: error reading %s: %s", self.topic, err)
+            level = logging.DEBUG if err.code() == GROUP_AUTHORIZATION_FAILED else logging.WARNING
+            log.log(level, "directive listener: error reading %s: %s", self.topic, err)
             return None
         self._counts["received"] += 1
         raw = msg.value()

@@ -33,11 +33,14 @@ import logging
 import secrets
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from safepoint.connectors.actions import LOST, ActionOutcomes, ActionRefused, ControlPublisher
 from safepoint.core.signing import owner_digest
 from safepoint.errors import SafepointError
+
+if TYPE_CHECKING:
+    from safepoint.settings import Settings
 
 __all__ = ["HoldLost", "HoldRefused", "ServiceHold"]
 
@@ -89,6 +92,18 @@ class ServiceHold:
         self._polling = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, cluster: str, holder: str, ts: int, ttl_ms: int,
+                      **kwargs: Any) -> ServiceHold:
+        """A hold on the deployment ``settings`` describe: its bootstrap, control and status topics, Kafka
+        client and the extra Kafka keys of its ``[kafka]`` table (SASL, TLS)."""
+        conf = settings.librdkafka()
+        conf.update(kwargs.pop("conf", None) or {})
+        kwargs.setdefault("client", settings.client)
+        kwargs.setdefault("control_topic", settings.control_topic)
+        kwargs.setdefault("status_topic", settings.status_topic)
+        return cls(conf.pop("bootstrap.servers"), cluster, holder, ts, ttl_ms, conf=conf, **kwargs)
 
     @property
     def outcomes_available(self) -> bool:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything safepoint needs on a fresh machine: Java check (and install where
 # possible), a virtualenv in .venv, the project and its pinned dependencies (PySpark, the
-# embedded broker noida-db, confluent-kafka). Idempotent: a second run is quick.
+# embedded broker noida-db, confluent-kafka), Apache Kafka and Spark's Kafka connector from Maven
+# Central (into .jars/). Idempotent: a second run is quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,6 +58,35 @@ if [ "${#missing[@]}" -gt 0 ]; then
     echo "setup: ${missing[*]} not found (apt-get install ${missing[*]}); their tests will be skipped (and fail in CI)" >&2
   fi
 fi
+
+# Apache Kafka (KRaft) and Spark's Kafka connector from Maven Central, into .jars/ (git ignores it):
+# the tests run real Kafka from those jars and Spark's own Kafka source beside the Python one
+# (scripts/jars/*/pom.xml pin them). A second run checks a stamp and does nothing.
+install_jars() {
+  local name="$1" pom="scripts/jars/$1/pom.xml" dest=".jars/$1"
+  local want
+  want=$(sha256sum "$pom" | cut -c1-16)
+  if [ -f "$dest/.pom-sha" ] && [ "$(cat "$dest/.pom-sha")" = "$want" ]; then
+    return 0
+  fi
+  if ! command -v mvn >/dev/null 2>&1; then
+    echo "setup: Maven (mvn) not found: $name is not installed; the tests that run it fail in CI (apt-get install maven)" >&2
+    return 1
+  fi
+  rm -rf "$dest"
+  if ! mvn -q -B -Dstyle.color=never -f "$pom" package >.jars-$name.log 2>&1; then
+    echo "setup: could not fetch $name from Maven Central (see .jars-$name.log); without it the tests that run" >&2
+    echo "       Apache Kafka or Spark's Kafka connector fail in CI: check that this machine reaches repo.maven.apache.org" >&2
+    rm -rf "$dest"
+    return 1
+  fi
+  rm -f ".jars-$name.log"
+  echo "$want" >"$dest/.pom-sha"
+  echo "setup: installed $name ($(ls "$dest" | grep -c '\.jar$') jars in $dest)"
+}
+mkdir -p .jars
+install_jars kafka || true
+install_jars spark-kafka || true
 
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -19,7 +19,7 @@ from safepoint.core.gaps import Gap
 from safepoint.errors import SafepointError
 from safepoint.settings import Settings
 
-__all__ = ["Surface", "run_job"]
+__all__ = ["Surface", "prepare_topics", "run_job"]
 
 
 class Surface(Protocol):
@@ -28,14 +28,10 @@ class Surface(Protocol):
     def close(self) -> None: ...
 
 
-def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
-    """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
-    from safepoint.streaming.job import batch_accounting, build_query, gaps_in, messages_in
-    from safepoint.streaming.session import build_session, stop_on_signals, stop_session
-
-    if not settings.checkpoint:
-        msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
-        raise SafepointError(msg)
+def prepare_topics(settings: Settings) -> list[str]:
+    """The job's first step: create the contract's topics that do not exist (the events and control
+    topics with the broker's record times, ``LogAppendTime``), say which it created, and warn about an
+    events or control topic that keeps its producers' record times. Returns the topics created."""
     created = ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), settings.events_partitions))
     if created:
         print(f"created topics: {', '.join(created)}", flush=True)
@@ -47,10 +43,22 @@ def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surf
                   "or the order of control and node events; "
                   f"set message.timestamp.type={LOG_APPEND_TIME} on the topic (operator guide, Time)", file=sys.stderr,
                   flush=True)
+    return created
+
+
+def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
+    """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
+    from safepoint.streaming.job import batch_accounting, build_query, gaps_in, messages_in
+    from safepoint.streaming.session import build_session, kafka_connector_conf, stop_on_signals, stop_session
+
+    if not settings.checkpoint:
+        msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
+        raise SafepointError(msg)
+    prepare_topics(settings)
     query: Any = None
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
     spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
-                          **settings.jvm())
+                          extra=kafka_connector_conf() if settings.source_format == "kafka" else None, **settings.jvm())
     stopping = stop_on_signals()
     if settings.spark_ui:
         print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)

@@ -42,10 +42,11 @@ def kafka_connector_missing(spark: Any) -> str | None:
             KAFKA_CONNECTOR_CLASS, True, spark.sparkContext._jvm.Thread.currentThread().getContextClassLoader()
         )
     except Exception:  # noqa: BLE001 - py4j wraps ClassNotFoundException
-        version = spark.version
+        from safepoint.streaming.session import KAFKA_CONNECTOR
+
         return (
             f"Spark's Kafka connector ({KAFKA_CONNECTOR_CLASS}) is not on the classpath: submit with "
-            f"--packages org.apache.spark:spark-sql-kafka-0-10_2.13:{version}, or use source_format = \"python\""
+            f"--packages {KAFKA_CONNECTOR}:{spark.version}, or use source_format = \"python\""
         )
     return None
 

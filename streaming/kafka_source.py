@@ -51,6 +51,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import StructType
 
+from safepoint.connectors.kafka.clients import GROUP_AUTHORIZATION_FAILED, PARTITION_EOF, watermarks
 from safepoint.connectors.kafka.topics import TIMESTAMP_LOG_APPEND_TIME
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import control_partition, is_control, kafka_partition
@@ -84,9 +85,17 @@ CONTROL_TOPIC_ID = "control_topic_id"
 NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 """The id a broker without topic ids reports (all zero): then only offsets below where the job stands tell."""
 TOPIC_ID_EVERY_S = 5.0
+LEADER_WAIT_S = 60.0
+"""How long the source asks a partition's offsets again while its leader moves (a broker died: Kafka
+elects another once the dead one's session ends, 9 s by default) before the batch fails."""
 GAPS_KEPT = 64
 """The newest gaps the offset keeps: a cluster silent through more gaps than this takes them all as one
 of every partition (see ``find_gaps``)."""
+
+NOT_THE_PARTITIONS = (PARTITION_EOF, GROUP_AUTHORIZATION_FAILED)
+"""Consumer errors that say nothing of the partition read: its end reached, and a broker with ACLs
+refusing the lookup of the consumer's group (the source only assigns, never commits: its principal
+needs no group ACL)."""
 
 # Clients live per Python worker process, keyed by their configuration; never pickled.
 _CONSUMERS: dict[str, Any] = {}
@@ -288,7 +297,6 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self.topic, p
 
     def _watermarks(self) -> dict[str, tuple[int, int]]:
-        from confluent_kafka import TopicPartition
 
         consumer = _consumer(self.options)
         marks = {}
@@ -298,9 +306,8 @@ class KafkaStreamReader(DataSourceStreamReader):
             if topic is None or topic.error is not None:
                 msg = f"topic {name} is not available: {topic.error if topic else 'missing'}"
                 raise RuntimeError(msg)
-            for p in sorted(topic.partitions):
-                lo, hi = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=30, cached=False)
-                marks[partition_key(p, control)] = (lo, hi)
+            for p in sorted(topic.partitions):  # a leader moving (a broker died) is waited out
+                marks[partition_key(p, control)] = watermarks(consumer, name, p, LEADER_WAIT_S)
         return marks
 
     def initialOffset(self) -> dict[str, int]:
@@ -430,7 +437,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         yield from self._read(partition)
 
     def _read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
-        from confluent_kafka import KafkaError, TopicPartition
+        from confluent_kafka import TopicPartition
 
         consumer = _consumer(self.options)
         unchecked = True
@@ -444,8 +451,7 @@ class KafkaStreamReader(DataSourceStreamReader):
                 unchecked = False
                 return
             unchecked = False
-            lo, _hi = consumer.get_watermark_offsets(TopicPartition(partition.topic, partition.partition), timeout=30,
-                                                     cached=False)
+            lo, _hi = watermarks(consumer, partition.topic, partition.partition, LEADER_WAIT_S)
             if lo > partition.start:
                 msg = (f"events lost while reading {partition.topic}[{partition.partition}]: offsets {partition.start}.."
                        f"{lo - 1} were deleted after the batch was planned; the batch fails and, run again, takes them "
@@ -476,7 +482,7 @@ class KafkaStreamReader(DataSourceStreamReader):
                 for m in msgs:
                     err = m.error()
                     if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
+                        if err.code() in NOT_THE_PARTITIONS:
                             continue
                         msg = f"Kafka error reading {partition.topic}[{partition.partition}]: {err}"
                         raise RuntimeError(msg)

@@ -15,7 +15,8 @@ from safepoint.errors import JavaMissingError
 from safepoint.streaming.classes import java_options
 from safepoint.streaming.java import java_binary, java_version_text
 
-__all__ = ["GC_OPTIONS", "JIT_OPTIONS", "check_java", "build_session", "stop_on_signals", "quiet_accumulator_hangup", "spark_conf"]
+__all__ = ["GC_OPTIONS", "JIT_OPTIONS", "KAFKA_CONNECTOR", "check_java", "build_session", "kafka_connector_conf", "stop_on_signals",
+           "quiet_accumulator_hangup", "spark_conf"]
 
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
@@ -41,6 +42,25 @@ against 1,835 and 1,817 MB, the JVM's CPU per event 5 us either way. ``default``
 choice (G1 on a server-class machine). Not set on executors: a cluster's have cores and heap to
 spare."""
 LOCAL_CHECKPOINT_FS = "spark.hadoop.fs.AbstractFileSystem.file.impl"
+
+
+KAFKA_CONNECTOR = "org.apache.spark:spark-sql-kafka-0-10_2.13"
+"""Spark's own Kafka source and sink (``source_format = "kafka"``): the Maven coordinates, without the
+version, which is PySpark's."""
+
+
+def kafka_connector_conf() -> dict[str, str]:
+    """The Spark settings that put Spark's Kafka connector on a session's classpath: the jars setup
+    installed (``.jars/spark-kafka``, ``safepoint/jars.py``), else Spark's own package resolution of
+    the connector for this PySpark from Maven Central (it downloads it at the session's start)."""
+    from safepoint.jars import SPARK_KAFKA, installed
+
+    jars = installed(SPARK_KAFKA)
+    if jars:
+        return {"spark.jars": ",".join(str(j) for j in jars)}
+    import pyspark
+
+    return {"spark.jars.packages": f"{KAFKA_CONNECTOR}:{pyspark.__version__}"}
 
 
 def check_java() -> str:

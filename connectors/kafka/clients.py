@@ -28,6 +28,7 @@ __all__ = [
     "CLIENTS",
     "CLIENT_ERRORS",
     "CONFLUENT",
+    "GROUP_AUTHORIZATION_FAILED",
     "KAFKA_PYTHON",
     "PARTITION_EOF",
     "RECEIVE_MESSAGE_MAX_BYTES",
@@ -42,6 +43,7 @@ __all__ = [
     "make_consumer",
     "read_positions",
     "set_paused",
+    "watermarks",
 ]
 
 CONFLUENT = "confluent"
@@ -49,6 +51,10 @@ KAFKA_PYTHON = "kafka-python"
 CLIENTS = (CONFLUENT, KAFKA_PYTHON)
 PARTITION_EOF = -191
 """librdkafka's ``RD_KAFKA_RESP_ERR__PARTITION_EOF``: the error code of an end-of-partition event."""
+GROUP_AUTHORIZATION_FAILED = 30
+"""A broker with ACLs refused the lookup of a consumer's group. librdkafka asks for the coordinator of
+the ``group.id`` that confluent-kafka requires, though the project's consumers only assign partitions
+and never commit: their principals need no group ACL, and they read on (it is logged at debug level)."""
 
 
 RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000
@@ -429,14 +435,39 @@ def set_paused(consumer: Any, topic: str, positions: Mapping[int, int], paused: 
         consumer.assign([TopicPartition(topic, p, offset) for p, offset in sorted(positions.items())])
 
 
+LEADER_MOVING = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART",
+                           "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "REPLICA_NOT_AVAILABLE",
+                           "_TRANSPORT", "_TIMED_OUT", "_DESTROY_BROKER"})
+"""The errors of an offsets request while a partition's leader moves (a broker died, an election, a
+topic just made whose leaders the broker has not taken up yet; ``_DESTROY_BROKER``: librdkafka dropped
+the dead broker's connection under the request): asked again until the deadline, as is any error
+librdkafka calls retriable."""
+
+
+def watermarks(consumer: Any, topic: str, partition: int, timeout_s: float = 5.0) -> tuple[int, int]:
+    """A partition's (first, end) offsets asked of its leader now (a confluent-kafka consumer). While
+    the leader moves (``LEADER_MOVING``), asked again until ``timeout_s`` pass; then, or on any
+    other error, the ``KafkaException`` is raised."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                    timeout=max(0.5, deadline - time.monotonic()), cached=False)
+            return int(lo), int(hi)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.name() in LEADER_MOVING) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def end_offsets(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int]:
     """Each partition's end offset, asked of the broker now (no fetch), either library."""
     if isinstance(consumer, PyConsumer):
         return consumer.ends(topic, partitions)
-    from confluent_kafka import TopicPartition
-
-    return {p: int(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1])
-            for p in sorted(partitions)}
+    return {p: watermarks(consumer, topic, p)[1] for p in sorted(partitions)}
 
 
 def known_ends(consumer: Any, topic: str, partitions: Iterable[int]) -> dict[int, int]:
@@ -460,7 +491,4 @@ def read_positions(consumer: Any, topic: str, partitions: Iterable[int], seen: M
     partition's first record, its first offset (which compaction may have moved on)."""
     if isinstance(consumer, PyConsumer):
         return consumer.positions(topic, partitions)
-    from confluent_kafka import TopicPartition
-
-    return {p: seen[p] if p in seen else int(
-        consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[0]) for p in sorted(partitions)}
+    return {p: seen[p] if p in seen else watermarks(consumer, topic, p)[0] for p in sorted(partitions)}

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from safepoint.connectors.kafka.clients import RECEIVE_MESSAGE_MAX_BYTES
+from safepoint.connectors.kafka.clients import RECEIVE_MESSAGE_MAX_BYTES, watermarks
 from safepoint.connectors.kafka.idle import IdlePause
 
 __all__ = ["TopicFollower", "read_to_end"]
@@ -87,8 +87,7 @@ class TopicFollower:
             return False
         for tp in found:
             if tp not in self._next:
-                self._next[tp] = (int(self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5)[1])
-                                  if self.start == "end" else OFFSET_BEGINNING)
+                self._next[tp] = watermarks(self._consumer, *tp)[1] if self.start == "end" else OFFSET_BEGINNING
         self._consumer.assign([TopicPartition(t, p, self._next[(t, p)]) for t, p in found])
         self._idle.reset()
         self.error = None
@@ -115,12 +114,9 @@ class TopicFollower:
     def _ends(self) -> dict[TP, int]:
         """Each partition's end offset, asked of the broker now (and the first offset of those not
         read yet, in the same answer)."""
-        from confluent_kafka import TopicPartition
-
         ends = {}
         for tp in self._next:
-            first, ends[tp] = (int(x) for x in self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5,
-                                                                                    cached=False))
+            first, ends[tp] = watermarks(self._consumer, *tp)
             if self._next[tp] < 0:
                 self._first[tp] = first
         self.last_poll = time.monotonic()  # the broker answered
@@ -140,8 +136,6 @@ class TopicFollower:
     def _positions(self) -> dict[TP, int]:
         """What was read; before the first record of a partition, its first offset (compaction or
         retention may have moved it on: asked of the broker once, then with each ask of the ends)."""
-        from confluent_kafka import TopicPartition
-
         out = {}
         for tp, offset in self._next.items():
             if offset >= 0:
@@ -149,8 +143,7 @@ class TopicFollower:
                 continue
             first = self._first.get(tp)
             if first is None:
-                first = self._first[tp] = int(
-                    self._consumer.get_watermark_offsets(TopicPartition(*tp), timeout=5, cached=False)[0])
+                first = self._first[tp] = watermarks(self._consumer, *tp)[0]
             out[tp] = first
         return out
 

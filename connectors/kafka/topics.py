@@ -21,23 +21,33 @@ TIMESTAMP_LOG_APPEND_TIME = 2
 clock, which no producer can move (``core/clock.py``); readers take a record's time only then."""
 
 
+BROKER_DEFAULT = -1
+"""The replication factor of a topic the project makes: the broker's own ``default.replication.factor``
+(its ``min.insync.replicas`` likewise), so a cluster of three keeps three copies and one broker
+alone keeps one."""
+
+
 def topic_specs(topics: dict[str, str], events_partitions: int, log_append_time: bool = True) -> list[NewTopic]:
     """The contract's topics: events and, where set, control (delete; their records stamped by the
     broker, unless ``log_append_time`` is False: then they keep the times their producers give, as a
     log written by a test with its events' own times does; the control topic has one partition:
     its events are few, and a cluster's are ordered), directives (compact), alerts and dead letters
-    (delete), and where set the accounting (delete) and status (compact) topics."""
+    (delete), and where set the accounting (delete) and status (compact) topics. Each is replicated
+    as the broker's defaults say (``BROKER_DEFAULT``)."""
     events = {"cleanup.policy": "delete", **({TIMESTAMP_TYPE: LOG_APPEND_TIME} if log_append_time else {})}
+    delete, compact = {"cleanup.policy": "delete"}, {"cleanup.policy": "compact"}
+
+    def one(name: str, config: dict[str, str]) -> NewTopic:
+        return NewTopic(name, num_partitions=1, replication_factor=BROKER_DEFAULT, config=config)
+
     return [
-        NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=1, config=events),
-        NewTopic(topics["directives"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"}),
-        NewTopic(topics["alerts"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
-        NewTopic(topics["deadletter"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"}),
-    ] + ([NewTopic(topics["control"], num_partitions=1, replication_factor=1, config=events)]
-         if topics.get("control") else []) + ([NewTopic(topics["accounting"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "delete"})]
-         if topics.get("accounting") else []) + (
-        [NewTopic(topics["status"], num_partitions=1, replication_factor=1, config={"cleanup.policy": "compact"})]
-        if topics.get("status") else [])
+        NewTopic(topics["events"], num_partitions=events_partitions, replication_factor=BROKER_DEFAULT, config=events),
+        one(topics["directives"], compact),
+        one(topics["alerts"], delete),
+        one(topics["deadletter"], delete),
+    ] + ([one(topics["control"], events)] if topics.get("control") else []) + (
+        [one(topics["accounting"], delete)] if topics.get("accounting") else []) + (
+        [one(topics["status"], compact)] if topics.get("status") else [])
 
 
 REACH_TIMEOUT_S = 10.0
@@ -68,15 +78,16 @@ def check_reachable(conf: dict[str, Any], timeout_s: float = REACH_TIMEOUT_S) ->
 
 def topic_ends(conf: dict[str, Any], topic: str, timeout_s: float = REACH_TIMEOUT_S) -> dict[int, int]:
     """The end offset (high watermark) of every partition of ``topic``; {} when it does not exist."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer
+
+    from safepoint.connectors.kafka.clients import watermarks
 
     consumer = Consumer(quiet({**conf, "group.id": "safepoint-topic-ends", "enable.auto.commit": False}))
     try:
         meta = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
         if meta is None or meta.error is not None:
             return {}
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s, cached=False)[1]
-                for p in sorted(meta.partitions)}
+        return {p: watermarks(consumer, topic, p, timeout_s)[1] for p in sorted(meta.partitions)}
     except KafkaException as exc:
         raise _unreachable(conf, timeout_s, exc) from exc
     finally:
@@ -116,6 +127,35 @@ def ensure_topics(conf: dict[str, Any], specs: list[NewTopic], timeout_s: float 
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" in str(exc) or "already exists" in str(exc):
                 continue
-            msg = f"cannot create topic {name}: {exc}"
+            if "AUTHORIZATION_FAILED" in str(exc):
+                msg = (f"cannot create topic {name}: the broker refused it to {conf.get('sasl.username') or 'this principal'} "
+                       "(no CREATE on the topic or the cluster); create the topic beforehand as an administrator, or grant "
+                       "CREATE (the security page, Kafka ACLs)")
+            else:
+                msg = f"cannot create topic {name}: {exc}"
             raise BrokerError(msg) from exc
+    _wait_led(conf, created, timeout_s)
     return created
+
+
+def _wait_led(conf: dict[str, Any], names: list[str], timeout_s: float) -> None:
+    """Wait until every partition of the topics ``names`` answers an offsets request: a broker takes
+    up the leadership of a topic just made a moment after it said the topic exists (Apache Kafka
+    answers ``NOT_LEADER_FOR_PARTITION`` meanwhile)."""
+    if not names:
+        return
+    from confluent_kafka import Consumer
+
+    from safepoint.connectors.kafka.clients import watermarks
+
+    consumer = Consumer(quiet({**conf, "group.id": "safepoint-topic-ends", "enable.auto.commit": False}))
+    try:
+        for name in names:
+            meta = consumer.list_topics(name, timeout=timeout_s).topics.get(name)
+            for p in sorted(meta.partitions if meta is not None else ()):
+                watermarks(consumer, name, p, timeout_s)
+    except KafkaException as exc:
+        msg = f"the topics {', '.join(names)} were made but do not answer yet: {exc}"
+        raise BrokerError(msg) from exc
+    finally:
+        consumer.close()

@@ -13,7 +13,7 @@ from typing import Any
 
 from safepoint import __version__
 from safepoint.core.policy import SECRET_FIELDS, Policy
-from safepoint.errors import SafepointError
+from safepoint.errors import ConfigError, SafepointError
 from safepoint.settings import POLICY_KEYS, Settings, env_name, load_settings
 
 __all__ = ["main", "build_parser"]
@@ -109,11 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (local use and tests)")
-    p.add_argument("--port", type=int, default=None, help=f"listen port [env {env_name('port')}; default 9092]")
+    p = sub.add_parser("broker", help="run a broker for local use and tests: the embedded one, or Apache Kafka (--kafka)")
+    p.add_argument("--port", type=int, default=None,
+                   help=f"listen port (--nodes N: ports PORT to PORT+N-1) [env {env_name('port')}; default 9092]")
     p.add_argument(
         "--data-dir", default=None, help=f"data directory [env {env_name('data_dir')}; default: a fresh temporary one]"
     )
+    p.add_argument("--kafka", action="store_true",
+                   help="run Apache Kafka (KRaft) from the jars setup installs instead of the embedded broker")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="brokers of the Apache Kafka cluster (3: topics get 3 replicas, min.insync.replicas=2)")
+
+    p = sub.add_parser("acls", help="the Kafka ACLs a role needs on this deployment's topics: print them, or grant them")
+    p.add_argument("role", choices=("node", "agent", "job", "operator", "holder"), help="what the principal does")
+    p.add_argument("principal", help="User:NAME, the principal Kafka authenticates (its SASL user)")
+    p.add_argument("--apply", action="store_true",
+                   help="grant them with the admin API, as the principal of the [kafka] settings (else print "
+                        "kafka-acls.sh lines)")
+    _kafka_flags(p)
+    _flag(p, "status-topic", "compacted topic of the status ('' = no status)")
+    _flag(p, "accounting-topic", "the accounting topic ('' = none)")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
     p = sub.add_parser("run", help="run the streaming job until SIGINT/SIGTERM")
     _kafka_flags(p)
@@ -189,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a real engine beside the simulated cluster, started on loopback (etcd: Debian's etcd, "
                         "compacted by its agent as cluster etcd-main; postgres: Debian's PostgreSQL with a writer "
                         "and a forgotten report, reported by its agent as cluster pg-main); repeatable")
+    p.add_argument("--kafka", action="store_true", dest="apache_kafka",
+                   help="run Apache Kafka (KRaft, from the jars setup installs) instead of the embedded broker")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
 
     p = sub.add_parser("soak", help="simulator + job for a set time, then an independent safety/liveness check")
@@ -240,10 +258,32 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    port = _env_or(args, "port", 9092, int)
+    data_dir = _env_or(args, "data_dir", None, str)
+    if args.kafka:
+        from safepoint.devtools.apache_kafka import run_foreground as run_kafka
+
+        return run_kafka(port, data_dir, args.nodes)
+    if args.nodes != 1:
+        msg = "--nodes needs --kafka: the embedded broker is one process"
+        raise ConfigError(msg)
     from safepoint.devtools.broker import run_foreground
 
-    port = _env_or(args, "port", 9092, int)
-    return run_foreground(port, _env_or(args, "data_dir", None, str))
+    return run_foreground(port, data_dir)
+
+
+def cmd_acls(args: argparse.Namespace) -> int:
+    from safepoint.connectors.kafka.acls import apply, shell_lines
+
+    settings = load_settings(args.config, {k: v for k, v in vars(args).items()
+                                           if k not in ("command", "config", "verbose", "role", "principal", "apply")})
+    if args.apply:
+        n = apply(settings.librdkafka(), args.role, args.principal, settings.topics())
+        print(f"safepoint acls: granted {n} ACLs of the {args.role} role to {args.principal}")
+        return 0
+    for line in shell_lines(args.role, args.principal, settings.topics(), settings.bootstrap):
+        print(line)
+    return 0
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -316,6 +356,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         namespaces=_env_or(args, "namespaces", 3, int),
         engines=tuple(dict.fromkeys(args.engine)),
+        kafka=args.apache_kafka,
     )
 
 
@@ -434,7 +475,7 @@ COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "se
                   "soak": "dev", "bench": "dev", "spark-classes": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"node-key": cmd_node_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
+COMMANDS = {"node-key": cmd_node_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "acls": cmd_acls, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

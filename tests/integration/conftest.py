@@ -1,14 +1,17 @@
-"""One broker and one Spark session for the whole integration suite.
+"""One embedded broker, one Apache Kafka and one Spark session for the whole integration suite
+(per pytest worker; each starts when a test first needs it).
 
-The broker is the embedded one unless SAFEPOINT_TEST_KAFKA says otherwise:
-``container`` starts Apache Kafka (KRaft) with testcontainers (needs a Docker engine), and
-``bootstrap=HOST:PORT`` uses a Kafka that is already running.
+``broker`` is the embedded broker for a module unless the module is marked ``kafka``
+(``pytestmark = [..., pytest.mark.kafka]``): then it is Apache Kafka (KRaft) from the jars setup
+installs (``apache_kafka``), as for the tests that check what only real Kafka does. The README's
+table in docs/development.md says which modules run where. ``SAFEPOINT_TEST_KAFKA`` overrides it
+for every module: ``kafka`` runs the whole suite on Apache Kafka, ``bootstrap=HOST:PORT`` on a
+Kafka that is already running.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,9 +20,10 @@ from typing import Any
 import pytest
 
 from safepoint.devtools.broker import EmbeddedBroker
+from safepoint.jars import KAFKA, SPARK_KAFKA, installed
 from safepoint.streaming.java import C1_ONLY
 
-KAFKA_IMAGE = "apache/kafka:4.1.0"
+from observers import missing_tool
 
 # Every Spark JVM the suite starts (its sessions, each job process, the README's commands: they
 # inherit this) compiles with C1 only. The suite's JVMs live seconds to minutes, where C2's
@@ -35,33 +39,14 @@ class ExternalKafka:
     bootstrap: str
 
 
-def docker_engine() -> str | None:
-    """None when a Docker engine answers, else why not."""
-    try:
-        proc = subprocess.run(["docker", "info", "--format", "{{.ServerVersion}}"], capture_output=True, text=True,
-                              timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"no Docker CLI or engine ({exc})"
-    if proc.returncode != 0 or not proc.stdout.strip():
-        return "no Docker engine answers (`docker info` failed): " + (proc.stderr.strip().splitlines() or ["?"])[-1]
-    return None
+def require_jars(name: str) -> None:
+    """Skip without the jars ``name`` for a developer; fail in CI (``missing_tool``)."""
+    if not installed(name):
+        missing_tool(f"the {name} jars are not installed (./scripts/setup.sh installs them from Maven Central)")
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[Any]:
-    mode = os.environ.get("SAFEPOINT_TEST_KAFKA", "embedded")
-    if mode.startswith("bootstrap="):
-        yield ExternalKafka(mode.split("=", 1)[1])
-        return
-    if mode == "container":
-        why = docker_engine()
-        if why:
-            pytest.skip(f"SAFEPOINT_TEST_KAFKA=container needs a Docker engine: {why}")
-        from testcontainers.kafka import KafkaContainer
-
-        with KafkaContainer(KAFKA_IMAGE).with_kraft() as kafka:
-            yield ExternalKafka(kafka.get_bootstrap_server())
-        return
+def embedded_broker() -> Iterator[EmbeddedBroker]:
     b = EmbeddedBroker()
     b.start()
     try:
@@ -71,14 +56,42 @@ def broker() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[Any]:
+    """One Apache Kafka broker (its own controller) from the jars setup installs."""
+    require_jars(KAFKA)
+    from safepoint.devtools.apache_kafka import ApacheKafka
+
+    kafka = ApacheKafka().start()
+    try:
+        yield kafka
+    finally:
+        kafka.cleanup()
+
+
+@pytest.fixture(scope="module")
+def broker(request: pytest.FixtureRequest) -> Any:
+    mode = os.environ.get("SAFEPOINT_TEST_KAFKA", "")
+    if mode.startswith("bootstrap="):
+        return ExternalKafka(mode.split("=", 1)[1])
+    if mode == "kafka" or request.node.get_closest_marker("kafka") is not None:
+        return request.getfixturevalue("apache_kafka")
+    if mode not in ("", "embedded"):
+        pytest.fail(f"SAFEPOINT_TEST_KAFKA={mode!r}: use embedded, kafka or bootstrap=HOST:PORT")
+    return request.getfixturevalue("embedded_broker")
+
+
+@pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # tests stay on loopback
-    from safepoint.streaming.session import build_session
+    from safepoint.streaming.session import build_session, kafka_connector_conf
 
     # the whole offset log kept, as job_env keeps it for a job process: the verifier rebuilds every batch from it
+    # Spark's own Kafka connector on the classpath where setup installed it (source_format = "kafka";
+    # test_builtin_kafka.py fails in CI without it)
+    connector = kafka_connector_conf() if installed(SPARK_KAFKA) else {}
     session = build_session(master="local[2]", shuffle_partitions=2, app="safepoint-tests",
-                            extra={"spark.sql.streaming.minBatchesToRetain": "1000000"})
+                            extra={"spark.sql.streaming.minBatchesToRetain": "1000000", **connector})
     try:
         yield session
     finally:

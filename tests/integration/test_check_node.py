@@ -15,7 +15,7 @@ from safepoint.settings import load_settings
 
 from kafka_util import produce, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 def events_topic(bootstrap: str) -> str:

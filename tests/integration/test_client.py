@@ -28,7 +28,7 @@ from safepoint.settings import Settings
 
 from doc_blocks import block
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 WALL0 = 1_700_000_000_000
 

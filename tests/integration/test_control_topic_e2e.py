@@ -18,7 +18,7 @@ from safepoint.cli import main as cli
 from kafka_util import read_topic
 from tests_support import QueryJob, caught_up, log_ends, make_settings, send, verify, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 def compactions(bootstrap: str, topic: str) -> list[dict[str, Any]]:

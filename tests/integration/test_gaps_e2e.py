@@ -23,7 +23,7 @@ from doc_blocks import block
 from kafka_util import produce, read_topic
 from tests_support import QueryJob, _ids, make_settings, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 PARTITIONS = 3
 

@@ -14,7 +14,7 @@ from safepoint.connectors.reporter import Reporter
 from kafka_util import read_topic
 from tests_support import QueryJob, make_settings, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 def mvcc() -> int:

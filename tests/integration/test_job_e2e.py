@@ -20,7 +20,7 @@ from safepoint.settings import load_settings
 from kafka_util import produce, read_topic, unique
 from tests_support import run_to_end
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 class Clock:

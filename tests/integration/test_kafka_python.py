@@ -33,7 +33,7 @@ from kafka_util import produce, unique
 from test_parity import as_message, drained
 from tests_support import run_to_end
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 PARTITIONS = 3
 
 

@@ -19,7 +19,7 @@ from doc_blocks import block
 from kafka_util import produce, read_topic
 from observers import missing_tool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 @pytest.fixture(scope="module")

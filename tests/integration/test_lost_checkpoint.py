@@ -25,7 +25,7 @@ from safepoint.streaming.job import build_query
 
 from kafka_util import produce, read_topic, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:

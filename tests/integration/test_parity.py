@@ -19,7 +19,7 @@ from safepoint.streaming.job import build_query, messages_in
 
 from kafka_util import produce, read_topic, topic_flags, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
 
 def drained(log: list[dict[str, Any]], rng: random.Random) -> list[Any]:

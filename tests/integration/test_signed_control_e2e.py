@@ -27,7 +27,7 @@ from safepoint.devtools.broker import free_port
 from kafka_util import read_topic
 from tests_support import JOB_START_TIMEOUT_S, JobProcess, answers, get, job_env, job_flags, make_settings, send, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 OLD, NEW = "sp-ctl-old-3f9a1c", "sp-ctl-new-b27e40"
 
 

@@ -27,7 +27,7 @@ from safepoint.settings import load_settings
 
 from kafka_util import produce, read_topic, unique
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 T0 = 1_700_000_000_000
 
 

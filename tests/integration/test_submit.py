@@ -1,10 +1,9 @@
 """The deployment page's "Submitting to a Spark cluster" and the README's "Benchmark" commands, run from their blocks.
 
 spark-submit: the command as written, with the addresses replaced (the master by ``local[2]``,
-the brokers by a broker of this test, the checkpoint by a local directory). This machine has no
-Maven access, so without ``SAFEPOINT_TEST_MAVEN=1`` the ``--packages`` line is left out and the
-job reads with the built-in Python source instead of ``--source-format kafka`` (the two give the
-same directives: ``test_builtin_kafka.py``). Everything else runs as written: ``docker/submit.py``,
+the brokers by an Apache Kafka of this test, the checkpoint by a local directory). Everything else
+runs as written: ``--packages`` (Spark resolves the connector from Maven Central, or from the local
+Maven repository where setup's Maven already put it), ``--source-format kafka``, ``docker/submit.py``,
 the RocksDB provider, 16 shuffle partitions, 16 event partitions and 32 node buckets.
 
 bench: the README's command with small sizes (the full run takes about 7 minutes; the flags are
@@ -25,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from safepoint.devtools.broker import EmbeddedBroker
+from safepoint.devtools.apache_kafka import ApacheKafka
+from safepoint.jars import KAFKA
 
+from conftest import require_jars
 from doc_blocks import ROOT, block
 from kafka_util import produce, read_topic
 
@@ -34,8 +35,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def kafka() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker() as broker:  # its own broker: the command uses the default topic names
+def kafka() -> Iterator[ApacheKafka]:
+    require_jars(KAFKA)
+    with ApacheKafka() as broker:  # its own broker: the command uses the default topic names
         yield broker
 
 
@@ -45,18 +47,12 @@ def submit_command(text: str, bootstrap: str, ckpt: Path) -> list[str]:
 
     words[0] = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-submit")
     swap = {"--master": "local[2]", "--bootstrap": bootstrap, "--checkpoint": str(ckpt)}
-    maven = os.environ.get("SAFEPOINT_TEST_MAVEN") == "1"
     out: list[str] = []
     it = iter(words)
     for w in it:
         if w in swap:
             next(it)
             out += [w, swap[w]]
-        elif w == "--packages" and not maven:
-            next(it)
-        elif w == "--source-format" and not maven:
-            next(it)
-            out += [w, "python"]
         else:
             out.append(w)
     return out
@@ -67,7 +63,7 @@ def heartbeat(node: str, seq: int, wall_ms: int) -> tuple[str, dict[str, object]
                   "wall_ms": wall_ms, "mvcc_now": wall_ms * 1000}
 
 
-def test_the_readmes_spark_submit_command(kafka: EmbeddedBroker, tmp_path: Path) -> None:
+def test_the_readmes_spark_submit_command(kafka: ApacheKafka, tmp_path: Path) -> None:
     cmd = submit_command(block("docs/deploying.md", "spark-submit --master spark://master:7077").text, kafka.bootstrap,
                          tmp_path / "ckpt")
     assert "docker/submit.py" in cmd and cmd[cmd.index("--node-buckets") + 1] == "32"

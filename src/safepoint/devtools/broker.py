@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from safepoint.errors import BrokerError
 
-__all__ = ["EmbeddedBroker", "find_binary", "free_port", "wait_for_kafka"]
+__all__ = ["EmbeddedBroker", "Served", "find_binary", "free_port", "serve", "wait_for_kafka"]
 
 BROKER_PACKAGE = "noida-db==0.2.3"
 
@@ -174,6 +174,19 @@ class EmbeddedBroker:
             proc.kill()
             proc.wait()
 
+    @property
+    def pids(self) -> list[int]:
+        return [self.proc.pid] if self.proc is not None else []
+
+    def about(self) -> str:
+        return f"the embedded broker ({BROKER_PACKAGE}), its log {self.log_path}"
+
+    def newly_ended(self) -> tuple[list[str], bool]:
+        """(what to say of the broker's process if it ended, whether nothing of it is left)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return [f"the broker process exited; see {self.log_path}"], True
+        return [], False
+
     def kill(self) -> None:
         """Stop without a clean shutdown (the broker may lose its last second of data)."""
         proc, self.proc = self.proc, None
@@ -193,9 +206,28 @@ class EmbeddedBroker:
         self.cleanup()
 
 
-def run_foreground(port: int, data_dir: str | None) -> int:
-    """``safepoint broker``: run until SIGINT/SIGTERM, print one ``ready`` line."""
-    broker = EmbeddedBroker(port=port, data_dir=data_dir)
+class Served(Protocol):
+    """What ``serve`` runs: the embedded broker or Apache Kafka (``devtools/apache_kafka.py``)."""
+
+    @property
+    def bootstrap(self) -> str: ...
+
+    @property
+    def pids(self) -> list[int]: ...
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+    def about(self) -> str: ...
+
+    def newly_ended(self) -> tuple[list[str], bool]: ...
+
+
+def serve(broker: Served, data_dir: Path, own_dir: bool) -> int:
+    """``safepoint broker``: run ``broker`` until SIGINT/SIGTERM and print one ``ready`` line (its
+    bootstrap addresses, data folder and process ids), then what it is; a process of it that ends is
+    said once, and the command ends (1) when none is left."""
     stop = False
 
     def _stop(signum: int, frame: object) -> None:
@@ -206,15 +238,25 @@ def run_foreground(port: int, data_dir: str | None) -> int:
     signal.signal(signal.SIGINT, _stop)
     try:
         broker.start()
-        print(f"safepoint broker ready bootstrap={broker.bootstrap} data_dir={broker.data_dir}", flush=True)
+        print(f"safepoint broker ready bootstrap={broker.bootstrap} data_dir={data_dir} "
+              f"pids={','.join(str(p) for p in broker.pids)}", flush=True)
+        print(f"safepoint broker: {broker.about()}", flush=True)
         while not stop:
-            if broker.proc is None or broker.proc.poll() is not None:
-                print("safepoint broker: the broker process exited; see " + str(broker.log_path), file=sys.stderr)
+            said, none_left = broker.newly_ended()
+            for line in said:
+                print(f"safepoint broker: {line}", file=sys.stderr, flush=True)
+            if none_left:
                 return 1
             time.sleep(0.2)
         print("safepoint broker stopping", flush=True)
         return 0
     finally:
         broker.stop()
-        if data_dir is None and not os.environ.get("SAFEPOINT_KEEP_BROKER_DATA"):
-            shutil.rmtree(broker.data_dir, ignore_errors=True)
+        if own_dir and not os.environ.get("SAFEPOINT_KEEP_BROKER_DATA"):
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def run_foreground(port: int, data_dir: str | None) -> int:
+    """``safepoint broker``: the embedded broker until SIGINT/SIGTERM (``serve``)."""
+    broker = EmbeddedBroker(port=port, data_dir=data_dir)
+    return serve(broker, Path(broker.data_dir), own_dir=data_dir is None)

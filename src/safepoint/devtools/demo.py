@@ -195,7 +195,7 @@ class _Engines:
 
 
 def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: float, checkpoint: str | None,
-             namespaces: int = 3, engines: tuple[str, ...] = ()) -> int:
+             namespaces: int = 3, engines: tuple[str, ...] = (), kafka: bool = False) -> int:
     from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
     from safepoint.devtools.broker import EmbeddedBroker
     from safepoint.devtools.simulate import SimConfig, run_simulator
@@ -206,8 +206,15 @@ def run_demo(settings: Settings, duration_s: float | None, nodes: int, rate: flo
     tty = sys.stdout.isatty()
     own_ckpt = checkpoint is None
     checkpoint = checkpoint or tempfile.mkdtemp(prefix="safepoint-demo-ckpt-")
-    print("starting the embedded broker ...", flush=True)
-    broker = EmbeddedBroker().start()
+    broker: Any
+    if kafka:
+        from safepoint.devtools.apache_kafka import ApacheKafka, kafka_version
+
+        print(f"starting Apache Kafka {kafka_version()} ...", flush=True)
+        broker = ApacheKafka(quick_jit=False).start()
+    else:
+        print("starting the embedded broker ...", flush=True)
+        broker = EmbeddedBroker().start()
     settings = replace(
         settings,
         bootstrap=broker.bootstrap,
