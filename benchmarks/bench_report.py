@@ -74,7 +74,10 @@ def build_report(res: dict[str, Any]) -> str:
              f"{res['machine'].get('loadavg_end')}. Total run {res['total_s']:.0f} s. Broker: "
              + ("memory only (tansu, `--broker memory`; each backlog ends with a one-record batch per partition, "
                 "a dead letter: see benchmarks/bench_brokers.py)." if a.get("broker") == "memory"
-                else "the embedded broker (noida-db)."))
+                else "Apache Kafka (one KRaft broker, `--broker kafka`)." if a.get("broker") == "kafka"
+                else "the embedded broker (noida-db).")
+             + (f" Broker start: {res['broker_start_s']:.1f} s." if res.get("broker_start_s") else "")
+             + f" The job's source: {a.get('sources', ['python'])[0]}.")
     tw = res["workloads"].get("throughput")
     if tw:
         L.append(f"Workload: {a['nodes']} nodes + 1 probe node, {tw['events']:,} events backlog ({tw['types']}), "
@@ -183,6 +186,7 @@ def build_report(res: dict[str, Any]) -> str:
             L.append(f"The core alone (Engine.process, no Kafka): {pl['us_per_event']:.1f} us/event ({fmt_rate(pl['events_per_s'])} ev/s). "
                      + _cumulative(pl["cumulative_us_per_event"]))
             L.append("")
+    L += source_lines(res)
     if res.get("notes"):
         L.append("## Notes")
         L.append("")
@@ -190,6 +194,30 @@ def build_report(res: dict[str, Any]) -> str:
             L.append(f"- {n}")
         L.append("")
     return "\n".join(L)
+
+
+def source_lines(res: dict[str, Any]) -> list[str]:
+    """The job's two sources side by side (``--source python,kafka``): throughput and CPU per event of
+    the same local[2] run, p99 event to directive at each rate, each from one run on the same broker."""
+    by = res.get("by_source") or {}
+    if len(by) < 2:
+        return []
+    L = ["## The job's two sources", "",  # noqa: N806
+         "Each row from its own runs, one after the other on the same kind of broker (`source_format`: `python`, the "
+         "job's own source, which routes and packs in its read tasks and sends outputs from the operator; `kafka`, "
+         "Spark's connector, with a router stage and Spark's Kafka sink).", "",
+         "| source | local[2] sustained ev/s | CPU us/event (JVM, workers, driver, broker) | "
+         + " | ".join(f"p99 at {lat['offered_rate_target']:,.0f} ev/s" for lat in (next(iter(by.values())).get("latency") or []))
+         + " |",
+         "| --- | ---: | --- |" + " ---: |" * len(next(iter(by.values())).get("latency") or [])]
+    for source, runs in by.items():
+        tp = next((t for t in runs.get("spark_throughput") or [] if t["master"] == "local[2]" and t.get("status", True)), None)
+        cpu = ", ".join(f"{k} {v:.0f}" for k, v in sorted((tp or {}).get("cpu_us_per_event", {}).items())) or "-"
+        p99 = [f"{lat['latency_s']['p99']:.2f} s" if lat["latency_s"]["p99"] is not None else "-"
+               for lat in runs.get("latency") or []]
+        L.append(f"| {source} | {fmt_rate(tp['sustained_events_per_s']) if tp else '-'} | {cpu} | " + " | ".join(p99) + " |")
+    L.append("")
+    return L
 
 
 def _latency_target(res: dict[str, Any], rate: int, bound: float) -> dict[str, Any]:

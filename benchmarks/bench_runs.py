@@ -133,6 +133,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
         "timeout_s": args.timeout, "profile_rate": args.profile_rate, "status": status, "first_batch": args.first_batch,
+        "source_format": getattr(args, "source", "python"),
     }
     # the whole backlog before the job starts, as the plain consumer reads it: nothing else runs
     # on the 2 cores during the job's batches; batch 0 reads --first-batch events (the job's
@@ -154,5 +155,6 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
     res = json.loads((work / f"{tag}.json").read_text())
     out = summarize_tp(res, holds)
     out["status"] = status
+    out["source"] = spec["source_format"]
     out["directives"] = sum(1 for v in read_topic(bootstrap, topics["directives"]) if b'"compaction"' in v)
     return out

@@ -127,7 +127,16 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         spark_master=spec["master"],
         shuffle_partitions=spec["shuffle_partitions"],
         starting_offsets="earliest",
+        source_format=spec.get("source_format", "python"),
     )
+
+
+def _session_extra(settings: Any) -> dict[str, str]:
+    """The bench's Spark settings, with Spark's own Kafka connector where the run reads with it."""
+    from safepoint.streaming.session import kafka_connector_conf
+
+    extra = {"spark.sql.streaming.numRecentProgressUpdates": "10000"}
+    return {**extra, **kafka_connector_conf()} if settings.source_format == "kafka" else extra
 
 
 def _progress_row(p: dict[str, Any]) -> dict[str, Any]:
@@ -245,7 +254,7 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
     t0 = time.monotonic()
     spark = build_session(
         settings.spark_master, settings.shuffle_partitions, app="safepoint-bench", **settings.jvm(),
-        extra={"spark.sql.streaming.numRecentProgressUpdates": "10000"},
+        extra=_session_extra(settings),
     )
     session_s = time.monotonic() - t0
     sampler.start()
@@ -325,8 +334,7 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
     sampler = _Sampler(os.getpid())
     t0 = time.monotonic()
     spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-bench-latency",
-                          **settings.jvm(),
-                          extra={"spark.sql.streaming.numRecentProgressUpdates": "10000"})
+                          **settings.jvm(), extra=_session_extra(settings))
     session_s = time.monotonic() - t0
     sampler.start()
     query = build_query(spark, settings)
