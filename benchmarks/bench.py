@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if "plain" in phases:
             topics = make_topics(bootstrap, "plain", args.partitions)
             spec = {"bootstrap": bootstrap, "topic": tp_topic, "total": total, "topics": topics, "result": str(work / "plain.json"),
+                    "broker": args.broker,
                     "broker_pid": broker.proc.pid if broker.proc is not None else None}
             child = Child("_plain", spec, work / "plain.log")
             rc = child.wait(args.timeout)

@@ -222,7 +222,9 @@ class ApacheKafka:
         if stored.exists():
             return stored.read_text().strip()
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cid = "-"
+        while cid.startswith("-"):  # as Kafka's own Uuid.randomUuid: an id starting with "-" reads as a flag
+            cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         stored.write_text(cid)
         return cid
 
