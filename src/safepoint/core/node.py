@@ -250,6 +250,9 @@ class NodeState:
             cleared = self.incs.settle(self.incarnation, log, policy)
             if cleared is not None:
                 said.append(cleared)
+        if opened and closed:  # a hold opened and closed within this step (with no incarnation grace, an
+            # older process's holds moved aside and dropped at once) never lived past it: no rule sees it open
+            opened = [o for o in opened if o.id in self.holds.of(o.kind)]
         update = self._update(log, opened, closed, groups_changed, policy, quiet)
         update.snapshot = kind == "snapshot" and whole
         update.sender = incarnation
