@@ -53,6 +53,8 @@ class Directive:
     emergency: dict[str, Any] | None = None
     """While the cluster is in emergency: ``since_wall_ms`` and ``compaction_budget``, the multiple of
     its normal compaction budget a node should raise its effort up to (None: no emergency)."""
+    generation: str | None = None
+    """The job's generation: the id of its state's lifetime (None: a job that gives none)."""
 
     def bound(self, namespace: str | None) -> int:
         """What a hold of ``namespace`` may compact up to (``safe_ts`` for no namespace)."""
@@ -74,6 +76,7 @@ class Directive:
             namespace_safe_ts=obj.get("namespace_safe_ts"),
             namespaces=dict(obj.get("namespaces") or {}),
             emergency=dict(obj["emergency"]) if isinstance(obj.get("emergency"), dict) else None,
+            generation=obj.get("generation"),
         )
 
 
@@ -158,6 +161,16 @@ class ListenerStats:
     reporter's snapshot; requests met in the backlog at start are answered once, after it."""
     bands: int = 0
     """Band directives for this node handed to the reporter (its admission control follows them)."""
+    unsigned: int = 0
+    """Directives without a signature, not acted on (the listener has a ``directive_key``)."""
+    bad_signatures: int = 0
+    """Directives whose signature none of the listener's keys gives (forged, or signed by a key rotated
+    out): not acted on."""
+    generations: int = 0
+    """Times a new generation of the job (a job that started on empty state) was taken up."""
+    held_back: int = 0
+    """Directives of a new generation not taken because their ``safe_ts`` lies below the one this node
+    already has: the node does not go back; the new job's safe point catches up."""
 
 
 @cache

@@ -95,12 +95,24 @@ class Compactor:
     stats: AgentStats = field(default_factory=AgentStats)
     read: bool = False
     """The store's compacted revision was read once (what it was at the start is nobody's fault)."""
+    generation: str | None = None
+    """The job's generation of the newest directive taken (None: none, or a job that gives none)."""
 
-    def take(self, seq: int, safe_ts: int) -> bool:
-        """A directive: True when it is newer than every one taken (its ``safe_ts`` becomes the target)."""
-        if seq <= self.seq:
+    def take(self, seq: int, safe_ts: int, generation: str | None = None) -> bool:
+        """A directive: True when it is newer than every one taken (its ``safe_ts`` becomes the target).
+        One of another generation (the job started on empty state and numbers from 1 again) is newer
+        unless its ``safe_ts`` lies below what the store has compacted (the agent never goes back) or it
+        has no generation (a job of a version without them: older than the one the agent follows)."""
+        if generation != self.generation and self.seq:
+            if generation is None or safe_ts < self.compacted:  # an older version's job, or below: never back
+                self.stats.stale_directives += 1
+                return False
+            log.warning("etcd agent: the job's generation changed (%s -> %s); taking its directives from seq %d",
+                        self.generation, generation, seq)
+        elif seq <= self.seq:
             self.stats.stale_directives += 1
             return False
+        self.generation = generation
         self.seq = seq
         self.stats.directive_seq = seq
         self.target = safe_ts
@@ -155,9 +167,9 @@ class EtcdAgent:
                  compact_every_s: float = 5.0, heartbeat_s: float = 1.0, defrag_free_bytes: int = 0,
                  allow_auto_compaction: bool = False, state_dir: str | os.PathLike[str] | None = None,
                  client: str = "confluent", kafka_conf: dict[str, Any] | None = None,
-                 timeout_s: float = 5.0, node_key: str | None = None) -> None:
+                 timeout_s: float = 5.0, node_key: str | None = None, directive_key: str | None = None) -> None:
         self.etcd = EtcdGateway(endpoints, timeout_s=timeout_s)
-        self.node_key = node_key
+        self.node_key, self.directive_key = node_key, directive_key
         self.bootstrap, self.cluster, self.node = bootstrap, cluster, node
         self.events_topic, self.directives_topic = events_topic, directives_topic
         self.heartbeat_s = heartbeat_s
@@ -211,6 +223,7 @@ class EtcdAgent:
         if path.exists():
             saved = json.loads(path.read_text())
             self.compactor.seq = int(saved.get("seq", 0))
+            self.compactor.generation = saved.get("generation")
             self.stats.directive_seq = self.compactor.seq
             log.info("etcd agent: last directive acted on before the restart: seq %d", self.compactor.seq)
 
@@ -219,7 +232,8 @@ class EtcdAgent:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_dir / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps({"seq": self.compactor.seq, "compacted": self.compactor.compacted}))
+        tmp.write_text(json.dumps({"seq": self.compactor.seq, "compacted": self.compactor.compacted,
+                                   "generation": self.compactor.generation}))
         tmp.replace(self.state_dir / STATE_FILE)
 
     def start(self) -> EtcdAgent:
@@ -234,7 +248,8 @@ class EtcdAgent:
         # directive to _take
         self.listener = DirectiveListener(self.bootstrap, self.cluster, topic=self.directives_topic,
                                           on_directive=self._take, reporter=self.reporter,
-                                          kafka_conf=self.kafka_conf, client=self.client).start()
+                                          kafka_conf=self.kafka_conf, client=self.client,
+                                          directive_key=self.directive_key).start()
         log.info("etcd agent %s of cluster %s: etcd at %s, revision %d, compacted %d; compacting at most every %.1f s",
                  self.node, self.cluster, ",".join(self.etcd.endpoints), self._revision(), self.compactor.compacted,
                  self.compactor.interval_s)
@@ -312,7 +327,7 @@ class EtcdAgent:
     def _take(self, directive: Directive) -> None:
         """A newer directive of the cluster (the listener's thread)."""
         with self._lock:
-            taken = self.compactor.take(directive.seq, directive.safe_ts)
+            taken = self.compactor.take(directive.seq, directive.safe_ts, directive.generation)
         if taken:
             log.debug("etcd agent: directive seq %d: safe_ts %d", directive.seq, directive.safe_ts)
         else:

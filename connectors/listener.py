@@ -15,7 +15,15 @@ only a directive whose ``seq`` advances is delivered. Use it either way::
     listener = DirectiveListener("kafka:9092", "c1", on_directive=apply, reporter=reporter).start()
 
 With ``reporter=`` every new ``safe_ts`` is fed to :meth:`Reporter.observe_safe_ts`, so readers
-below it are refused on the node. Per-node directives (forced expiry, snapshot requests after the
+below it are refused on the node.
+
+With ``directive_key=`` (the job's public keys: one, or a list or comma-separated string during a
+rotation) a directive no key signed, or one without a signature, is never acted on: it is counted
+(``unsigned``, ``bad_signatures``), logged at most once a minute, and the newest valid directive stays
+in force. Without a key every directive is taken, as a topic only the job may write gives them (the
+security page). A directive of a new ``generation`` (the job started on empty state: its ``seq``
+starts again) is taken once its ``safe_ts`` is not below the one this listener already delivered
+(counted in ``held_back`` until then); per-node directives of a new generation start their ``seq`` again. Per-node directives (forced expiry, snapshot requests after the
 job lost its checkpoint) are answered as ``connectors/node_directives.py`` says.
 
 On start the listener first catches up with the topic: of the backlog it delivers only the
@@ -32,7 +40,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -65,7 +73,8 @@ from safepoint.connectors.kafka.clients import (
 )
 from safepoint.connectors.kafka.idle import IdlePause
 from safepoint.connectors.node_directives import NodeDirectivesMixin
-from safepoint.errors import BrokerError, ClientClosed, SafepointError
+from safepoint.core.signing import verify_directive
+from safepoint.errors import BrokerError, ClientClosed, ConfigError, SafepointError
 
 if TYPE_CHECKING:
     from confluent_kafka import KafkaError, Message
@@ -83,6 +92,33 @@ __all__ = [
 ]
 
 log = logging.getLogger("safepoint.listener")
+
+REFUSED_LOG_EVERY_S = 60.0
+"""A refused directive is logged at most this often (each one is counted)."""
+
+
+def newer_in_backlog(directive: Directive, best: Directive | None) -> bool:
+    """Whether ``directive``, read after ``best`` in the topic's backlog, supersedes it: a higher ``seq`` of
+    the same generation, or one of another generation written later (the job that wrote last), but never
+    one without a generation over one with it (an older version's, or a forgery without a key)."""
+    if best is None:
+        return True
+    if directive.generation == best.generation:
+        return directive.seq > best.seq
+    return directive.generation is not None
+
+
+def directive_keys(key: str | Sequence[str] | None) -> list[str]:
+    """The public keys a listener verifies with: one, a list, or a comma-separated string (a rotation);
+    each 64 hex digits (a ``ConfigError`` says so otherwise)."""
+    keys = [k.strip() for k in (key.split(",") if isinstance(key, str) else key or []) if k.strip()]
+    for k in keys:
+        try:
+            verify_directive({"sig": "ed25519:00"}, [k])
+        except ValueError as exc:
+            msg = f"directive key {k[:8]}...: {exc}"
+            raise ConfigError(msg) from exc
+    return keys
 
 D = TypeVar("D")
 
@@ -137,6 +173,7 @@ class DirectiveListener(NodeDirectivesMixin):
         kafka_conf: Mapping[str, Any] | None = None,
         retry_backoff_s: float = 1.0,
         client: str | None = None,
+        directive_key: str | Sequence[str] | None = None,
     ) -> None:
         """``cluster`` (and ``client``, the Kafka library: ``"confluent"`` or ``"kafka-python"``)
         default to the reporter's, else ``"default"`` (and ``"confluent"``). ``node`` (default: the
@@ -144,7 +181,8 @@ class DirectiveListener(NodeDirectivesMixin):
         neither, every expiry of the cluster is delivered. ``on_directive`` is called by the
         background thread (:meth:`start`); :meth:`poll` returns directives instead. ``on_expire``
         is called in whichever thread reads the topic. With ``reporter=`` the node's expiries go to
-        :meth:`Reporter.expire` first (in the same thread), then to ``on_expire``.
+        :meth:`Reporter.expire` first (in the same thread), then to ``on_expire``. ``directive_key``:
+        the public keys directives must be signed with (see the module's text).
         """
         if client is None:
             client = reporter.client if reporter is not None else CONFLUENT
@@ -168,6 +206,12 @@ class DirectiveListener(NodeDirectivesMixin):
         self._eof: set[int] = set()
         self._caught_up = False
         self._backlog_best: Directive | None = None
+        self._keys = directive_keys(directive_key)
+        self._refused_logged = -REFUSED_LOG_EVERY_S
+        self._generation: str | None = None
+        """The generation of the newest compaction directive delivered."""
+        self._node_generation: str | None = None
+        """The generation of the newest per-node directive seen."""
         self._last_seq = 0
         self._last_expire_seq = 0
         """The newest per-node directive seq seen (expire and snapshot_request share it)."""
@@ -194,6 +238,7 @@ class DirectiveListener(NodeDirectivesMixin):
         conf = settings.librdkafka()
         conf.update(kwargs.pop("kafka_conf", None) or {})
         kwargs.setdefault("client", settings.client)
+        kwargs.setdefault("directive_key", settings.directive_key or None)
         return cls(
             conf.pop("bootstrap.servers"),
             cluster,
@@ -327,6 +372,25 @@ class DirectiveListener(NodeDirectivesMixin):
             level = logging.DEBUG if err.code() == GROUP_AUTHORIZATION_FAILED else logging.WARNING
             log.log(level, "directive listener: error reading %s: %s", self.topic, err)
             return None
+        obj = self._directive_of(msg)
+        if obj is None:
+            return None
+        kind = obj["type"]
+        if kind == "compaction":
+            return self._compaction(Directive.from_json(obj))
+        if obj.get("generation") != self._node_generation:
+            self._new_node_generation(obj.get("generation"))
+        if kind == "expire":
+            self._expire(ExpireDirective.from_json(obj))
+        elif kind == SNAPSHOT_REQUEST:
+            self._snapshot_request(obj)
+        else:
+            self._band(obj)
+        return None
+
+    def _directive_of(self, msg: Message) -> dict[str, Any] | None:
+        """The message's directive for a node of this cluster (compaction or per-node), valid and, with
+        keys, signed by one of them; None for anything else (counted, and logged where it is wrong)."""
         self._counts["received"] += 1
         raw = msg.value()
         if raw is None:
@@ -340,6 +404,10 @@ class DirectiveListener(NodeDirectivesMixin):
         if obj.get("cluster") != self.cluster:
             self._counts["other_clusters"] += 1
             return None
+        if self._keys:
+            why = verify_directive(obj, self._keys)
+            if why is not None:
+                return self._refused(msg, obj, why)
         kind = obj.get("type")
         if kind == "members":
             return None  # the cluster's member set, for a job that lost its checkpoint: nothing for a node
@@ -349,30 +417,56 @@ class DirectiveListener(NodeDirectivesMixin):
             validator(kind)(obj)
         except fastjsonschema.JsonSchemaValueException as exc:
             return self._invalid(msg, f"invalid {kind}: {exc.message}")
-        if kind == "expire":
-            self._expire(ExpireDirective.from_json(obj))
-            return None
-        if kind == SNAPSHOT_REQUEST:
-            self._snapshot_request(obj)
-            return None
-        if kind == BAND:
-            self._band(obj)
-            return None
-        directive = Directive.from_json(obj)
-        if directive.seq <= self._last_seq:
-            self._counts["repeats"] += 1
-            log.debug("directive listener: ignored directive seq %d (last %d)", directive.seq, self._last_seq)
-            return None
+        return obj
+
+    def _compaction(self, directive: Directive) -> Directive | None:
+        """A compaction directive: of the backlog at start, the newest of the generation written last is
+        kept; then one whose ``seq`` advances, or the first of a new generation (``_new_generation``)."""
         if not self._caught_up:
-            best = self._backlog_best
-            if best is None or directive.seq > best.seq:
-                if best is not None:
+            if newer_in_backlog(directive, self._backlog_best):
+                if self._backlog_best is not None:
                     self._counts["superseded"] += 1
                 self._backlog_best = directive
             else:
                 self._counts["repeats"] += 1
             return None
+        if directive.generation != self._generation and self._last is not None:
+            if directive.generation is None:  # a job that gives no generation (an older version's): stale here
+                self._counts["repeats"] += 1
+                return None
+            return self._new_generation(directive)
+        if directive.seq <= self._last_seq:
+            self._counts["repeats"] += 1
+            log.debug("directive listener: ignored directive seq %d (last %d)", directive.seq, self._last_seq)
+            return None
         return self._accept(directive)
+
+    def _new_generation(self, directive: Directive) -> Directive | None:
+        """A directive of another generation than the newest delivered (a job that started on empty
+        state): taken, its ``seq`` from the start again, unless it would take this node's safe point back."""
+        if self._safe_ts is not None and directive.safe_ts < self._safe_ts:
+            self._counts["held_back"] += 1
+            log.info("directive listener: generation %s's directive seq %d has safe_ts %d below this node's %d; "
+                     "waiting for the new job's safe point to catch up", directive.generation, directive.seq,
+                     directive.safe_ts, self._safe_ts)
+            return None
+        log.warning("directive listener: the job's generation changed (%s -> %s: the job started on empty state); "
+                    "taking its directives from seq %d", self._generation, directive.generation, directive.seq)
+        self._counts["generations"] += 1
+        self._last_seq = 0
+        return self._accept(directive)
+
+    def _refused(self, msg: Message, obj: dict[str, Any], why: str) -> dict[str, Any] | None:
+        """A directive no key of this listener signed: counted, logged at most every ``REFUSED_LOG_EVERY_S``."""
+        self._counts["unsigned" if why == "unsigned" else "bad_signatures"] += 1
+        now = time.monotonic()
+        if now - self._refused_logged >= REFUSED_LOG_EVERY_S:
+            self._refused_logged = now
+            log.warning("directive listener: refused a %s %s directive of cluster %s (%s [%s] offset %s; %d unsigned and "
+                        "%d badly signed so far): not acted on; the newest valid directive stays in force",
+                        "unsigned" if why == "unsigned" else "badly signed", obj.get("type"), self.cluster, self.topic,
+                        msg.partition(), msg.offset(), self._counts["unsigned"], self._counts["bad_signatures"])
+        return None
 
     def _on_eof(self, partition: int | None) -> Directive | None:
         if self._caught_up or partition is None:
@@ -390,6 +484,7 @@ class DirectiveListener(NodeDirectivesMixin):
     def _accept(self, directive: Directive) -> Directive:
         self._last_seq = directive.seq
         self._last = directive
+        self._generation = directive.generation
         if self._safe_ts is not None and directive.safe_ts < self._safe_ts:
             log.warning(
                 "directive listener: directive seq %d has safe_ts %d below the previous %d; keeping %d "
@@ -409,7 +504,7 @@ class DirectiveListener(NodeDirectivesMixin):
             self._reporter.observe_emergency(directive.emergency is not None)
         return directive
 
-    def _invalid(self, msg: Message, reason: str) -> Directive | None:
+    def _invalid(self, msg: Message, reason: str) -> dict[str, Any] | None:
         self._counts["invalid"] += 1
         log.warning("directive listener: skipped %s [%s] offset %s: %s", self.topic, msg.partition(), msg.offset(), reason)
         return None

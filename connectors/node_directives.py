@@ -36,6 +36,14 @@ class NodeDirectivesMixin:
     _last_expire_seq: int
     _backlog_snapshot_request: bool
     _last_band_seq: int = 0
+    _node_generation: str | None
+
+    def _new_node_generation(self, generation: str | None) -> None:
+        """Per-node directives of another generation (a job that started on empty state): their ``seq``
+        starts again."""
+        self._node_generation = generation
+        self._last_expire_seq = 0
+        self._last_band_seq = 0
 
     def _expire(self, expire: ExpireDirective) -> None:
         if expire.seq <= self._last_expire_seq:

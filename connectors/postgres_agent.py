@@ -101,7 +101,7 @@ class PostgresAgent:
                  poll_s: float = 1.0, terminate: str = "off", vacuum: bool = False, vacuum_every_s: float = 60.0,
                  vacuum_tables: int = 5, vacuum_min_dead: int = 1000, stats_dsns: list[str] | None = None,
                  state_dir: str | None = None, client: str = "confluent", kafka_conf: dict[str, Any] | None = None,
-                 timeout_s: float = 5.0, node_key: str | None = None) -> None:
+                 timeout_s: float = 5.0, node_key: str | None = None, directive_key: str | None = None) -> None:
         if terminate not in TERMINATE_MODES:
             msg = f"terminate must be one of {', '.join(TERMINATE_MODES)}, got {terminate!r}"
             raise ValueError(msg)
@@ -112,6 +112,7 @@ class PostgresAgent:
         self.terminate, self.vacuum = terminate, vacuum
         self.vacuum_every_s, self.vacuum_tables, self.vacuum_min_dead = vacuum_every_s, vacuum_tables, vacuum_min_dead
         self.state_dir, self.client, self.kafka_conf, self.node_key = state_dir, client, kafka_conf or {}, node_key
+        self.directive_key = directive_key
         self.stats = PostgresAgentStats()
         self.history = History()
         self.superseded = Superseded()
@@ -186,7 +187,8 @@ class PostgresAgent:
                                  node_key=self.node_key, observer=True, on_expire=self._on_expire)
         self.listener = DirectiveListener(self.bootstrap, self.cluster, topic=self.directives_topic,
                                           on_directive=self._take, reporter=self.reporter,
-                                          kafka_conf=self.kafka_conf, client=self.client).start()
+                                          kafka_conf=self.kafka_conf, client=self.client,
+                                          directive_key=self.directive_key).start()
         log.info("postgres agent %s of cluster %s: %s%s, next xid %d, %d holds; terminate %s, vacuum %s",
                  self.node, self.cluster, public_dsn(self.dsn), " (standby)" if inst.in_recovery else "",
                  inst.next_xid8, len(holds_of(inst)), self.terminate, "on" if self.vacuum else "off")
@@ -307,9 +309,8 @@ class PostgresAgent:
 
     # -- directives ---------------------------------------------------------------------------
     def _take(self, directive: Directive) -> None:
+        """The newest directive the listener delivered (its seq advanced, or a new generation's)."""
         with self._lock:
-            if directive.seq <= self.stats.directive_seq:
-                return
             self.stats.directive_seq, self.stats.safe_ts = directive.seq, directive.safe_ts
 
     def _on_expire(self, handle: Handle, directive: ExpireDirective) -> None:

@@ -12,6 +12,8 @@ stack trace from inside a Spark task, or a silent stall.
   its new start, and every node whose events were there restates its holds.
 * Whether the checkpoint holds a committed batch at all: a start on empty state seeds the safe
   point from the directives topic (``core/recovery.py``).
+* The job's ``generation`` (``job_generation``): the id of its state's lifetime, made when it starts
+  on empty state and kept in ``safepoint.json``; every directive carries it (``Policy.generation``).
 
 Files are read through Hadoop's FileSystem, so local paths, HDFS and S3 alike.
 """
@@ -19,12 +21,14 @@ Files are read through Hadoop's FileSystem, so local paths, HDFS and S3 alike.
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 from safepoint.errors import ConfigError
 from safepoint.settings import Settings
 
-__all__ = ["LAYOUT_FILE", "check_checkpoint", "check_layout", "check_offsets", "has_committed_batch", "offsets_of"]
+__all__ = ["GENERATION", "LAYOUT_FILE", "check_checkpoint", "check_layout", "check_offsets", "has_committed_batch",
+           "job_generation", "offsets_of"]
 
 LAYOUT_FILE = "safepoint.json"
 LAYOUT_FORMAT = 2
@@ -73,6 +77,24 @@ class _Fs:
             out.write(bytearray(text.encode("utf-8")))
         finally:
             out.close()
+
+
+GENERATION = "generation"
+"""The key of the job's generation in ``safepoint.json``."""
+
+
+def job_generation(spark: Any, checkpoint: str, fresh: bool) -> str:
+    """The id of the job's state's lifetime: a new one when the job starts on empty state (``fresh``:
+    no committed batch) or the checkpoint has none yet (an earlier version's), else the one it keeps.
+    Written to ``safepoint.json`` before the query starts."""
+    fs = _Fs(spark, checkpoint)
+    text = fs.read(LAYOUT_FILE)
+    recorded = json.loads(text) if text else {}
+    generation = recorded.get(GENERATION)
+    if fresh or not isinstance(generation, str) or not generation:
+        generation = secrets.token_hex(8)
+        fs.write(json.dumps({**recorded, GENERATION: generation}, sort_keys=True) + "\n", LAYOUT_FILE)
+    return generation
 
 
 def has_committed_batch(spark: Any, checkpoint: str) -> bool:

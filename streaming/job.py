@@ -22,7 +22,7 @@ from safepoint.core.batch import METRICS
 from safepoint.core.recovery import StartPlan
 from safepoint.errors import ConfigError
 from safepoint.settings import Settings
-from safepoint.streaming.checkpoint import check_checkpoint, has_committed_batch
+from safepoint.streaming.checkpoint import check_checkpoint, has_committed_batch, job_generation
 from safepoint.streaming.processors import OUTPUT_SCHEMA, ROUTED_SCHEMA, SINK_COLUMNS, ClusterJob, Router, origins
 
 __all__ = ["build_query", "batch_accounting", "gaps_in", "messages_in", "read_events", "QUERY_NAME", "kafka_connector_missing",
@@ -207,8 +207,14 @@ def start_plan(spark: Any, settings: Settings, checkpoint: str) -> StartPlan | N
     if has_committed_batch(spark, checkpoint):
         return None
     from safepoint.connectors.kafka.seeds import read_seeds
+    from safepoint.core.signing import public_key_of
 
-    seeds = read_seeds(settings.librdkafka(), settings.directives_topic)
+    policies = settings.policies()
+
+    def public_keys(cluster: str) -> list[str]:  # every key listed: a directive of the key rotated out still seeds
+        return [public_key_of(k) for k in policies.of(cluster).directive_keys.split(",") if k.strip()]
+
+    seeds = read_seeds(settings.librdkafka(), settings.directives_topic, public_keys=public_keys)
     plan = StartPlan(seeds, recover_all=settings.starting_offsets != "earliest")
     if plan.seeds or plan.recover_all:
         log.warning(
@@ -236,9 +242,11 @@ def build_query(spark: Any, settings: Settings, checkpoint: str | None = None, p
     if not checkpoint:
         msg = "the job needs a checkpoint directory (--checkpoint)"
         raise ValueError(msg)
-    policy = settings.policies().to_dict()
     check_checkpoint(spark, settings, checkpoint)
     plan = start_plan(spark, settings, checkpoint)
+    generation = job_generation(spark, checkpoint, fresh=plan is not None)
+    log.info("the job's generation: %s%s", generation, " (new: a start on empty state)" if plan is not None else "")
+    policy = settings.policies().with_generation(generation).to_dict()
     start = plan.to_json() if plan is not None else None
     if settings.source_format == "python" and pack_in_source:
         outputs = _stateful_stage(read_events(spark, settings, policy), settings, policy, start)

@@ -25,12 +25,26 @@ Gaps (``core/gaps.py``). Whenever it plans a batch, the reader compares where it
 partition with the partition's first and last offsets: offsets it had not read that are gone
 (``lost``: retention, deleted records, a truncation), a partition that ends below where it stands
 (``gone_back``: the topic made again; it is read again from its new start), a changed partition
-count (``partitions``). Each gap is logged, numbered (an id that only grows) and kept in the offset
+count (``partitions``), and a topic made again under the job: its id changed (Apache Kafka gives each
+topic one), or, on a broker without topic ids, the record the job last fingerprinted there is no
+longer the one it read (``prints``, below), so the topic is read again from its start (``gone_back``).
+Each gap is logged, numbered (an id that only grows) and kept in the offset
 the checkpoint records (``{"<partition>": offset, ..., "gaps": [...]}``, the newest ``GAPS_KEPT``; a
 gap of the control topic says ``"control": true``),
 so every read task of every later batch hands the list on (``gaps_of``) and the job's operator
 gives each cluster the ones it has not taken yet. A record deleted after the batch was planned
 fails the read task with that message; the batch runs again and then takes it as a gap.
+
+Fingerprints (``PRINTS`` in the offset): for each partition, one record the job has read, as
+``[offset, timestamp type, timestamp, crc32 of key and value]``: the last record of the first batch
+that read the partition, taken again every ``PRINT_EVERY_S`` (the last of the batch then planned). At the first plan of a run and every
+``PRINT_EVERY_S`` after, each print whose offset the partition still holds is read again; another
+record there, or none, means the topic was made again and filled past where the job stood, which its
+offsets alone cannot tell (the embedded broker gives no topic ids). It costs one fetch of one record a
+partition every few seconds, and it cannot tell a topic made again whose record at that offset has the
+same key, value and timestamp (a log written twice, byte for byte, timestamps included), nor one made
+again while the fingerprinted record has since been removed by retention (then the offsets and the
+rest of the log are all it has).
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -85,6 +100,11 @@ CONTROL_TOPIC_ID = "control_topic_id"
 NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 """The id a broker without topic ids reports (all zero): then only offsets below where the job stands tell."""
 TOPIC_ID_EVERY_S = 5.0
+PRINTS = "prints"
+"""The key of the partitions' fingerprints in the source offset (routed partition -> [offset, timestamp
+type, timestamp, crc32])."""
+PRINT_EVERY_S = 5.0
+"""How often the fingerprints are checked and taken again (and at a run's first plan)."""
 LEADER_WAIT_S = 60.0
 """How long the source asks a partition's offsets again while its leader moves (a broker died: Kafka
 elects another once the dead one's session ends, 9 s by default) before the batch fails."""
@@ -280,6 +300,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         ``partitions`` of that very batch reads them again only when it is made anew (a run again)."""
         self._late: list[dict[str, Any]] = []
         """Gaps found when a batch's read tasks were made (``partitions``): the next offset records them."""
+        self._printed_at: float | None = None
+        """When the fingerprints were last checked and taken (None: not yet in this run)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -346,6 +368,48 @@ class KafkaStreamReader(DataSourceStreamReader):
         tid = str(description.topic_id)
         return None if tid == NO_TOPIC_ID else tid
 
+    def _print(self, key: str, offset: int) -> list[int] | None:
+        """The fingerprint of the record at ``offset`` of the partition ``key``: [offset, timestamp type,
+        timestamp, crc32 of key and value]; None when the partition holds no record there now."""
+        from confluent_kafka import TopicPartition
+
+        name, kp = self.topic_of(key)
+        consumer = _consumer(self.options)
+        consumer.assign([TopicPartition(name, kp, offset)])
+        try:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                for m in consumer.consume(num_messages=1, timeout=0.5):
+                    if m.error() is not None:
+                        continue
+                    if m.offset() != offset:
+                        return None
+                    ts_type, ts = m.timestamp()
+                    return [offset, ts_type, ts, zlib.crc32(m.value() or b"", zlib.crc32(m.key() or b""))]
+            return None
+        finally:
+            consumer.unassign()
+
+    def _reprinted(self, start: Mapping[str, Any], marks: Mapping[str, tuple[int, int]]) -> tuple[set[bool], dict[str, Any]]:
+        """Whether it is time, the topics (control or not) whose fingerprinted record changed, and the prints to
+        keep: ({...}, prints) with every print still checkable, each read again."""
+        prints = dict(start.get(PRINTS) or {})
+        now = time.monotonic()
+        if self._printed_at is not None and now - self._printed_at < PRINT_EVERY_S:
+            return set(), prints
+        self._printed_at = now
+        changed: set[bool] = set()
+        for key, was in sorted(prints.items()):
+            lo, hi = marks.get(key, (0, 0))
+            if not lo <= was[0] < hi:
+                del prints[key]  # retention removed it (it cannot be read), or the partition ends below it (offsets tell)
+                continue
+            if self._print(key, was[0]) != was:
+                changed.add(is_control(int(key)))
+                log.warning("safepoint_kafka: %s[%s] offset %d is no longer the record the job read there: the topic was "
+                            "made again", *self.topic_of(key), was[0])
+        return changed, prints
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         marks = self._watermarks()
         known = self._known_gaps(start)
@@ -353,6 +417,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         begin: dict[str, int] = {}
         found: list[dict[str, Any]] = []
         ids: dict[str, str] = {}
+        due = self._printed_at is None or time.monotonic() - self._printed_at >= PRINT_EVERY_S
+        changed, prints = self._reprinted(start, marks)
         for name, control in self.topics():  # each topic on its own; the gap ids one sequence
             id_key = CONTROL_TOPIC_ID if control else TOPIC_ID
             was = start.get(id_key)
@@ -360,7 +426,7 @@ class KafkaStreamReader(DataSourceStreamReader):
             if tid is not None:
                 ids[id_key] = tid
             b, f = find_gaps(of_topic(partition_offsets(start), control), of_topic(marks, control), name, last, now_ms,
-                             made_again=was is not None and tid is not None and tid != was)
+                             made_again=(was is not None and tid is not None and tid != was) or control in changed)
             begin.update({partition_key(int(p), control): o for p, o in b.items()})
             for g in f:
                 if control:
@@ -382,6 +448,16 @@ class KafkaStreamReader(DataSourceStreamReader):
         if gaps:
             end[GAPS] = gaps
         end.update(ids)
+        prints = {k: v for k, v in prints.items() if is_control(int(k)) not in changed}
+        # the last record this batch reads, in the offset the checkpoint keeps; only where the batch reads the
+        # partition: an offset that changes without new records would make Spark run an empty batch
+        for key, at in planned.items():
+            if begin[key] < at and (key not in prints or (due and prints[key][0] < at - 1)):
+                taken = self._print(key, at - 1)
+                if taken is not None:
+                    prints[key] = taken
+        if prints:
+            end[PRINTS] = prints
         self._planned_on = (end, marks)
         return end
 

@@ -117,6 +117,8 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/integration/test_broker_choice.py::test_the_development_pages_line_runs_a_module_on_apache_kafka",
     ("docs/deploying.md", ".venv/bin/safepoint broker --kafka"):
         "tests/integration/test_broker_command.py::test_the_deployment_pages_kafka_brokers_start_answer_and_stop",
+    ("docs/security.md", ".venv/bin/safepoint directive-key"):
+        "tests/unit/test_signed_directives.py::test_the_security_pages_key_pair_signs_what_nodes_verify",
     ("docs/security.md", ".venv/bin/safepoint acls"): "tests/unit/test_acls.py::test_the_pages_acls_line_prints_a_nodes_grants",
     ("docs/security.md", "[kafka]"):
         "tests/unit/test_plan_and_settings.py::test_the_security_pages_kafka_table_is_settings_whose_secrets_hide",

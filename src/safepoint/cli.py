@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadletter-output", default=None, help="dead letters, one JSON object a line")
     p.add_argument("--status", default=None, metavar="FILE",
                    help="write each cluster's final status there (JSON, the shape of GET /api/v1/clusters)")
+    p.add_argument("--generation", default="",
+                   help="the job's generation to stamp directives with, as the job did (its checkpoint's "
+                        "safepoint.json keeps it; default: none)")
     _common_job_flags(p)
 
     p = sub.add_parser("simulate", help="publish a synthetic cluster's events")
@@ -223,6 +226,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "its events with it: Reporter(node_key=...))")
     p.add_argument("cluster")
     p.add_argument("node")
+    p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+    p = sub.add_parser("directive-key", help="make an Ed25519 key pair that signs directives: the private key for "
+                                             "the job's directive_keys, the public one for nodes and agents")
+    p.add_argument("--public", action="store_true",
+                   help="print instead the public key of each of the job's directive_keys (settings or "
+                        f"{env_name('directive_keys')}), for the nodes")
+    p.add_argument("--cluster", default=None, help="with --public: this cluster's keys ([clusters.NAME])")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
     p = sub.add_parser("spark-classes", help="build the class-data archive that makes Spark's JVM start faster "
                        "(once per machine; scripts/setup.sh runs it)")
@@ -294,7 +304,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     dl = open(args.deadletter_output, "w", encoding="utf-8") if args.deadletter_output else None  # noqa: SIM115
     try:
         with replay_progress(args.input) as progress:
-            engine = replay_file(args.input, out, settings.policies(), dl, progress)
+            engine = replay_file(args.input, out, settings.policies().with_generation(args.generation), dl, progress)
     except FileNotFoundError as exc:
         msg = f"input file not found: {exc.filename}"
         raise SafepointError(msg) from exc
@@ -431,6 +441,26 @@ def cmd_node_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_directive_key(args: argparse.Namespace) -> int:
+    import secrets
+
+    from safepoint.core.signing import public_key_of
+
+    if args.public:
+        policies = load_settings(args.config).policies()
+        keys = (policies.of(args.cluster) if args.cluster else policies.default).directive_keys
+        listed = [k.strip() for k in keys.split(",") if k.strip()]
+        if not listed:
+            msg = f"no directive_keys{' for cluster ' + args.cluster if args.cluster else ''} (set SAFEPOINT_DIRECTIVE_KEYS)"
+            raise SafepointError(msg)
+        print(",".join(public_key_of(k) for k in listed))
+        return 0
+    made = secrets.token_hex(32)
+    print(f"directive_keys = \"{made}\"   # the job's: a secret (SAFEPOINT_DIRECTIVE_KEYS)")
+    print(f"directive_key = \"{public_key_of(made)}\"   # nodes' and agents' (SAFEPOINT_DIRECTIVE_KEY, --directive-key)")
+    return 0
+
+
 def cmd_spark_classes(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -475,7 +505,7 @@ COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "se
                   "soak": "dev", "bench": "dev", "spark-classes": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"node-key": cmd_node_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "acls": cmd_acls, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
+COMMANDS = {"node-key": cmd_node_key, "directive-key": cmd_directive_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "acls": cmd_acls, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
-from safepoint.core.policy import MVCC_UNITS, Policies, Policy
+from safepoint.core.policy import JOB_FIELDS, MVCC_UNITS, Policies, Policy
 from safepoint.errors import ConfigError
 
 __all__ = ["Settings", "Secret", "JvmChoices", "ENV_PREFIX", "load_settings", "env_name"]
 
 ENV_PREFIX = "SAFEPOINT_"
 _P = Policy()
-POLICY_KEYS = tuple(f.name for f in fields(Policy))
+POLICY_KEYS = tuple(f.name for f in fields(Policy) if f.name not in JOB_FIELDS)
 _SECRET_HINTS = ("password", "secret", "token", "key.pem", "keystore")
 
 
@@ -115,6 +115,11 @@ class Settings:
     max_service_hold_ttl_ms: int = _P.max_service_hold_ttl_ms
     control_keys: str = ""
     node_key_secret: str = ""
+    directive_keys: str = ""
+    directive_key: str = ""
+    """The public keys a node, an agent or a listener verifies directives with (64 hex digits each,
+    comma-separated during a rotation; empty: directives are taken unsigned): the job's
+    ``directive_keys``' public halves (``safepoint directive-key``)."""
     control_signature_window_ms: int = _P.control_signature_window_ms
     control_on_events_topic: bool = _P.control_on_events_topic
     directive_interval_ms: int = 0
@@ -264,7 +269,8 @@ def _coerce(name: str, raw: Any, source: str = "") -> Any:
     if not isinstance(raw, str):
         msg = f"setting {where} must be a string, got {raw!r}"
         raise ConfigError(msg)
-    return Secret(raw) if name in ("admin_token", "admin_tokens", "control_keys", "node_key_secret") else raw
+    return Secret(raw) if name in ("admin_token", "admin_tokens", "control_keys", "node_key_secret",
+                                   "directive_keys") else raw
 
 
 RETIRED = {

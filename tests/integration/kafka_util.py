@@ -19,6 +19,12 @@ def topic_flags(tag: str, *more: str) -> dict[str, str]:
     return {f"{name}_topic": f"{tag}.{name}" for name in ("events", "control", "directives", "alerts", "deadletter", *more)}
 
 
+def of_any_generation(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Directives as another job would write them too: without the job's ``generation`` (each job's own,
+    made when it starts on empty state), byte for byte the rest."""
+    return [{k: v for k, v in r.items() if k != "generation"} for r in rows]
+
+
 def produce(bootstrap: str, topic: str, messages: list[tuple[str | None, Any]]) -> None:
     """Produce (key, value) pairs in order; value dicts are JSON-encoded, bytes/str sent as is."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})

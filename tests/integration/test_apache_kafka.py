@@ -106,16 +106,17 @@ def the_reader_holds_until_closed(spark: Any, settings: Any, ckpt: Path, c: Clus
         job.stop()
 
 
-def test_an_events_topic_made_again_and_filled_past_the_old_offsets_is_told_by_its_id(
-        broker: Any, spark: Any, tmp_path: Path) -> None:
-    settings = make_settings(broker.bootstrap, "topicid", PARTITIONS, node_lease_ms=60_000)
-    c, ckpt, events = Cluster(broker.bootstrap, settings), tmp_path / "ckpt", settings.events_topic
+def made_again_and_filled_past(bootstrap: str, spark: Any, tmp_path: Path, tag: str) -> None:
+    """The events topic deleted while the job is down, made again and filled past where the job stood; the
+    job, restarted, must find the gap and hold the reader lost with the old topic until it closes."""
+    settings = make_settings(bootstrap, tag, PARTITIONS, node_lease_ms=60_000)
+    c, ckpt, events = Cluster(bootstrap, settings), tmp_path / "ckpt", settings.events_topic
     started_and_stopped(spark, settings, ckpt, c)
     old = topic_ends(settings.librdkafka(), events)
     # while the job is down: n1 opens a reader, then the topic is deleted, made again by its producers and
     # filled past where the job stood in every partition (its offsets alone then look as before)
     c.send(c.node("n1", "reader_open", 2_001, reader_id="r", read_ts=1_600), *c.beats(2_002, 2_000))
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
     for fut in admin.delete_topics([events], operation_timeout=10).values():
         fut.result(10)
     wait_for(lambda: events not in admin.list_topics(timeout=10).topics, 20, "the topic deleted")
@@ -126,8 +127,13 @@ def test_an_events_topic_made_again_and_filled_past_the_old_offsets_is_told_by_i
         c.send(c.topology(wall), *c.beats(wall, wall))  # (the topology again: its version is old, ignored)
         wall += 10
     the_reader_holds_until_closed(spark, settings, ckpt, c, "gone_back")
-    made_again = [a for a in alerts(broker.bootstrap, settings, "events_lost", "raised") if "made again" in a["detail"]]
+    made_again = [a for a in alerts(bootstrap, settings, "events_lost", "raised") if "made again" in a["detail"]]
     assert made_again, "the alert says the topic was made again"
+
+
+def test_an_events_topic_made_again_and_filled_past_the_old_offsets_is_told_by_its_id(
+        broker: Any, spark: Any, tmp_path: Path) -> None:
+    made_again_and_filled_past(broker.bootstrap, spark, tmp_path, "topicid")
 
 
 def test_unread_events_removed_by_retention_while_the_job_is_down_are_found_lost(

@@ -17,6 +17,7 @@ from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, read_topic, unique
+from tests_support import replay_policies
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +82,7 @@ def test_the_safety_edges_through_the_job_equal_replay(broker: Any, spark: Any, 
     finally:
         q.stop()
 
-    engine = Engine(settings.policy())
+    engine = Engine(replay_policies(settings, tmp_path / "ckpt"))
     expected: dict[str, list[str]] = {"directives": [], "alerts": []}
     for i, e in enumerate(log):
         for o in engine.process(json.dumps(e), Position(settings.events_topic, 0, i, None)):

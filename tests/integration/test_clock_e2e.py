@@ -19,6 +19,7 @@ from safepoint.streaming.job import build_query
 
 from kafka_util import read_topic, topic_flags, unique
 from test_parity import replay_batch, unkeyed
+from tests_support import replay_policies
 
 pytestmark = pytest.mark.integration
 
@@ -91,7 +92,7 @@ def test_one_nodes_clock_rules_nothing_through_the_job(broker: Any, spark: Any, 
     from safepoint.core.codec import encode
 
     origins = {settings.events_topic: EVENTS, settings.control_topic: CONTROL}
-    for o in replay_batch(Engine(settings.policy(), origins=origins), broker.bootstrap, settings.events_topic, {},
+    for o in replay_batch(Engine(replay_policies(settings, tmp_path / "ckpt"), origins=origins), broker.bootstrap, settings.events_topic, {},
                           settings.control_topic):
         if o.channel in expected:
             expected[o.channel].append(encode(o.value))

@@ -18,7 +18,7 @@ from safepoint.core.codec import encode
 from safepoint.settings import load_settings
 
 from kafka_util import produce, read_topic, unique
-from tests_support import run_to_end
+from tests_support import replay_policies, run_to_end
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
@@ -167,7 +167,7 @@ def test_three_nodes_exact_directives_restart_and_replay(broker: Any, spark: Any
     # Replay over the same log, in the job's order (one batch per phase, merged by wall_ms).
     events = read_events(broker.bootstrap, settings.events_topic)
     ordered = sorted(events, key=lambda e: json.loads(e[2])["wall_ms"])
-    engine = Engine(settings.policy())
+    engine = Engine(replay_policies(settings, ckpt))
     replayed = [encode(o.value) for p, off, v in ordered for o in engine.process(v, Position("x", p, off))
                 if o.channel == "directives"]
     job_out = [encode({k: v for k, v in d.items() if k != "key"}) for d in everything]

@@ -16,6 +16,7 @@ from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, read_topic, unique
+from tests_support import replay_policies
 
 pytestmark = pytest.mark.integration
 CLUSTERS = 20
@@ -52,7 +53,7 @@ def test_twenty_clusters_each_get_their_own_safe_point(broker: Any, spark: Any, 
     assert sorted(latest) == sorted(logs), "every cluster got directives"
     for cluster, log in logs.items():
         assert seqs[cluster] == list(range(1, len(seqs[cluster]) + 1))
-        engine = Engine(settings.policy())  # each cluster alone, in its own order
+        engine = Engine(replay_policies(settings, tmp_path / "ckpt"))  # each cluster alone, in its own order
         for i, e in enumerate(log):
             engine.process(json.dumps(e), Position("x", 0, i))
         assert latest[cluster]["safe_ts"] == engine.clusters[cluster].safe_ts, cluster

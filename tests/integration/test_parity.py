@@ -18,6 +18,7 @@ from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, messages_in
 
 from kafka_util import produce, read_topic, topic_flags, unique
+from tests_support import replay_policies
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
@@ -94,7 +95,7 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
     half = len(log) // 2
     ckpt = str(tmp_path / "ckpt")
     phases = [log[:half], log[half:]]
-    engine = Engine(settings.policy())
+    engine: Engine | None = None  # given the job's generation once its first start made one
     expected: dict[str, list[str]] = {"directives": [], "alerts": [], "deadletter": []}
     consumed = 0
     for phase in phases:
@@ -106,6 +107,7 @@ def test_generated_log_job_equals_replay_across_a_restart(broker: Any, spark: An
             consumed += sum(messages_in(p) for p in q.recentProgress)
         finally:
             q.stop()
+        engine = engine or Engine(replay_policies(settings, ckpt))
         for o in replay_batch(engine, broker.bootstrap, settings.events_topic, before):
             expected[o.channel].append(encode(o.value))
     assert consumed == len(log), "every message consumed exactly once across the restart"
@@ -169,7 +171,7 @@ def test_a_failed_delivery_fails_the_batch_and_its_rerun_loses_nothing(broker: A
     failed = directives()[len(first):]
     run(settings)
 
-    expected = [encode(o.value) for o in replay_batch(Engine(settings.policy()), broker.bootstrap, settings.events_topic, {})
+    expected = [encode(o.value) for o in replay_batch(Engine(replay_policies(settings, ckpt)), broker.bootstrap, settings.events_topic, {})
                 if o.channel == "directives"]
     got = directives()
     n = len(first)

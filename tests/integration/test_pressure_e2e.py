@@ -17,7 +17,7 @@ from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, read_topic, unique
-from tests_support import events_by_partition
+from tests_support import events_by_partition, replay_policies
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def test_growing_pinned_bytes_warns_goes_critical_expires_and_clears(broker: Any
     # replay in the log's order, each event at the partition and offset the job read it from (a
     # directive's positions name them)
     at = {value: (p, o) for p, o, _key, value in events_by_partition(broker.bootstrap, settings.events_topic)}
-    engine = Engine(settings.policy())
+    engine = Engine(replay_policies(settings, tmp_path / "ckpt"))
     expected = {"directives": [], "alerts": []}
     for e in log:
         value = json.dumps(e).encode()
@@ -134,7 +134,7 @@ def test_the_pressure_example_through_the_job_equals_replay(broker: Any, spark: 
     assert any((d["blocker"] or {}).get("cost_bytes", 0) > 500_000_000 for d in compaction)
 
     at = {value: (p, o) for p, o, _key, value in events_by_partition(broker.bootstrap, settings.events_topic)}
-    engine = Engine(settings.policy())
+    engine = Engine(replay_policies(settings, tmp_path / "ckpt"))
     expected: dict[str, list[str]] = {"directives": [], "alerts": []}
     for e in log:
         value = json.dumps(e).encode()

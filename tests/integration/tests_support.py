@@ -44,6 +44,7 @@ from safepoint.core import Engine, Policy, Position
 from safepoint.core.batch import BY_NAME, merge_log_order, route
 from safepoint.core.codec import encode
 from safepoint.core.origin import CONTROL, EVENTS, control_partition, is_control, kafka_partition
+from safepoint.core.policy import Policies
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import Settings, load_settings
 from safepoint.streaming.java import C1_ONLY
@@ -635,13 +636,19 @@ class Replayed:
     batches: list[dict[int, int]]
 
 
+def replay_policies(settings: Settings, ckpt: Path | str) -> Policies:
+    """The policies the job ran under: the settings', with the job's generation, which its checkpoint
+    keeps (``streaming/checkpoint.py``): replay given them makes the directives the job made."""
+    return settings.policies().with_generation(json.loads((Path(ckpt) / "safepoint.json").read_text())["generation"])
+
+
 def replay_job_order(rows: list[tuple[int, int, bytes | None, bytes | None]], batches: list[dict[int, int]],
-                     settings: Settings) -> Replayed:
+                     settings: Settings, policies: Policies | None = None) -> Replayed:
     """``Engine`` over the log (``log_rows``: both topics) batch by batch, each batch merged per cluster
     as the job's operator merges it: by the ``wall_ms`` the router gives each row (-1 for a dead letter)."""
     policy = settings.policy()
     origins = {settings.events_topic: EVENTS, settings.control_topic: CONTROL}
-    engine = Engine(settings.policies(), record=True, origins=origins)  # each cluster's own table, as the job
+    engine = Engine(policies or settings.policies(), record=True, origins=origins)  # each cluster's own table, as the job
     total, per_batch = _outputs(), []
     order: dict[str, list[tuple[int, int]]] = defaultdict(list)
     start: dict[int, int] = {}
@@ -721,7 +728,7 @@ def verify(bootstrap: str, settings: Settings, ckpt: Path) -> Verified:
         assert all(b[p] >= prev.get(p, 0) for p in b), f"offset log goes back: {prev} -> {b}"
         prev = b
     assert batches[-1] == ends, f"the job stopped at {batches[-1]}, the topic ends at {ends}"
-    rep = replay_job_order(rows, batches, settings)
+    rep = replay_job_order(rows, batches, settings, replay_policies(settings, ckpt))
 
     # Accounting: every offset, once per processing, the same outcome each time, replay's label.
     acct = read_topic(bootstrap, settings.accounting_topic, timeout_s=30)

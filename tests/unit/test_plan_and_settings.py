@@ -34,6 +34,35 @@ class _Marks(KafkaStreamReader):
     def _topic_id(self, topic: str, known: str | None) -> str | None:
         return None  # a broker without topic ids
 
+    records: dict[tuple[str, int], list[int]] = {}
+    """(partition key, offset) -> the record's fingerprint there (none: no fingerprints are taken)."""
+
+    def _print(self, key: str, offset: int) -> list[int] | None:
+        return self.records.get((key, offset))
+
+
+def test_a_topic_made_again_past_the_offsets_is_told_by_its_fingerprint() -> None:
+    """A broker without topic ids: the record the job read at offset 9 of partition 0 is another one after the
+    topic was made again and filled past where the job stood; a run's first plan reads it again, finds the
+    gap (gone_back) and reads every partition of the topic from its start."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    reader = _Marks({}, {"0": (0, 10), "1": (0, 4)})
+    reader.records = {("0", 9): [9, 1, 1_000, 77], ("1", 3): [3, 1, 1_001, 78]}
+    first = reader.latestOffset({"0": 6, "1": 2}, ReadAllAvailable())
+    assert first["prints"] == {"0": [9, 1, 1_000, 77], "1": [3, 1, 1_001, 78]} and "gaps" not in first
+    assert reader.latestOffset(first, ReadAllAvailable()) == first, "no new records: the same offset (no empty batch)"
+    # the job stops; the topic is made again and filled past offsets 10 and 4 by other records
+    restarted = _Marks({}, {"0": (0, 12), "1": (0, 6)})
+    restarted.records = {("0", 9): [9, 1, 5_000, 12], ("1", 3): [3, 1, 5_001, 13]}
+    end = restarted.latestOffset(first, ReadAllAvailable())
+    assert [(g["partition"], g["kind"]) for g in end["gaps"]] == [(0, "gone_back"), (1, "gone_back")]
+    assert restarted.partitions(first, end)[0].value == ("t", 0, 0, 12), "read again from its start"
+    # the same topic, the same records: nothing found
+    same = _Marks({}, {"0": (0, 12), "1": (0, 6)})
+    same.records = dict(reader.records)
+    assert "gaps" not in same.latestOffset(first, ReadAllAvailable())
+
 
 def test_the_first_batch_of_a_run_takes_its_own_cap_then_the_usual_one() -> None:
     from pyspark.sql.streaming.datasource import ReadMaxRows

@@ -202,12 +202,12 @@ class ClusterState:
         if self.alerts or u.opened or member:
             out += self._violations(u, member, now)
         if u.signals:
-            out += self._signals(u.node, u.signals, now)
+            out += self._signals(u.node, u.signals, now, policy)
         if self.recovery is not None:
             step = self.recovery.take(u, member, now, policy.node_lease_ms, fresh, -1 if u.partition is None else u.partition)
             if step == ASK:
                 reason = "recovery" if u.node not in self.recovery.cause else "events_lost"
-                out.append(self.directives.snapshot_request(u.node, reason, now))
+                out.append(self.directives.snapshot_request(u.node, reason, now, policy))
             elif step == COMPLETED:
                 self.dirty = True
                 if self.gaps.open:
@@ -314,7 +314,7 @@ class ClusterState:
                 return [cleared]
         return []
 
-    def _signals(self, node: str, signals: list[Signal], now: int) -> list[Output]:
+    def _signals(self, node: str, signals: list[Signal], now: int, policy: Policy) -> list[Output]:
         """What the node stage decided on the node's clock (``core/signals.py``), stamped with the
         cluster's identity and time: alerts, expire and snapshot_request directives, band changes, the
         emergency's debt report, what the store compacted. The messages they make."""
@@ -329,11 +329,11 @@ class ClusterState:
                 if self.control.paused is not None:
                     self.control.count("expiry_while_paused")
                     continue
-                out.append(self.directives.expire(node, sig.body, now))
+                out.append(self.directives.expire(node, sig.body, now, policy))
             elif isinstance(sig, SnapshotAsk):
-                out.append(self.directives.snapshot_request(node, sig.reason, now))
+                out.append(self.directives.snapshot_request(node, sig.reason, now, policy))
             elif isinstance(sig, BandChange):
-                out.append(self.directives.band(node, sig.band, now))
+                out.append(self.directives.band(node, sig.band, now, policy))
             elif isinstance(sig, DebtReport):
                 self.emergency.take(node, sig.growing, sig.rate)
             else:
@@ -633,7 +633,7 @@ class ClusterState:
         self.control.announced()
         return self.directives.compaction(safe_ts=self.safe_ts, catalog_floor=self.catalog.floor, gnode=gnode,
                                           members=self.members, control=self.control, tenants=self.tenants, now=now,
-                                          retention=policy.retention, extra=self.emergency.directive_fields(policy))
+                                          policy=policy, extra=self.emergency.directive_fields(policy))
 
 
 def _lower(lowest: tuple[int, str] | None, service: tuple[int, str] | None) -> tuple[int, str]:

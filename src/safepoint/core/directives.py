@@ -15,6 +15,10 @@ newest) and numbered by their own sequence, ``node_seq``. A ``band`` directive t
 pinned-bytes band whenever it changes: its client admits long snapshots by it (rate-limited in
 ``warning``, refused in ``critical``).
 
+Every directive carries the job's ``generation`` (``Policy.generation``: the id of the job's state's
+lifetime, where the job gives one) and, where the cluster's policy has ``directive_keys``, its ``sig``
+(``core/signing.py``): ``stamp`` adds both, last, so the signature covers the generation too.
+
 ``Directives`` is the cluster's part that numbers them and remembers where the cluster's input
 stood; the cluster decides when one goes out.
 """
@@ -29,9 +33,11 @@ from safepoint.core.ids import escape, join_id
 from safepoint.core.members import Members
 from safepoint.core.origin import position_key
 from safepoint.core.outputs import DIRECTIVES, Output
+from safepoint.core.policy import Policy
+from safepoint.core.signing import sign_directive
 from safepoint.core.tenants import Tenants
 
-__all__ = ["BAND", "BASIS_LISTED", "SNAPSHOT_REQUEST", "Directives", "band_key", "members_key"]
+__all__ = ["BAND", "BASIS_LISTED", "SNAPSHOT_REQUEST", "Directives", "band_key", "members_key", "stamp"]
 
 BASIS_LISTED = 8
 """Members a directive's ``basis`` names: those with the lowest minimums."""
@@ -47,6 +53,17 @@ EXPIRE_TAIL = ("reason", "mode", "seq", "cluster_wall_ms")
 def members_key(cluster: str) -> str:
     """The directives topic's key of a cluster's member set (no escaped node id starts with ``%``)."""
     return f"{escape(cluster)}/%members"
+
+
+def stamp(value: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """``value`` with the job's ``generation`` (where it has one) and, with ``directive_keys``, the ``sig``
+    of everything else: what every directive goes out as."""
+    if policy.generation:
+        value["generation"] = policy.generation
+    key = policy.directive_signer
+    if key is not None:
+        value["sig"] = sign_directive(value, key)
+    return value
 
 
 def band_key(cluster: str, node: str) -> str:
@@ -95,7 +112,7 @@ class Directives:
         self.positions[partition] = offset + 1
 
     def compaction(self, *, safe_ts: int | None, catalog_floor: int | None, gnode: str, members: Members,
-                   control: Control, tenants: Tenants, now: int, retention: int,
+                   control: Control, tenants: Tenants, now: int, policy: Policy,
                    extra: dict[str, Any] | None = None) -> list[Output]:
         """The next compaction directive (``gnode``: the blocking node, "" for a service hold), after
         the ``members`` record when the member set changed since it last went out."""
@@ -103,8 +120,9 @@ class Directives:
         self.last_wall = now
         out: list[Output] = []
         if members.announce():
-            out.append(Output(DIRECTIVES, members_key(self.cluster), {
-                "v": 1, "type": "members", "cluster": self.cluster, "seq": self.seq, "nodes": sorted(members.names)}))
+            out.append(Output(DIRECTIVES, members_key(self.cluster), stamp({
+                "v": 1, "type": "members", "cluster": self.cluster, "seq": self.seq, "nodes": sorted(members.names)},
+                policy)))
         blocker = members.nodes[gnode].blocker if gnode else None
         blocker_out = control.blocker(now) if not gnode else None
         if blocker is not None:
@@ -123,7 +141,7 @@ class Directives:
         nodes = members.nodes
         basis = {n: {"incarnation": nodes[n].incarnation, "seq": nodes[n].seq, "local_min": m}
                  for m, n in members.mins.head(BASIS_LISTED)}
-        out.append(Output(DIRECTIVES, self.cluster, {
+        out.append(Output(DIRECTIVES, self.cluster, stamp({
             "v": 1,
             "type": "compaction",
             "cluster": self.cluster,
@@ -135,33 +153,33 @@ class Directives:
             "basis": basis,
             "members": len(members),
             "positions": {position_key(p): o for p, o in sorted(self.positions.items())},
-            "retention": retention,
+            "retention": policy.retention,
             **({"service_holds": {holder: dict(h) for holder, h in sorted(holds.items())}} if holds else {}),
             **({"paused": {"reason": pause["reason"], "since_wall_ms": pause["since_wall_ms"]}} if pause else {}),
             **tenants.directive_fields(),
             **(extra or {}),
-        }))
+        }, policy)))
         return out
 
-    def snapshot_request(self, node: str, reason: str, now: int) -> Output:
+    def snapshot_request(self, node: str, reason: str, now: int, policy: Policy) -> Output:
         """Ask ``node`` for its complete set of holds (``core/recovery.py``, ``core/leaks.py``)."""
         self.node_seq += 1
-        return Output(DIRECTIVES, join_id(self.cluster, node), {
+        return Output(DIRECTIVES, join_id(self.cluster, node), stamp({
             "v": 1, "type": SNAPSHOT_REQUEST, "cluster": self.cluster, "node": node, "reason": reason,
-            "seq": self.node_seq, "cluster_wall_ms": now})
+            "seq": self.node_seq, "cluster_wall_ms": now}, policy))
 
-    def band(self, node: str, band: str, now: int) -> Output:
+    def band(self, node: str, band: str, now: int, policy: Policy) -> Output:
         """Tell ``node`` its pinned-bytes band changed (``core/pressure.py`` decided it)."""
         self.node_seq += 1
-        return Output(DIRECTIVES, band_key(self.cluster, node), {
+        return Output(DIRECTIVES, band_key(self.cluster, node), stamp({
             "v": 1, "type": BAND, "cluster": self.cluster, "node": node, "band": band, "seq": self.node_seq,
-            "cluster_wall_ms": now})
+            "cluster_wall_ms": now}, policy))
 
-    def expire(self, node: str, body: dict[str, Any], now: int) -> Output:
+    def expire(self, node: str, body: dict[str, Any], now: int, policy: Policy) -> Output:
         """Tell ``node`` to end one reader or transaction (the node stage decided it: ``core/pressure.py``)."""
         self.node_seq += 1
         what = next(k for k in KINDS if k.id_field in body)
         hid = body[what.id_field]
         value = {**body, "cluster": self.cluster, "seq": self.node_seq, "cluster_wall_ms": now}
-        return Output(DIRECTIVES, join_id(self.cluster, node, what.name, hid),
-                      {**{k: value[k] for k in EXPIRE_HEAD}, what.id_field: hid, **{k: value[k] for k in EXPIRE_TAIL}})
+        return Output(DIRECTIVES, join_id(self.cluster, node, what.name, hid), stamp(
+            {**{k: value[k] for k in EXPIRE_HEAD}, what.id_field: hid, **{k: value[k] for k in EXPIRE_TAIL}}, policy))

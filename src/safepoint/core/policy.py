@@ -7,19 +7,21 @@ wall-clock milliseconds (event time), ``retention`` in MVCC units.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Any
 
 from safepoint.core.bands import BandSpec
 
-__all__ = ["MVCC_UNITS", "Policies", "Policy"]
+__all__ = ["JOB_FIELDS", "MVCC_UNITS", "Policies", "Policy"]
 
 GIB = 1 << 30
 _BOOL_FIELDS = frozenset({"expire_enabled", "control_on_events_topic"})
 _STR_FIELDS = frozenset({"mvcc_unit"})
-SECRET_FIELDS = frozenset({"control_keys", "node_key_secret"})
+SECRET_FIELDS = frozenset({"control_keys", "node_key_secret", "directive_keys"})
 """Policy keys that are secrets: no flag, never printed, left out of what the source is given."""
+JOB_FIELDS = frozenset({"generation"})
+"""Policy keys the job sets itself, not settings: ``generation``."""
 MVCC_UNITS = ("none", "counter", "revision", "xid", "ns", "us", "ms", "s")
 """What a cluster's MVCC timestamps count: an opaque counter (``none``, ``counter``), etcd's store
 ``revision``, PostgreSQL's 64-bit ``xid``, or a clock (``ns``, ``us``, ``ms``, ``s``: shown as times)."""
@@ -44,6 +46,15 @@ class Policy:
     """With it, every node event of the cluster must be signed by the node it names, with the key
     derived from this secret for that node (``core/signing.py``; empty: node events are not
     signed). A secret."""
+    directive_keys: str = field(default="", repr=False)
+    """The Ed25519 private keys (64 hex digits each, comma-separated; empty: directives are not signed)
+    that sign the cluster's directives: the first signs; nodes verify with the public keys
+    (``core/signing.py``). A secret."""
+    generation: str = ""
+    """The id of the job's state's lifetime, carried by every directive (empty: none, as replay has by
+    default): made when the job starts on empty state and kept in its checkpoint, so that a node tells a
+    job that lost everything from a forged or stale directive (``connectors/listener.py``). Set by
+    the job, not a setting."""
     control_on_events_topic: bool = False
     """Accept control events found on the events topic (old publishers that predate the control topic).
     Off: they are refused (``core/origin.py``), since every node may write the events topic."""
@@ -127,9 +138,9 @@ class Policy:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in SECRET_FIELDS:
+            if f.name in SECRET_FIELDS or f.name in JOB_FIELDS:
                 if not isinstance(value, str):
-                    msg = f"policy key {f.name} must be a string of comma-separated keys"
+                    msg = f"policy key {f.name} must be a string"
                     raise ValueError(msg)
                 continue
             if f.name in _STR_FIELDS:
@@ -148,6 +159,10 @@ class Policy:
             if value < 0:
                 msg = f"policy key {f.name} must be >= 0, got {value}"
                 raise ValueError(msg)
+        if not all(_is_key(k) for k in self.directive_keys.split(",") if k.strip()):
+            msg = ("policy key directive_keys must be Ed25519 private keys, 64 hex digits each, comma-separated "
+                   "(safepoint directive-key makes one)")
+            raise ValueError(msg)
         if self.emergency_compaction_budget < 1:
             msg = "policy key emergency_compaction_budget must be >= 1 (a multiple of the normal budget)"
             raise ValueError(msg)
@@ -167,6 +182,12 @@ class Policy:
         if self.reader_age_critical_ms < self.reader_age_warning_ms:
             msg = "policy key reader_age_critical_ms must be >= reader_age_warning_ms"
             raise ValueError(msg)
+
+    @property
+    def directive_signer(self) -> str | None:
+        """The private key that signs the cluster's directives (the first of ``directive_keys``), or None."""
+        keys = [k.strip() for k in self.directive_keys.split(",") if k.strip()]
+        return keys[0] if keys else None
 
     @property
     def signing_keys(self) -> list[str]:
@@ -203,6 +224,12 @@ class Policy:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+def _is_key(text: str) -> bool:
+    """64 hex digits: an Ed25519 key's 32 bytes."""
+    text = text.strip()
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
 @lru_cache(maxsize=64)
 def _band(*spec: int) -> BandSpec:
     """One BandSpec per distinct thresholds (asked for on every node event)."""
@@ -226,6 +253,11 @@ class Policies:
 
     def to_dict(self) -> dict[str, Any]:
         return {"default": self.default.to_dict(), "clusters": {c: p.to_dict() for c, p in sorted(self.clusters.items())}}
+
+    def with_generation(self, generation: str) -> Policies:
+        """These policies with the job's ``generation`` in every cluster's (``Policy.generation``)."""
+        return Policies(replace(self.default, generation=generation),
+                        {name: replace(p, generation=generation) for name, p in self.clusters.items()})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Policies:

@@ -23,6 +23,12 @@ node N's key of cluster C as ``HMAC(secret, "C/N")`` and checks that the node an
 it; ``sign_node``, ``verify_node``): a node then speaks only for itself. Its signature covers every
 field but ``sig`` and the ``log_ms`` the job adds.
 
+**Directives** are signed by the job (``directive_keys``: Ed25519 private keys, the first signs), so
+that whoever may write the directives topic but holds no key cannot make a node compact: a node, an
+agent or a listener holds only the public keys (``verify_directive``), which sign nothing, so a
+compromised node cannot sign one either. The signature covers every field but ``sig``, as
+``directive_canonical`` writes them; Ed25519 is deterministic, so replay signs what the job signs.
+
 What a signature does not protect against: a holder of a key (it signs anything), a replay within
 the window of an action the job still remembers (ignored as ``repeated``) or forgotten (after 256
 newer actions of the cluster within the window), events dropped or delayed on their way (a missing
@@ -41,7 +47,8 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["PREFIX", "SIGNED", "canonical", "node_key", "owner_digest", "sign", "sign_node", "verify", "verify_node"]
+__all__ = ["DIRECTIVE_PREFIX", "PREFIX", "SIGNED", "canonical", "directive_canonical", "node_key", "owner_digest",
+           "public_key_of", "sign", "sign_directive", "sign_node", "verify", "verify_directive", "verify_node"]
 
 PREFIX = "hmac-sha256:"
 SIGNED = ("type", "cluster", "holder", "ts", "ttl_ms", "label", "reason", "gap", "action_id", "wall_ms", "owner",
@@ -91,6 +98,71 @@ def verify_node(event: Mapping[str, Any], secret: str) -> str | None:
     if not hmac.compare_digest(sig, PREFIX + hmac.digest(key.encode(), node_canonical(event), "sha256").hex()):
         return "bad_node_signature"
     return None
+
+
+DIRECTIVE_PREFIX = "ed25519:"
+"""A directive's ``sig``: this, then the Ed25519 signature's 64 bytes in hex."""
+
+
+def directive_canonical(value: Mapping[str, Any]) -> bytes:
+    """A directive's signed form: every field but ``sig``, as compact UTF-8 JSON with every object's keys
+    sorted (as Python's ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``)."""
+    return _SORTED.encode({k: v for k, v in value.items() if k != "sig"})
+
+
+@lru_cache(maxsize=128)
+def _ed25519(key: str, private: bool) -> Any:
+    """An Ed25519 key from its 64 hex digits: the job's private key, or a node's public one."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+    try:
+        raw = bytes.fromhex(key.strip())
+        return Ed25519PrivateKey.from_private_bytes(raw) if private else Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError as exc:
+        which = "private" if private else "public"
+        msg = f"a directive key is an Ed25519 {which} key: 64 hex digits (safepoint directive-key makes a pair)"
+        raise ValueError(msg) from exc
+
+
+def _private(key: str) -> Any:
+    return _ed25519(key, True)
+
+
+def _public(key: str) -> Any:
+    return _ed25519(key, False)
+
+
+def public_key_of(private: str) -> str:
+    """The public key (64 hex digits) of an Ed25519 private key given as 64 hex digits."""
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return str(_private(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex())
+
+
+def sign_directive(value: Mapping[str, Any], private: str) -> str:
+    """The ``sig`` of a directive with the job's private key."""
+    return DIRECTIVE_PREFIX + str(_private(private).sign(directive_canonical(value)).hex())
+
+
+def verify_directive(value: Mapping[str, Any], public: Sequence[str]) -> str | None:
+    """None when one of the ``public`` keys signed the directive, else ``unsigned`` or ``bad_signature``."""
+    from cryptography.exceptions import InvalidSignature
+
+    sig = value.get("sig")
+    if not isinstance(sig, str) or not sig.startswith(DIRECTIVE_PREFIX):
+        return "unsigned"
+    try:
+        raw = bytes.fromhex(sig[len(DIRECTIVE_PREFIX):])
+    except ValueError:
+        return "bad_signature"
+    body = directive_canonical(value)
+    for key in public:
+        try:
+            _public(key).verify(raw, body)
+        except InvalidSignature:
+            continue
+        return None
+    return "bad_signature"
 
 
 def owner_digest(token: str) -> str:

@@ -27,6 +27,13 @@ from safepoint.settings import Settings
 __all__ = ["add_parsers", "run_args"]
 
 
+def _directive_key_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--directive-key", dest="directive_key", default=None,
+                   help="the job's public key(s) directives must be signed with, comma-separated during a rotation; "
+                        "an unsigned or badly signed directive is then never acted on [env SAFEPOINT_DIRECTIVE_KEY; "
+                        "default: none, directives taken unsigned]")
+
+
 def add_parsers(sub: Any, kafka_flags: Any) -> None:
     p = sub.add_parser("agent", help="run an agent that drives a database's own compaction from the directives")
     engines = p.add_subparsers(dest="engine", required=True)
@@ -36,6 +43,7 @@ def add_parsers(sub: Any, kafka_flags: Any) -> None:
     e.add_argument("--cluster", required=True, help="the safepoint cluster id this etcd cluster reports as")
     e.add_argument("--node", default="etcd-agent", help="the agent's node id (default etcd-agent)")
     e.add_argument("--directives-topic", default=None, help="compacted topic of directives")
+    _directive_key_flag(e)
     e.add_argument("--compact-every", type=float, default=5.0, metavar="SECONDS",
                    help="least time between two compactions (default 5)")
     e.add_argument("--heartbeat", type=float, default=1.0, metavar="SECONDS",
@@ -59,6 +67,7 @@ def add_parsers(sub: Any, kafka_flags: Any) -> None:
     g.add_argument("--cluster", required=True, help="the safepoint cluster id the fleet reports as")
     g.add_argument("--node", required=True, help="this instance's node id (one agent per primary or standby)")
     g.add_argument("--directives-topic", default=None, help="compacted topic of directives")
+    _directive_key_flag(g)
     g.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="time between two readings (default 1)")
     g.add_argument("--terminate", choices=["off", "idle-in-transaction", "any"], default="off",
                    help="end a backend whose hold the job force-expires with pg_terminate_backend: off (the "
@@ -93,7 +102,8 @@ def run_args(args: argparse.Namespace, settings: Settings) -> int:
                       compact_every_s=args.compact_every, heartbeat_s=args.heartbeat,
                       defrag_free_bytes=args.defrag_free_bytes, allow_auto_compaction=args.allow_auto_compaction,
                       state_dir=args.state_dir, client=settings.client, kafka_conf=conf, timeout_s=args.timeout,
-                      node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None)  # a secret: no flag
+                      node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None,  # a secret: no flag
+                      directive_key=settings.directive_key or None)
     _stats_and_signals(args, agent)
     agent.start()
     print(f"safepoint agent etcd: cluster {args.cluster}, node {args.node}, etcd {args.endpoints}; "
@@ -114,7 +124,8 @@ def _run_postgres(args: argparse.Namespace, settings: Settings) -> int:
                           vacuum_every_s=args.vacuum_every, vacuum_tables=args.vacuum_tables,
                           vacuum_min_dead=args.vacuum_min_dead, stats_dsns=args.stats_dsn, state_dir=args.state_dir,
                           client=settings.client, kafka_conf=conf, timeout_s=args.timeout,
-                          node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None)  # a secret: no flag
+                          node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None,  # a secret: no flag
+                          directive_key=settings.directive_key or None)
     try:
         agent.start()
     except psycopg.Error as exc:
@@ -133,8 +144,13 @@ def _stats_and_signals(args: argparse.Namespace, agent: Any) -> None:
         path = Path(args.stats_file)
 
         def write_stats() -> None:
+            figures = asdict(agent.stats)
+            if agent.listener is not None:  # directives refused (unsigned, badly signed) or held back, by its listener
+                seen = agent.listener.stats()
+                figures.update(unsigned_directives=seen.unsigned, badly_signed_directives=seen.bad_signatures,
+                               held_back_directives=seen.held_back, generations=seen.generations)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(agent.stats)))
+            tmp.write_text(json.dumps(figures))
             tmp.replace(path)
 
         agent.on_beat = write_stats
