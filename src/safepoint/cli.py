@@ -227,6 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cluster")
     p.add_argument("node")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")
+    p = sub.add_parser("client-driver", help="one node driven by JSON lines of operations on stdin (conformance of "
+                                             "the clients in other languages: schemas/vectors/)")
+    p.add_argument("--bootstrap", required=True)
+    p.add_argument("--cluster", required=True)
+    p.add_argument("--node", required=True)
+    p.add_argument("--incarnation", type=int, required=True)
+    p.add_argument("--heartbeat-ms", type=int, default=0, help="heartbeat interval (0: only when an operation asks)")
+    p.add_argument("--retention", type=int, default=None, help="lazy registration with this retention (MVCC units)")
+    p.add_argument("--node-key", default=None, help="sign every event with this node key")
+    p.add_argument("--directive-key", default=None, help="verify directives with these public keys")
+    p.add_argument("--events-topic", default="safepoint.events")
+    p.add_argument("--directives-topic", default="safepoint.directives")
+    p.add_argument("--snapshot-part-bytes", type=int, default=None, help="the size a snapshot's part may reach")
     p = sub.add_parser("directive-key", help="make an Ed25519 key pair that signs directives: the private key for "
                                              "the job's directive_keys, the public one for nodes and agents")
     p.add_argument("--public", action="store_true",
@@ -441,6 +454,14 @@ def cmd_node_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_client_driver(args: argparse.Namespace) -> int:
+    from safepoint.devtools.client_driver import run_driver
+
+    return run_driver(args.bootstrap, args.cluster, args.node, args.incarnation, args.heartbeat_ms, args.retention,
+                      args.node_key, args.directive_key, args.events_topic, args.directives_topic,
+                      args.snapshot_part_bytes)
+
+
 def cmd_directive_key(args: argparse.Namespace) -> int:
     import secrets
 
@@ -505,7 +526,7 @@ COMMAND_EXTRAS = {"run": "job", "serve": "serve", "view": "serve", "replay": "se
                   "soak": "dev", "bench": "dev", "spark-classes": "dev"}
 """The extra that brings everything a command needs."""
 _CONTROL = _tool("safepoint.ops.control_cli", "run_args")
-COMMANDS = {"node-key": cmd_node_key, "directive-key": cmd_directive_key, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "acls": cmd_acls, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
+COMMANDS = {"node-key": cmd_node_key, "directive-key": cmd_directive_key, "client-driver": cmd_client_driver, "agent": _tool("safepoint.ops.agent_cli", "run_args"), "hold": _CONTROL, "pause": _CONTROL, "resume": _CONTROL, "ack-gap": _CONTROL, "serve": _tool("safepoint.ops.serve", "serve_args"), "view": cmd_view, "check-node": cmd_check_node, "audit": cmd_audit, "broker": cmd_broker, "acls": cmd_acls, "run": cmd_run, "replay": cmd_replay, "simulate": cmd_simulate, "demo": cmd_demo, "soak": cmd_soak, "bench": cmd_bench, "spark-classes": cmd_spark_classes}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,47 @@
+"""The shared test vectors (``schemas/vectors/``, read by ``vectors.py``) through each client's driver
+against a broker: every client publishes what the vector says, in its order (but for the fields that
+carry the time), answers each operation as it says, hands the expiries it names to the handles, and
+conforms to the contract as ``safepoint check-node`` reads it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from safepoint.cli import main as cli
+
+from vectors import load, run, vectors
+
+pytestmark = pytest.mark.integration
+
+DRIVERS = {"python": [sys.executable, "-m", "safepoint.cli", "client-driver"]}
+"""The driver of each client: the same protocol (``safepoint.devtools.client_driver``)."""
+
+
+@pytest.mark.parametrize("language", sorted(DRIVERS))
+@pytest.mark.parametrize("path", vectors(), ids=lambda p: p.stem)
+def test_the_client_does_what_the_vector_says(broker: Any, path: Path, language: str) -> None:
+    vector = load(path)
+    ran = run(DRIVERS[language], broker.bootstrap, vector)
+    assert ran.replies == vector["replies"], ran.stderr[-2000:]
+    assert sorted(ran.expired, key=lambda e: e["ref"]) == vector["expired"]
+    assert ran.events == vector["events"]
+    if vector["args"].get("node_key"):
+        assert ran.signed == len(ran.events), "every event signed with the node's key"
+
+
+def test_every_vector_conforms_to_the_contract(broker: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """What the vectors make a node publish is what ``safepoint check-node`` accepts (the reference a client
+    in a fourth language checks itself against)."""
+    for path in vectors():
+        vector = load(path)
+        ran = run(DRIVERS["python"], broker.bootstrap, vector)
+        topic = ran.events_topic
+        argv = ["check-node", "--bootstrap", broker.bootstrap, "--events-topic", topic, "--cluster", vector["cluster"],
+                "--node", vector["node"], "--from-beginning", "--duration", "1"]
+        if vector["args"].get("retention") is not None:
+            argv += ["--retention", str(vector["args"]["retention"])]
+        assert cli(argv) == 0, f"{path.name}: {capsys.readouterr().out[-2000:]}"
