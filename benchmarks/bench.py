@@ -85,7 +85,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--phases", default="raw,plain,spark,scale,latency,profile,core,machine,fleet",
                    help="which phases to run: raw,plain,spark,scale,latency,profile,core,machine,fleet (profile = cProfile + a py-spy'd "
                         "local[2] run; fleet uses the latency runs' p99), and etcd (not by default: a real etcd's history "
-                        "under safepoint against its own auto-compaction, bench_etcd.py; alone, it runs without the backlog)")
+                        "under safepoint against its own auto-compaction, bench_etcd.py; alone, it runs without the backlog), "
+                        "and clients (not by default: one reporter of each node client publishing, bench_clients.py; alone, "
+                        "the same)")
     p.add_argument("--etcd-window", type=float, default=45.0, help="seconds the etcd phase samples each run")
     p.add_argument("--etcd-reader-every", type=float, default=15.0, help="seconds between two slow lists of the etcd phase")
     p.add_argument("--etcd-reader-seconds", type=float, default=6.0, help="how long one slow list of the etcd phase lasts")
@@ -97,6 +99,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fleet-node-rate", type=float, default=500.0, help="readers opened per second by each node of the fleet")
     p.add_argument("--fleet-retention-s", type=float, default=5.0,
                    help="the job's retention for the fleet, in seconds of MVCC time (the reporters' R)")
+    p.add_argument("--clients", default="python,go,java,java-64m",
+                   help="the node clients of the clients phase (java-64m: the Java one with a heap of at most 64 MB)")
+    p.add_argument("--client-readers", type=int, default=100_000,
+                   help="readers each client's reporter opens and closes in the clients phase (two events each)")
+    p.add_argument("--client-warmup", type=int, default=20_000, help="readers of the clients phase's warm-up")
     p.add_argument("--profile-rate", type=int, default=50, help="py-spy samples per second")
     p.add_argument("--profile-events", type=int, default=60_000, help="events for the cProfile runs and the py-spy'd job run")
     p.add_argument("--keep", action="store_true", help="keep the work directory (checkpoints, logs)")
@@ -120,6 +127,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def extra_sections(res: dict[str, Any]) -> str:
+    """The report's sections of the phases that can also run alone: clients and etcd."""
+    md = ""
+    if res.get("clients"):
+        from bench_clients import clients_lines
+
+        md += "\n\n" + "\n".join(clients_lines(res["clients"], res["args"]["broker"]))
+    if "etcd" in res:
+        from bench_etcd import etcd_lines
+
+        md += "\n\n" + "\n".join(etcd_lines(res["etcd"]))
+    return md
+
+
+def standalone_report(res: dict[str, Any]) -> str:
+    """The report of a run of the clients or etcd phase alone."""
+    m = res["machine"]
+    names = " and ".join(p for p in ("clients", "etcd") if p in res)
+    return (f"# safepoint benchmark {res['timestamp']}: {names} phase\n\nMachine: {m['cpus']} CPUs, load average at "
+            f"start {m['loadavg_start']}, at end {m['loadavg_end']}. Total run {res['total_s']:.0f} s." + extra_sections(res))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("_plain", "_spark_tp", "_spark_lat"):
@@ -141,20 +170,24 @@ def main(argv: list[str] | None = None) -> int:
     }
     t_start = time.monotonic()
     say(f"work dir {work}; load average {_loadavg()}")
+    if "clients" in phases:
+        from bench_clients import clients_phase
+
+        res["clients"] = clients_phase(work, args)
     if "etcd" in phases:
-        from bench_etcd import etcd_phase, etcd_report
+        from bench_etcd import etcd_phase
 
         res["etcd"] = etcd_phase(work / "etcd", args)
-        if phases == {"etcd"}:  # alone: no backlog to build, no targets
-            res["machine"]["loadavg_end"], res["total_s"] = _loadavg(), time.monotonic() - t_start
-            md = etcd_report(res)
-            (out_dir / f"bench-{stamp}.json").write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
-            (out_dir / f"bench-{stamp}.md").write_text(md + "\n", encoding="utf-8")
-            print(md)
-            say(f"wrote {out_dir / f'bench-{stamp}.json'} and .md")
-            if not args.keep:
-                shutil.rmtree(work, ignore_errors=True)
-            return 0
+    if phases <= {"etcd", "clients"}:  # alone: no backlog to build, no targets
+        res["machine"]["loadavg_end"], res["total_s"] = _loadavg(), time.monotonic() - t_start
+        md = standalone_report(res)
+        (out_dir / f"bench-{stamp}.json").write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
+        (out_dir / f"bench-{stamp}.md").write_text(md + "\n", encoding="utf-8")
+        print(md)
+        say(f"wrote {out_dir / f'bench-{stamp}.json'} and .md")
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     broker = make_broker(args.broker, str(work / "broker"))
 
     @contextlib.contextmanager
@@ -388,11 +421,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.copy(png, out_dir / "latency.png")
             res["plot"] = png.name
-    md = build_report(res)
-    if "etcd" in res:
-        from bench_etcd import etcd_lines
-
-        md += "\n\n" + "\n".join(etcd_lines(res["etcd"]))
+    md = build_report(res) + extra_sections(res)
     (out_dir / f"bench-{stamp}.json").write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
     (out_dir / f"bench-{stamp}.md").write_text(md + "\n", encoding="utf-8")
     print(md)

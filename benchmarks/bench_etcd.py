@@ -48,7 +48,7 @@ from safepoint.connectors.etcd_holds import RevisionHold, paginate
 from safepoint.devtools.broker import EmbeddedBroker, free_port
 from safepoint.devtools.etcd import LocalEtcd, etcd_missing
 
-__all__ = ["etcd_lines", "etcd_phase", "etcd_report"]
+__all__ = ["etcd_lines", "etcd_phase"]
 
 CLUSTER = "etcd-bench"
 RETENTION = 200
@@ -398,11 +398,3 @@ def etcd_lines(res: dict[str, Any]) -> list[str]:
     if errors:
         lines += ["", "Errors (not compaction): " + " | ".join(errors)]
     return lines
-
-
-def etcd_report(res: dict[str, Any]) -> str:
-    """The report of a run of this phase alone."""
-    m = res["machine"]
-    return "\n".join([f"# safepoint benchmark {res['timestamp']}: etcd phase", "",
-                      f"Machine: {m['cpus']} CPUs, load average at start {m['loadavg_start']}, at end {m['loadavg_end']}. "
-                      f"Total run {res['total_s']:.0f} s.", "", *etcd_lines(res["etcd"])])

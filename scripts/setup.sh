@@ -2,7 +2,7 @@
 # Sets up everything safepoint needs on a fresh machine: Java check (and install where
 # possible), a virtualenv in .venv, the project and its pinned dependencies (PySpark, the
 # embedded broker noida-db, confluent-kafka), Apache Kafka and Spark's Kafka connector from Maven
-# Central (into .jars/). Idempotent: a second run is quick.
+# Central (into .jars/), the Go and Java node clients (clients/). Idempotent: a second run is quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -87,6 +87,37 @@ install_jars() {
 mkdir -p .jars
 install_jars kafka || true
 install_jars spark-kafka || true
+
+# The node clients in Go and Java (clients/go, clients/java) and their conformance drivers, which the
+# tests run beside the Python client's; their modules come from the Go module proxy and Maven Central.
+# Each driver script builds again by itself when a source is newer than its build.
+build_client() {  # name, its log, then the build command
+  local name="$1" log="$2"
+  shift 2
+  if ! "$@" >"$log" 2>&1; then
+    echo "setup: could not build the $name client ($log); its tests fail" >&2
+    tail -5 "$log" >&2
+  else
+    rm -f "$log"
+  fi
+}
+build_clients() {
+  if command -v go >/dev/null 2>&1; then
+    build_client Go .clients-go.log go -C clients/go build -o bin/safepoint-driver ./cmd/safepoint-driver
+  else
+    echo "setup: Go not found: the Go client (clients/go, Go 1.26 or newer) is not built and its tests fail" >&2
+  fi
+  local jar
+  jar=$(ls clients/java/target/safepoint-client-*-driver.jar 2>/dev/null | head -1)
+  if [ -n "$jar" ] && [ -z "$(find clients/java/src clients/java/pom.xml -newer "$jar" -print -quit)" ]; then
+    :  # built, and no source changed since
+  elif command -v mvn >/dev/null 2>&1; then
+    build_client Java .clients-java.log mvn -q -B -Dstyle.color=never -f clients/java/pom.xml -DskipTests package
+  else
+    echo "setup: Maven not found: the Java client (clients/java) is not built and its tests fail" >&2
+  fi
+}
+build_clients
 
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up, then run lint, type checks and the whole test suite (unit, properties, integration
-# against the embedded broker and a real Spark session). Extra arguments go to pytest.
+# Set up, then run lint, type checks, the Go and Java clients' unit tests and the whole test suite
+# (unit, properties, integration against the embedded broker, Apache Kafka and a real Spark session).
+# Extra arguments go to pytest.
 # Three pytest workers (SAFEPOINT_TEST_WORKERS; 0: one process), each with its own broker and Spark
 # session. Most of a test's time is waiting (a JVM starting, a batch, a broker's answer): with two
 # workers a clean-clone run used 0.8 cores of 2 on average (pytest 517 s), with three 0.9 cores
@@ -21,6 +22,12 @@ echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy (strict, project packages)"
 ./scripts/typecheck.sh
+# The node clients in Go and Java: their own checks and unit tests (setup built them; the tests below
+# run their drivers against the brokers)
+echo "== go vet, go test (clients/go)"
+(cd clients/go && go vet ./... && go test -count=1 ./...)
+echo "== mvn test (clients/java)"
+mvn -q -B -Dstyle.color=never -f clients/java/pom.xml test
 if ! wait "$classes"; then
   echo "test: the Spark class-data archive could not be built (.venv/spark-classes.log); Spark starts without it" >&2
 fi

@@ -62,6 +62,10 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("README.md", "pip install ."): "tests/integration/test_bare_install.py::test_the_bare_package_is_the_node_client",
     ("README.md", "from safepoint.connectors.reporter import Reporter"):
         "tests/integration/test_readme.py::test_the_readme_node_example_runs_and_compacts",
+    ("README.md", "reporter, err := safepoint.NewReporter"):
+        "tests/integration/test_readme.py::test_the_readmes_go_and_java_nodes_run_and_compact",
+    ("README.md", "try (Reporter reporter = Reporter.builder"):
+        "tests/integration/test_readme.py::test_the_readmes_go_and_java_nodes_run_and_compact",
     ("docs/deploying.md", "docker compose -f docker/compose.yaml build"):
         "tests/integration/test_docker.py::test_the_readmes_compose_commands",
     ("docs/deploying.md", "spark-submit --master spark://master:7077"):

@@ -240,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events-topic", default="safepoint.events")
     p.add_argument("--directives-topic", default="safepoint.directives")
     p.add_argument("--snapshot-part-bytes", type=int, default=None, help="the size a snapshot's part may reach")
+    p.add_argument("--control-topic", default="safepoint.control", help="where service holds are set")
+    p.add_argument("--status-topic", default="safepoint.status", help="where the job's outcomes of them are read")
     p = sub.add_parser("directive-key", help="make an Ed25519 key pair that signs directives: the private key for "
                                              "the job's directive_keys, the public one for nodes and agents")
     p.add_argument("--public", action="store_true",
@@ -459,7 +461,7 @@ def cmd_client_driver(args: argparse.Namespace) -> int:
 
     return run_driver(args.bootstrap, args.cluster, args.node, args.incarnation, args.heartbeat_ms, args.retention,
                       args.node_key, args.directive_key, args.events_topic, args.directives_topic,
-                      args.snapshot_part_bytes)
+                      args.snapshot_part_bytes, control_topic=args.control_topic, status_topic=args.status_topic)
 
 
 def cmd_directive_key(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from confluent_kafka import Producer
 
 from safepoint.connectors.kafka.topics import ensure_topics
 from safepoint.core.signing import public_key_of, sign_directive, sign_node
+from safepoint.devtools.client_driver import DRIVERS
 
 from kafka_util import read_topic, unique
 
@@ -180,3 +181,60 @@ def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: f
 def _signed_by(event: dict[str, Any], sig: str, key: str) -> bool:
     """The event (as published, ``wall_ms`` included) was signed with the node's own ``key``."""
     return sign_node(event, key) == sig
+
+
+class Node:
+    """One driver as a node of a live cluster: ``do`` sends an operation and returns its reply; the
+    expiries it reports on the way are kept in ``expired`` (a lock keeps one operation at a time)."""
+
+    def __init__(self, language: str, bootstrap: str, cluster: str, node: str, events_topic: str,
+                 directives_topic: str, control_topic: str, status_topic: str, heartbeat_ms: int = 500,
+                 incarnation: int = 1) -> None:
+        self.language, self.node = language, node
+        argv = [*DRIVERS[language], "--bootstrap", bootstrap, "--cluster", cluster, "--node", node,
+                "--incarnation", str(incarnation), "--heartbeat-ms", str(heartbeat_ms),
+                "--events-topic", events_topic, "--directives-topic", directives_topic,
+                "--control-topic", control_topic, "--status-topic", status_topic]
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, cwd=ROOT)
+        assert self.proc.stdout is not None
+        self.lines = Lines(self.proc.stdout)
+        self.expired: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def do(self, op: dict[str, Any]) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        timeout_s = int(op.get("timeout_ms", 0)) / 1000 + 60  # a wait answers by its own timeout
+        with self._lock:
+            self.proc.stdin.write(json.dumps(op) + "\n")
+            self.proc.stdin.flush()
+            while True:
+                try:
+                    reply = dict(json.loads(self.lines.next(timeout_s)))
+                except (TimeoutError, RuntimeError) as exc:
+                    msg = f"{self.language} node {self.node}: {op}: {exc}\n{self.stderr()}"
+                    raise AssertionError(msg) from exc
+                if reply.get("op") == "expired":
+                    self.expired.append(reply)
+                    continue
+                return reply
+
+    def ok(self, op: dict[str, Any]) -> None:
+        reply = self.do(op)
+        assert reply.get("ok") is True, f"{self.language} node {self.node}: {op} -> {reply}"
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()[-3000:]
+
+    def finish(self, timeout_s: float = 60.0) -> int:
+        """End its input: it closes what is open, flushes and exits."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.close()
+            return self.proc.wait(timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()

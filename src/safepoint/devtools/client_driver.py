@@ -22,6 +22,13 @@ malformed operation, with ``detail``):
 - ``{"op":"check","ref":"a"}``: the handle's operation boundary (``expired`` once the job expired it);
 - ``{"op":"heartbeat"}``: publish one now, with any of the figures ``pinned_bytes``, ``debt_bytes``,
   ``groups``, ``history_above`` given (they stand for later heartbeats too); ``{"op":"snapshot"}``;
+- ``{"op":"hold","ref":"backup","ts":400,"ttl_ms":3000,"label":"x"}``: a service hold named ``ref``
+  (``label`` optional), set once the job accepted it (``"error": "refused"`` with ``detail`` when it
+  refused it; without a job in ``--status-topic`` it is set once the broker has it), renewed until
+  ``{"op":"release","ref":"backup"}``;
+- ``{"op":"publish","ref":"b","readers":100000}``: a benchmark's load: open and close that many
+  readers (ids ``b-0``, ``b-1``...) at the clock as fast as the client goes, then flush; the reply
+  gives the events published and the time taken (``{"op":"publish","ref":"b","events":200000,"ms":1530}``);
 - ``{"op":"sleep","ms":100}``;
 - ``{"op":"wait","safe_ts_at_least":250,"timeout_ms":30000}``: the first directive with that
   ``safe_ts`` (``{"op":"wait","directive":{...}}``), or ``{"op":"wait","timeout":true}``;
@@ -30,7 +37,7 @@ malformed operation, with ``detail``):
 
 An expiry that reaches a handle prints ``{"op":"expired","ref":...,"mode":...}`` when it arrives. At
 the end of the input the driver closes the readers still open, aborts the transactions still open,
-flushes and exits 0.
+releases its service holds, flushes and exits 0.
 """
 
 from __future__ import annotations
@@ -40,15 +47,25 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import IO, Any
 
 from safepoint.connectors.directive_models import ExpireDirective
 from safepoint.connectors.handles import Handle, Reader, Transaction
 from safepoint.connectors.listener import DirectiveListener
 from safepoint.connectors.reporter import SNAPSHOT_PART_BYTES, Reporter
+from safepoint.connectors.service_hold import HoldRefused, ServiceHold
 from safepoint.errors import ReaderExpired, ReaderRefused, SafepointError
 
-__all__ = ["Driver", "FIGURES", "run_driver"]
+__all__ = ["DRIVERS", "Driver", "FIGURES", "run_driver"]
+
+_CLIENTS = Path(__file__).resolve().parents[3] / "clients"
+DRIVERS = {"python": [sys.executable, "-m", "safepoint.cli", "client-driver"],
+           "go": [str(_CLIENTS / "go" / "safepoint-driver")],
+           "java": [str(_CLIENTS / "java" / "safepoint-driver")]}
+"""The driver of each client, a command (in a checkout: the Go and Java ones are scripts that build
+their client on first use; setup builds both). Each command's process is the driver's own (the
+scripts exec it), so its CPU and memory are the client's."""
 
 FIGURES = ("pinned_bytes", "debt_bytes", "groups", "history_above")
 """The heartbeat's optional figures a ``heartbeat`` operation may give."""
@@ -59,7 +76,8 @@ class Driver:
 
     def __init__(self, reporter_of: Callable[[Callable[[], int], Callable[[], dict[str, Any]],
                                               Callable[[Handle, ExpireDirective], None]], Reporter],
-                 listener_of: Callable[[Reporter, Callable[[Any], None]], DirectiveListener], out: IO[str]) -> None:
+                 listener_of: Callable[[Reporter, Callable[[Any], None]], DirectiveListener], out: IO[str],
+                 hold_of: Callable[[str, int, int, str | None], ServiceHold] | None = None) -> None:
         self.mvcc_now = 0
         self.figures: dict[str, Any] = {}
         self.expired: set[str] = set()
@@ -70,6 +88,8 @@ class Driver:
         self.directives: list[dict[str, Any]] = []
         self._seen = threading.Condition()
         self.listener = listener_of(self.reporter, self._directive)
+        self.hold_of = hold_of
+        self.holds: dict[str, ServiceHold] = {}
 
     def say(self, reply: dict[str, Any]) -> None:
         with self._lock:
@@ -111,6 +131,8 @@ class Driver:
             return {**reply, "error": "refused"}
         except ReaderExpired:
             return {**reply, "error": "expired"}
+        except HoldRefused as exc:
+            return {**reply, "error": "refused", "detail": str(exc)}
         except KeyError as exc:
             return {**reply, "error": "unknown", "detail": f"no open reader or transaction {exc}"}
         except (SafepointError, ValueError, TypeError) as exc:
@@ -149,6 +171,17 @@ class Driver:
             self.reporter.heartbeat()
         elif name == "snapshot":
             self.reporter.snapshot()
+        elif name == "hold":
+            if self.hold_of is None:
+                msg = "this driver makes no service holds"
+                raise ValueError(msg)
+            hold = self.hold_of(op["ref"], int(op["ts"]), int(op["ttl_ms"]), op.get("label"))
+            hold.__enter__()
+            self.holds[op["ref"]] = hold
+        elif name == "release":
+            self.holds.pop(op["ref"]).close()
+        elif name == "publish":
+            return self.publish(str(op["ref"]), int(op["readers"]))
         elif name == "sleep":
             time.sleep(int(op["ms"]) / 1000)
         elif name == "wait":
@@ -157,6 +190,17 @@ class Driver:
             msg = f"unknown operation {name!r}"
             raise ValueError(msg)
         return None
+
+    def publish(self, ref: str, readers: int) -> dict[str, Any]:
+        """Open and close ``readers`` readers as fast as the client goes, then flush: events and ms."""
+        sent = self.reporter.stats().sent
+        start = time.perf_counter()
+        for i in range(readers):
+            self.reporter.reader(reader_id=f"{ref}-{i}").open().close()
+        if self.reporter.flush(120.0):
+            msg = "the events were not all delivered in 120 s"
+            raise SafepointError(msg)
+        return {"events": self.reporter.stats().sent - sent, "ms": round((time.perf_counter() - start) * 1000)}
 
     def wait(self, op: dict[str, Any], timeout_ms: int) -> dict[str, Any]:
         """Until the directive, the expiry or the snapshot requests ``op`` names came, or ``timeout_ms``."""
@@ -191,13 +235,16 @@ class Driver:
             except SafepointError:
                 pass
             self.handles.pop(ref, None)
+        for hold in self.holds.values():
+            hold.close()
         self.listener.close()
         self.reporter.close()
 
 
 def run_driver(bootstrap: str, cluster: str, node: str, incarnation: int, heartbeat_ms: int, retention: int | None,
                node_key: str | None, directive_key: str | None, events_topic: str, directives_topic: str,
-               snapshot_part_bytes: int | None = None, lines: Iterable[str] | None = None, out: IO[str] | None = None) -> int:
+               snapshot_part_bytes: int | None = None, lines: Iterable[str] | None = None, out: IO[str] | None = None,
+               control_topic: str = "safepoint.control", status_topic: str = "safepoint.status") -> int:
     """``safepoint client-driver``: the operations of ``lines`` (stdin) through one node; 0 at their end."""
 
     def reporter_of(clock: Callable[[], int], figures: Callable[[], dict[str, Any]],
@@ -212,5 +259,9 @@ def run_driver(bootstrap: str, cluster: str, node: str, incarnation: int, heartb
         return DirectiveListener(bootstrap, cluster, topic=directives_topic, reporter=reporter, directive_key=directive_key,
                                  on_directive=on_directive)
 
-    Driver(reporter_of, listener_of, out or sys.stdout).run(lines if lines is not None else sys.stdin)
+    def hold_of(holder: str, ts: int, ttl_ms: int, label: str | None) -> ServiceHold:
+        return ServiceHold(bootstrap, cluster, holder, ts, ttl_ms, label=label, control_topic=control_topic,
+                           status_topic=status_topic)
+
+    Driver(reporter_of, listener_of, out or sys.stdout, hold_of).run(lines if lines is not None else sys.stdin)
     return 0

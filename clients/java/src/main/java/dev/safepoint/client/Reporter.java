@@ -1,0 +1,972 @@
+package dev.safepoint.client;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.security.SecureRandom;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashMap;
+import java.util.HexFormat;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Properties;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.ReentrantLock;
+import java.util.function.LongSupplier;
+import java.util.function.Supplier;
+import java.util.function.Function;
+import org.apache.kafka.clients.producer.KafkaProducer;
+import org.apache.kafka.clients.producer.Producer;
+import org.apache.kafka.clients.producer.ProducerConfig;
+import org.apache.kafka.clients.producer.ProducerRecord;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.errors.ApiException;
+import org.apache.kafka.common.serialization.ByteArraySerializer;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Publishes one database node's events: its readers, transactions, heartbeats and snapshots. Safe for concurrent
+ * use; events reach the partition in seq order. Made by {@link #builder}.
+ */
+public final class Reporter implements AutoCloseable {
+    /** The topic nodes publish their events to. */
+    public static final String DEFAULT_EVENTS_TOPIC = "safepoint.events";
+    /** A snapshot part's size: half the broker's default message limit. */
+    public static final int DEFAULT_SNAPSHOT_PART_BYTES = 500_000;
+    /** The least part size a reporter takes. */
+    public static final int MIN_SNAPSHOT_PART_BYTES = 10_000;
+    /** The most points of history_above a heartbeat carries (more are thinned evenly). */
+    static final int MAX_HISTORY_POINTS = 64;
+    /** A record not delivered in 5 minutes fails (the Python client's message.timeout.ms). */
+    static final int DELIVERY_TIMEOUT_MS = 300_000;
+    /** The longest a send waits for room in the producer's buffer (or for the topic's metadata). */
+    static final int MAX_BLOCK_MS = 30_000;
+
+    private static final Logger LOG = LoggerFactory.getLogger(Reporter.class);
+    private static final SecureRandom RANDOM = new SecureRandom();
+
+    /** The node's id. */
+    public final String node;
+    /** The node's cluster. */
+    public final String cluster;
+    /** This process's incarnation. */
+    public final long incarnation;
+
+    private final Builder cfg;
+    private final LongSupplier clock;
+    private final ReentrantLock mu = new ReentrantLock();
+    private Slot slot;
+    private long seq;
+    private long lastWall;
+    private final Map<String, Reader> readers = new HashMap<>();
+    private final Map<String, Transaction> txs = new HashMap<>();
+    private Long safeTs;
+    private Long nsBase;
+    private Map<String, Long> nsBounds = Map.of();
+    private final LazyRegistration lazy;
+    // set by delivery callbacks, which never take mu: a send blocked on a full buffer holds it
+    private final AtomicBoolean needSnap = new AtomicBoolean();
+    private final AtomicBoolean rebuild = new AtomicBoolean();
+    private final AtomicLong delivered = new AtomicLong();
+    private final AtomicLong deliveryFailures = new AtomicLong();
+    private boolean closed;
+    private final CountDownLatch stop = new CountDownLatch(1);
+    private Thread heartbeats;
+    private long sent;
+    private long producerRestarts;
+    private long repairSnapshots;
+    private long expired;
+    private long expiriesIgnored;
+    private long holdOrder;
+
+    /** A producer and whether it was retired (its records' failures then say nothing of the sequence). */
+    private static final class Slot {
+        final Producer<byte[], byte[]> producer;
+        volatile boolean retired;
+
+        Slot(Producer<byte[], byte[]> producer) {
+            this.producer = producer;
+        }
+    }
+
+    /**
+     * A reporter's counters since it was made.
+     */
+    public record Stats(long sent, long delivered, long deliveryFailures, long producerRestarts, long repairSnapshots,
+                        long expired, long expiriesIgnored) {}
+
+    /** The settings of a reporter of node, publishing to bootstrap ("host:port,..."), clock its MVCC time. */
+    public static Builder builder(String bootstrap, String node, LongSupplier clock) {
+        return new Builder(bootstrap, node, clock);
+    }
+
+    /** A reporter's settings. */
+    public static final class Builder {
+        final String bootstrap;
+        final String node;
+        final LongSupplier clock;
+        String cluster = "default";
+        String topic = DEFAULT_EVENTS_TOPIC;
+        Long incarnation;
+        Path stateDir;
+        Duration heartbeat = Duration.ofSeconds(1);
+        Supplier<Figures> figures;
+        Long retention;
+        String nodeKey = "";
+        int snapshotPartBytes = DEFAULT_SNAPSHOT_PART_BYTES;
+        ExpireCallback onExpire;
+        LongSupplier wallClock = System::currentTimeMillis;
+        final Properties kafka = new Properties();
+        /** Makes the producer from its settings (tests replace it). */
+        Function<Properties, Producer<byte[], byte[]>> producers =
+                p -> new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer());
+
+        Builder(String bootstrap, String node, LongSupplier clock) {
+            this.bootstrap = bootstrap;
+            this.node = node;
+            this.clock = clock;
+        }
+
+        /** The node's cluster (default "default"). */
+        public Builder cluster(String c) { cluster = c; return this; }
+        /** The events topic (default safepoint.events). */
+        public Builder eventsTopic(String t) { topic = t; return this; }
+        /** The process's incarnation (default: the wall clock in ms at start, or one more than the stateDir kept). */
+        public Builder incarnation(long n) { incarnation = n; return this; }
+        /** Keeps the incarnation in dir, so that it grows across restarts whatever the clock does. */
+        public Builder stateDir(Path dir) { stateDir = dir; return this; }
+        /** The heartbeat interval (default 1 s; zero: heartbeats only when {@link #heartbeat} is called). */
+        public Builder heartbeat(Duration every) { heartbeat = every; return this; }
+        /** What each heartbeat carries besides the node's clock. */
+        public Builder figures(Supplier<Figures> f) { figures = f; return this; }
+        /**
+         * Lazy registration: a hold is published only once it can hold history back (below mvcc_now - retention of
+         * a heartbeat, prepared, or in a snapshot). At most the job's retention.
+         */
+        public Builder retention(long r) { retention = r; return this; }
+        /** Signs every event with the node's own key (safepoint node-key CLUSTER NODE). */
+        public Builder nodeKey(String key) { nodeKey = key == null ? "" : key; return this; }
+        /** The size a snapshot's part may reach (default 500,000; at least 10,000). */
+        public Builder snapshotPartBytes(int n) { snapshotPartBytes = n; return this; }
+        /** The callback of an expiry that reaches a handle without one of its own. */
+        public Builder onExpire(ExpireCallback f) { onExpire = f; return this; }
+        /** Replaces the wall clock in ms (tests). */
+        public Builder wallClock(LongSupplier f) { wallClock = f; return this; }
+        /** A producer setting of kafka-clients (TLS, SASL...). */
+        public Builder kafka(String key, Object value) { kafka.put(key, value); return this; }
+
+        /** The reporter; with a heartbeat interval it starts heartbeating now. */
+        public Reporter build() {
+            return new Reporter(this);
+        }
+    }
+
+    private Reporter(Builder cfg) {
+        checkId("node", cfg.node);
+        if (cfg.snapshotPartBytes < MIN_SNAPSHOT_PART_BYTES) {
+            throw new IllegalArgumentException("safepoint: snapshot part bytes must be at least "
+                    + MIN_SNAPSHOT_PART_BYTES + ", got " + cfg.snapshotPartBytes);
+        }
+        if (cfg.retention != null && cfg.retention < 0) {
+            throw new IllegalArgumentException("safepoint: retention must be >= 0, got " + cfg.retention);
+        }
+        this.cfg = cfg;
+        this.node = cfg.node;
+        this.cluster = cfg.cluster;
+        this.clock = cfg.clock;
+        this.incarnation = cfg.incarnation != null ? cfg.incarnation
+                : defaultIncarnation(cfg.stateDir, cfg.cluster, cfg.node, cfg.wallClock.getAsLong());
+        this.lazy = new LazyRegistration(cfg.retention);
+        this.slot = newSlot();
+        if (!cfg.heartbeat.isZero() && !cfg.heartbeat.isNegative()) {
+            heartbeats = new Thread(this::heartbeats, "safepoint-heartbeat-" + node);
+            heartbeats.setDaemon(true);
+            heartbeats.start();
+        }
+    }
+
+    private Slot newSlot() {
+        Properties p = new Properties();
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, cfg.bootstrap);
+        p.put(ProducerConfig.ACKS_CONFIG, "all");
+        p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
+        p.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+        p.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, Integer.toString(DELIVERY_TIMEOUT_MS));
+        p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, Integer.toString(MAX_BLOCK_MS));
+        p.put(ProducerConfig.PARTITIONER_CLASS_CONFIG, Crc32Partitioner.class.getName());
+        p.put(ProducerConfig.CLIENT_ID_CONFIG, "safepoint-reporter-" + node);
+        p.putAll(cfg.kafka);
+        try {
+            return new Slot(cfg.producers.apply(p));
+        } catch (KafkaException e) {
+            throw new SafepointException("safepoint: cannot make the producer for " + cfg.bootstrap + ": " + e, e);
+        }
+    }
+
+    private void heartbeats() {
+        long every = cfg.heartbeat.toMillis();
+        long next = System.nanoTime();
+        while (true) {
+            try {
+                heartbeat();
+            } catch (ClosedException e) {
+                return;
+            } catch (RuntimeException e) {
+                LOG.warn("safepoint: heartbeat failed; retrying every {} ms: {}", every, e.toString());
+            }
+            next += TimeUnit.MILLISECONDS.toNanos(every);
+            long wait = next - System.nanoTime();
+            if (wait < 0) {
+                next = System.nanoTime();
+                wait = 0;
+            }
+            try {
+                if (stop.await(wait, TimeUnit.NANOSECONDS)) {
+                    return;
+                }
+            } catch (InterruptedException e) {
+                return;
+            }
+        }
+    }
+
+    /** One record's delivery: counted, taking no lock (a send waiting for room holds mu). */
+    private final class Delivery implements org.apache.kafka.clients.producer.Callback {
+        final Slot of;
+        final Thread sender = Thread.currentThread();
+        volatile boolean sending = true;
+        Exception syncError;
+
+        Delivery(Slot of) {
+            this.of = of;
+        }
+
+        @Override
+        public void onCompletion(org.apache.kafka.clients.producer.RecordMetadata md, Exception err) {
+            if (sending && Thread.currentThread() == sender) {
+                syncError = err; // failed in send itself (no room, no metadata in time): nothing published
+                return;
+            }
+            if (err == null) {
+                delivered.incrementAndGet();
+                return;
+            }
+            deliveryFailures.incrementAndGet();
+            boolean first = needSnap.compareAndSet(false, true); // said once until the repair snapshot goes out
+            if (!of.retired) {
+                rebuild.set(true); // the idempotent producer's sequence is lost: a new producer, then a snapshot
+                if (first) {
+                    LOG.warn("safepoint: an event was not delivered; a snapshot will repair the job's view: {}",
+                            err.toString());
+                }
+            }
+        }
+    }
+
+    /** Stamps and publishes one event; call with mu held. Returns its seq; nothing published on an exception. */
+    private long send(String kind, Map<String, Object> fields) {
+        if (closed) {
+            throw new ClosedException();
+        }
+        if (rebuild.get()) {
+            recreate();
+        }
+        long s = seq;
+        long wall = cfg.wallClock.getAsLong();
+        Map<String, Object> event = Json.obj("v", 1, "type", kind, "cluster", cluster, "wall_ms", wall, "node", node,
+                "incarnation", incarnation, "seq", s);
+        event.putAll(fields);
+        if (!cfg.nodeKey.isEmpty()) {
+            event.put("sig", Signing.signNode(event, cfg.nodeKey));
+        }
+        byte[] value = Json.canonical(event);
+        Slot current = slot;
+        Delivery d = new Delivery(current);
+        try {
+            current.producer.send(new ProducerRecord<>(cfg.topic, node.getBytes(StandardCharsets.UTF_8), value), d);
+        } catch (ApiException e) {
+            throw new SafepointException("safepoint: the " + kind + " event was not published: " + e, e);
+        } catch (KafkaException | IllegalStateException e) {
+            // the producer is unusable (a fatal error): a new one at the next send, then a snapshot
+            rebuild.set(true);
+            needSnap.set(true);
+            throw new SafepointException("safepoint: the " + kind + " event was not published: " + e, e);
+        } finally {
+            d.sending = false;
+        }
+        if (d.syncError != null) {
+            String hint = d.syncError instanceof org.apache.kafka.common.errors.TimeoutException
+                    ? " (the send queue stayed full, or the topic unknown, for " + MAX_BLOCK_MS / 1000
+                    + " s; is the broker up?)" : "";
+            throw new SafepointException("safepoint: the " + kind + " event was not published" + hint + ": "
+                    + d.syncError, d.syncError);
+        }
+        seq = s + 1;
+        lastWall = wall;
+        sent++;
+        return s;
+    }
+
+    /** Replaces the producer after a failure; call with mu held. */
+    private void recreate() {
+        Slot old = slot;
+        try {
+            slot = newSlot();
+        } catch (RuntimeException e) {
+            LOG.error("safepoint: cannot recreate the producer: {}", e.toString());
+            return;
+        }
+        old.retired = true;
+        rebuild.set(false);
+        needSnap.set(true);
+        producerRestarts++;
+        Thread t = new Thread(() -> old.producer.close(Duration.ofSeconds(5)), "safepoint-producer-close");
+        t.setDaemon(true);
+        t.start();
+    }
+
+    /** Publishes one heartbeat now (the background thread does this every interval); a repair snapshot goes first. */
+    public void heartbeat() {
+        Figures figures = cfg.figures != null ? cfg.figures.get() : null;
+        if (figures == null) {
+            figures = Figures.NONE;
+        }
+        mu.lock();
+        try {
+            if (closed) {
+                throw new ClosedException();
+            }
+            repair();
+            long now = clock.getAsLong();
+            Long bound = lazy.heartbeatBound(now);
+            if (bound != null) {
+                publishWaiting(bound);
+            }
+            Map<String, Object> event = Json.obj("mvcc_now", now, "active_readers", readers.size(),
+                    "active_txs", txs.size());
+            if (figures.groups() != null) {
+                List<Object> groups = new ArrayList<>();
+                for (Group g : figures.groups()) {
+                    groups.add(Json.obj("group", g.group(), "leader", g.leader(), "published_min_tx_time",
+                            g.publishedMinTxTime()));
+                }
+                event.put("groups", groups);
+            }
+            if (figures.pinnedBytes() != null) {
+                event.put("pinned_bytes", figures.pinnedBytes());
+            }
+            if (figures.debtBytes() != null) {
+                event.put("debt_bytes", figures.debtBytes());
+            }
+            if (figures.historyAbove() != null) {
+                event.put("history_above", historyPoints(figures.historyAbove()));
+            }
+            if (figures.compactedTs() != null) {
+                event.put("compacted_ts", figures.compactedTs());
+            }
+            send("heartbeat", event);
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    static List<Map<String, Object>> historyPoints(List<long[]> raw) {
+        List<Map<String, Object>> points = new ArrayList<>(raw.size());
+        for (long[] p : raw) {
+            points.add(Json.obj("ts", p[0], "bytes", p[1]));
+        }
+        if (points.size() <= MAX_HISTORY_POINTS) {
+            return points;
+        }
+        double step = (double) (points.size() - 1) / (MAX_HISTORY_POINTS - 1);
+        List<Map<String, Object>> thinned = new ArrayList<>(MAX_HISTORY_POINTS);
+        for (int i = 0; i < MAX_HISTORY_POINTS; i++) {
+            thinned.add(points.get((int) Math.rint(i * step))); // half to even, as Python's round
+        }
+        return thinned;
+    }
+
+    /** Publishes the node's complete set of readers and transactions (it replaces what the job holds). */
+    public void snapshot() {
+        mu.lock();
+        try {
+            publishSnapshot();
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** Publishes the active set, in parts when larger than the part size (each the next seq); mu held. */
+    private void publishSnapshot() {
+        long cut = clock.getAsLong();
+        List<Hold> rs = new ArrayList<>(readers.values());
+        rs.sort(Comparator.comparingLong(h -> h.order));
+        List<Hold> ts = new ArrayList<>(txs.values());
+        ts.sort(Comparator.comparingLong(h -> h.order));
+        List<Map<String, Object>> re = new ArrayList<>();
+        for (Hold h : rs) {
+            re.add(h.entry());
+        }
+        List<Map<String, Object>> te = new ArrayList<>();
+        for (Hold h : ts) {
+            te.add(h.entry());
+        }
+        List<List<List<Map<String, Object>>>> parts = snapshotParts(re, te, cfg.snapshotPartBytes);
+        for (int k = 0; k < parts.size(); k++) {
+            Map<String, Object> event = Json.obj("cut", cut, "readers", parts.get(k).get(0), "txs", parts.get(k).get(1));
+            if (parts.size() > 1) {
+                event.put("part", k);
+                event.put("parts", parts.size());
+            }
+            send("snapshot", event);
+        }
+        needSnap.set(false);
+        for (Hold h : readers.values()) {
+            h.published = true;
+        }
+        for (Hold h : txs.values()) {
+            h.published = true;
+        }
+    }
+
+    /** Cuts the entries into parts of at most about partBytes of JSON each: each part is [readers, txs]. */
+    static List<List<List<Map<String, Object>>>> snapshotParts(List<Map<String, Object>> readers,
+            List<Map<String, Object>> txs, int partBytes) {
+        List<List<List<Map<String, Object>>>> parts = new ArrayList<>();
+        parts.add(List.of(new ArrayList<>(), new ArrayList<>()));
+        int size = 0;
+        List<List<Map<String, Object>>> both = List.of(readers, txs);
+        for (int index = 0; index < 2; index++) {
+            for (Map<String, Object> entry : both.get(index)) {
+                int n = Json.canonical(entry).length + 1;
+                List<List<Map<String, Object>>> last = parts.get(parts.size() - 1);
+                if (size + n > partBytes && (!last.get(0).isEmpty() || !last.get(1).isEmpty())) {
+                    parts.add(List.of(new ArrayList<>(), new ArrayList<>()));
+                    size = 0;
+                }
+                parts.get(parts.size() - 1).get(index).add(entry);
+                size += n;
+            }
+        }
+        return parts;
+    }
+
+    /** Republishes the active set after a failure (a new producer first where it failed); mu held. */
+    private void repair() {
+        if (rebuild.get()) {
+            recreate();
+        }
+        if (needSnap.get()) {
+            repairSnapshots++;
+            publishSnapshot();
+        }
+    }
+
+    /**
+     * Records the cluster's safe point from a directive (it only moves forward), the namespaces' bounds, and the
+     * job's retention (lazy registration goes eager above it).
+     */
+    public void observeSafeTs(long safe, Long retention, Long namespaceBase, Map<String, Long> namespaces) {
+        mu.lock();
+        try {
+            if (safeTs == null || safe > safeTs) {
+                safeTs = safe;
+            }
+            if (namespaceBase != null) {
+                nsBase = namespaceBase;
+                nsBounds = namespaces == null ? Map.of() : namespaces;
+            }
+            if (retention != null && lazy.jobRetention(retention) && !closed) {
+                LOG.warn("safepoint: the reporter's retention is larger than the job's ({}); publishing every hold "
+                        + "from now on", retention);
+                publishWaiting(null);
+            }
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** The newest safe point this node learnt of (null before the first). */
+    public Long safeTs() {
+        mu.lock();
+        try {
+            return safeTs;
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** The reporter's counters. */
+    public Stats stats() {
+        mu.lock();
+        try {
+            return new Stats(sent, delivered.get(), deliveryFailures.get(), producerRestarts, repairSnapshots, expired,
+                    expiriesIgnored);
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** Waits until every event is delivered or failed (a repair snapshot first, where one is due). */
+    public void flush() {
+        flushing().producer.flush();
+    }
+
+    /**
+     * Waits up to timeout until every event is delivered or failed (a repair snapshot first, where one is due); a
+     * SafepointException when some are still on their way.
+     */
+    public void flush(Duration timeout) {
+        Slot s = flushing();
+        Thread t = new Thread(s.producer::flush, "safepoint-flush-" + node);
+        t.setDaemon(true);
+        t.start();
+        try {
+            t.join(Math.max(1, timeout.toMillis()));
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        if (t.isAlive()) {
+            throw new SafepointException("safepoint: the events were not all delivered in " + timeout);
+        }
+    }
+
+    private Slot flushing() {
+        mu.lock();
+        try {
+            if (!closed) {
+                repair();
+            }
+            return slot;
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** close(30 s). */
+    @Override
+    public void close() {
+        close(Duration.ofSeconds(30));
+    }
+
+    /**
+     * Stops the heartbeats, delivers what was sent (waiting up to timeout) and closes the producer. Readers and
+     * transactions still open are not closed: the next incarnation of the node drops them.
+     */
+    public void close(Duration timeout) {
+        mu.lock();
+        try {
+            if (closed) {
+                return;
+            }
+        } finally {
+            mu.unlock();
+        }
+        stop.countDown();
+        if (heartbeats != null) {
+            try {
+                heartbeats.join();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+        Slot s;
+        mu.lock();
+        try {
+            try {
+                repair();
+            } catch (RuntimeException e) {
+                LOG.warn("safepoint: the repair snapshot at close failed: {}", e.toString());
+            }
+            closed = true;
+            s = slot;
+        } finally {
+            mu.unlock();
+        }
+        s.producer.close(timeout);
+    }
+
+    // -- handles
+
+    static String newId(String prefix) {
+        byte[] b = new byte[6];
+        RANDOM.nextBytes(b);
+        return prefix + "-" + HexFormat.of().formatHex(b);
+    }
+
+    static void checkId(String name, String value) {
+        if (value == null || value.isEmpty() || value.codePointCount(0, value.length()) > 256) {
+            throw new IllegalArgumentException("safepoint: " + name
+                    + " must be a non-empty string of at most 256 characters, got \"" + value + "\"");
+        }
+    }
+
+    /** Opens a reader (reader_open, or later with lazy registration): a {@link RefusedException} below the safe point. */
+    public Reader reader(HoldOptions o) {
+        String id = o.id.isEmpty() ? newId("r") : o.id;
+        checkId("reader_id", id);
+        Reader h = new Reader(this, id, o);
+        mu.lock();
+        try {
+            if (readers.containsKey(id)) {
+                throw new IllegalArgumentException("safepoint: reader id \"" + id + "\" is already open on node "
+                        + node + "; ids must be unique");
+            }
+            open(h, o.ts == null, "reader");
+            readers.put(id, h);
+            return h;
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** A reader at the node's clock now. */
+    public Reader reader() {
+        return reader(HoldOptions.of());
+    }
+
+    /** Begins a transaction (tx_begin, or later with lazy registration): a {@link RefusedException} below the safe point. */
+    public Transaction begin(HoldOptions o) {
+        String id = o.id.isEmpty() ? newId("t") : o.id;
+        checkId("tx_id", id);
+        Transaction h = new Transaction(this, id, o);
+        mu.lock();
+        try {
+            if (txs.containsKey(id)) {
+                throw new IllegalArgumentException("safepoint: transaction id \"" + id + "\" is already open on node "
+                        + node + "; ids must be unique");
+            }
+            open(h, o.ts == null, "tx");
+            txs.put(id, h);
+            return h;
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** A transaction at the node's clock now. */
+    public Transaction begin() {
+        return begin(HoldOptions.of());
+    }
+
+    /** Publishes a hold's open (or defers it); mu held. */
+    private void open(Hold h, boolean atClock, String kind) {
+        if (closed) {
+            throw new ClosedException();
+        }
+        if (atClock) {
+            h.ts = clock.getAsLong();
+        }
+        String what = kind.equals("reader") ? "reader" : "transaction";
+        Object[] bound = boundOf(h.namespace);
+        if (bound != null && h.ts < (Long) bound[0]) {
+            throw new RefusedException(what, h.id, h.ts, (Long) bound[0], (String) bound[1]);
+        }
+        holdOrder++;
+        h.order = holdOrder;
+        h.state = "open";
+        if (lazy.deferOpen(h.ts)) {
+            h.openedWall = cfg.wallClock.getAsLong();
+            return;
+        }
+        publishOpen(h, kind);
+    }
+
+    /**
+     * The newest bound a hold of namespace is protected at, and whose it is: its namespace's, or for a hold without
+     * one the highest of the safe point and every namespace's bound; null when none is known.
+     */
+    private Object[] boundOf(String namespace) {
+        if (nsBase == null) {
+            return safeTs == null ? null : new Object[] {safeTs, "the cluster's safe point"};
+        }
+        long own = nsBase;
+        String whose = "a namespace's bound (a hold without a namespace pins every namespace)";
+        if (namespace.isEmpty()) {
+            for (long b : nsBounds.values()) {
+                own = Math.max(own, b);
+            }
+        } else {
+            whose = "the bound of namespace \"" + namespace + "\"";
+            Long b = nsBounds.get(namespace);
+            if (b != null) {
+                own = b;
+            }
+        }
+        if (safeTs != null && safeTs > own) {
+            own = safeTs;
+        }
+        return new Object[] {own, whose};
+    }
+
+    private void publishOpen(Hold h, String kind) {
+        Map<String, Object> event = new LinkedHashMap<>();
+        String name;
+        if (kind.equals("reader")) {
+            event.put("reader_id", h.id);
+            event.put("read_ts", h.ts);
+            name = "reader_open";
+        } else {
+            event.put("tx_id", h.id);
+            event.put("begin_ts", h.ts);
+            name = "tx_begin";
+        }
+        h.optional(event);
+        if (h.openedWall != null) {
+            event.put("opened_wall_ms", h.openedWall);
+        }
+        send(name, event);
+        if (h.openedWall == null) {
+            h.openedWall = lastWall;
+        }
+        h.published = true;
+    }
+
+    /** Publishes the holds that waited (all, or those below below), lowest ts first; mu held. */
+    private void publishWaiting(Long below) {
+        List<Hold> ws = new ArrayList<>();
+        for (Hold h : readers.values()) {
+            if (!h.published && (below == null || h.ts < below)) {
+                ws.add(h);
+            }
+        }
+        for (Hold h : txs.values()) {
+            if (!h.published && (below == null || h.ts < below)) {
+                ws.add(h);
+            }
+        }
+        ws.sort(Comparator.<Hold>comparingLong(h -> h.ts).thenComparing(Hold::kind).thenComparing(h -> h.id));
+        for (Hold h : ws) {
+            publishOpen(h, h.kind());
+        }
+    }
+
+    /** Forgets a hold and publishes its end (when its open was published); mu held. */
+    private void closeHold(String kind, String id, Map<String, Object> extra) {
+        Hold h = kind.equals("reader") ? readers.remove(id) : txs.remove(id);
+        if (h == null || closed || !h.published) {
+            return;
+        }
+        Map<String, Object> event = kind.equals("reader") ? Json.obj("reader_id", id) : Json.obj("tx_id", id);
+        if (extra != null) {
+            event.putAll(extra);
+        }
+        try {
+            send(kind.equals("reader") ? "reader_close" : "tx_end", event);
+        } catch (RuntimeException e) {
+            needSnap.set(true);
+            LOG.error("safepoint: could not publish the end of {} {}: {}", kind, id, e.toString());
+        }
+    }
+
+    void closeReader(Reader h) {
+        mu.lock();
+        try {
+            if (!"open".equals(h.state)) {
+                return;
+            }
+            h.state = "closed";
+            closeHold("reader", h.id, null);
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    void prepare(Transaction h, String coordinator, List<String> participants) {
+        checkId("coordinator", coordinator);
+        mu.lock();
+        try {
+            if (h.expiry != null) {
+                enforceLocked(h);
+            }
+            if (!"open".equals(h.state)) {
+                throw new IllegalStateException("safepoint: transaction " + h.id + " cannot be prepared: it is "
+                        + h.state);
+            }
+            if (closed) {
+                throw new ClosedException();
+            }
+            if (!h.published) {
+                publishOpen(h, "tx");
+            }
+            List<String> parts = participants == null ? List.of() : List.copyOf(participants);
+            send("tx_prepare", Json.obj("tx_id", h.id, "coordinator", coordinator, "participants", parts));
+            h.coordinator = coordinator;
+            h.participants = parts;
+            h.state = "prepared";
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    void end(Transaction h, String outcome) {
+        if (!"commit".equals(outcome) && !"abort".equals(outcome)) {
+            throw new IllegalArgumentException("safepoint: outcome must be commit or abort, got \"" + outcome + "\"");
+        }
+        mu.lock();
+        try {
+            if (h.expiry != null) {
+                if (outcome.equals("commit")) {
+                    enforceLocked(h);
+                }
+                releaseExpired(h);
+                return;
+            }
+            if (!"open".equals(h.state) && !"prepared".equals(h.state)) {
+                return;
+            }
+            h.state = "ended";
+            closeHold("tx", h.id, Json.obj("outcome", outcome));
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    // -- expiries
+
+    /**
+     * Applies a forced-expiry directive to the open handle it names (a DirectiveListener with the reporter does
+     * this). Returns the handle, or null when the directive is a no-op: another node, an id not open here, a
+     * directive older than the handle, a prepared transaction, or a repeat.
+     */
+    public Handle expire(ExpireDirective d) {
+        String kind = d.readerId().isEmpty() ? "tx" : "reader";
+        String id = kind.equals("reader") ? d.readerId() : d.txId();
+        Hold h;
+        ExpireCallback callback;
+        mu.lock();
+        try {
+            if (!d.cluster().equals(cluster) || !d.node().equals(node)) {
+                expiriesIgnored++;
+                return null;
+            }
+            h = kind.equals("reader") ? readers.get(id) : txs.get(id);
+            boolean prepared = h instanceof Transaction && "prepared".equals(h.state);
+            boolean ignored = h == null
+                    || (d.clusterWallMs() != null && h.openedWall != null && d.clusterWallMs() < h.openedWall)
+                    || prepared
+                    || (h.expiry != null && (h.expiry.mode().equals("hard") || d.mode().equals("graceful")));
+            if (ignored) {
+                expiriesIgnored++;
+                return null;
+            }
+            h.expiry = d;
+            expired++;
+            callback = h.onExpire != null ? h.onExpire : cfg.onExpire;
+        } finally {
+            mu.unlock();
+        }
+        LOG.warn("safepoint: expired by the safe-point service: {} {} mode={} reason={} seq={}", kind, id, d.mode(),
+                d.reason(), d.seq());
+        if (callback != null) {
+            try {
+                callback.onExpire(h, d);
+            } catch (RuntimeException e) {
+                LOG.error("safepoint: the expiry callback failed: {}", e.toString());
+            }
+        }
+        if (d.mode().equals("hard")) {
+            mu.lock();
+            try {
+                releaseExpired(h);
+            } finally {
+                mu.unlock();
+            }
+        }
+        return h;
+    }
+
+    /** Releases an expired handle still open: reader_close, or tx_end abort; mu held. */
+    private void releaseExpired(Hold h) {
+        if (!"open".equals(h.state) && !"prepared".equals(h.state)) {
+            return;
+        }
+        h.state = "expired";
+        if (h instanceof Reader) {
+            closeHold("reader", h.id, null);
+        } else {
+            closeHold("tx", h.id, Json.obj("outcome", "abort"));
+        }
+    }
+
+    void enforceExpiry(Hold h) {
+        mu.lock();
+        try {
+            if (h.expiry != null) {
+                enforceLocked(h);
+            }
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    /** An operation boundary of an expired hold: released, and its ExpiredException thrown; mu held. */
+    private void enforceLocked(Hold h) {
+        releaseExpired(h);
+        throw new ExpiredException(h.kind(), h.id, h.expiry.mode(), h.expiry.reason(), h.expiry.seq());
+    }
+
+    /** The open reader (kind "reader") or transaction ("tx") with that id, or null. */
+    public Handle find(String kind, String id) {
+        mu.lock();
+        try {
+            return kind.equals("reader") ? readers.get(id) : txs.get(id);
+        } finally {
+            mu.unlock();
+        }
+    }
+
+    // -- incarnation
+
+    /**
+     * The wall clock in ms at start, or with a state dir one more than the last one kept there (whichever is
+     * larger), kept for the next start.
+     */
+    static long defaultIncarnation(Path dir, String cluster, String node, long now) {
+        if (dir == null) {
+            return now;
+        }
+        try {
+            Files.createDirectories(dir);
+            Path path = dir.resolve(escapePath(cluster) + "." + escapePath(node) + ".incarnation");
+            long value = now;
+            try {
+                long last = Long.parseLong(Files.readString(path).strip());
+                if (last + 1 > value) {
+                    value = last + 1;
+                }
+            } catch (IOException | NumberFormatException e) {
+                // none kept yet
+            }
+            Path tmp = dir.resolve(path.getFileName() + ".tmp");
+            Files.writeString(tmp, value + "\n");
+            Files.move(tmp, path, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+            return value;
+        } catch (IOException e) {
+            throw new SafepointException("safepoint: cannot keep the incarnation in " + dir + ": " + e, e);
+        }
+    }
+
+    /** Quotes a name as Python's urllib.parse.quote(name, safe="") does, for the state file's name. */
+    static String escapePath(String s) {
+        StringBuilder b = new StringBuilder();
+        for (byte c : s.getBytes(StandardCharsets.UTF_8)) {
+            if (c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.'
+                    || c == '-' || c == '~') {
+                b.append((char) c);
+            } else {
+                b.append('%').append(String.format("%02X", c & 0xff));
+            }
+        }
+        return b.toString();
+    }
+}
