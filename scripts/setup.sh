@@ -107,9 +107,9 @@ build_clients() {
   else
     echo "setup: Go not found: the Go client (clients/go, Go 1.26 or newer) is not built and its tests fail" >&2
   fi
-  local jar
-  jar=$(ls clients/java/target/safepoint-client-*-driver.jar 2>/dev/null | head -1)
-  if [ -n "$jar" ] && [ -z "$(find clients/java/src clients/java/pom.xml -newer "$jar" -print -quit)" ]; then
+  local jar=""
+  for jar in clients/java/target/safepoint-client-*-driver.jar; do break; done  # unmatched: the pattern itself
+  if [ -f "$jar" ] && [ -z "$(find clients/java/src clients/java/pom.xml -newer "$jar" -print -quit)" ]; then
     :  # built, and no source changed since
   elif command -v mvn >/dev/null 2>&1; then
     build_client Java .clients-java.log mvn -q -B -Dstyle.color=never -f clients/java/pom.xml -DskipTests package
