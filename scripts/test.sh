@@ -27,7 +27,7 @@ echo "== mypy (strict, project packages)"
 echo "== go vet, go test (clients/go)"
 (cd clients/go && go vet ./... && go test -count=1 ./...)
 echo "== mvn test (clients/java)"
-mvn -q -B -Dstyle.color=never -f clients/java/pom.xml test
+mvn -q -B -Dstyle.color=never -f clients/java/pom.xml test 2>&1 | sed 's/\x1b\[[0-9;]*m//g'  # Maven's colour resets
 if ! wait "$classes"; then
   echo "test: the Spark class-data archive could not be built (.venv/spark-classes.log); Spark starts without it" >&2
 fi
