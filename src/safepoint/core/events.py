@@ -19,6 +19,7 @@ from safepoint.core.event_records import ControlEvent, Event, NodeEvent
 from safepoint.core.fastcheck import compile_check
 from safepoint.core.holds import EVENTS as HOLD_EVENTS
 from safepoint.core.jsonfloat import JsonFloat as _JsonFloat
+from safepoint.core.quick_checks import QUICK
 from safepoint.schemas import CONTROL_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES, load
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ own checks to say."""
 @cache
 def _quick(event_type: str) -> Callable[[Any], bool] | None:
     schema = load("events", event_type)
-    check = compile_check(schema)
+    check = QUICK.get(event_type) or compile_check(schema)  # the compiled core's, or written now
     props = schema.get("properties", {})
     version, kind = (props.get("v") or {}).get("const"), (props.get("type") or {}).get("const")
     if (check is not None and {"v", "type"} <= set(schema.get("required", ()))

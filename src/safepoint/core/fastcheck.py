@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["compile_check"]
+__all__ = ["check_lines", "compile_check"]
 
 _NOTES = frozenset({"$schema", "$id", "title", "description"})
 _KEYS = frozenset({"type", "const", "enum", "required", "properties", "additionalProperties", "minimum", "maximum",
@@ -64,7 +64,8 @@ class _Gen:
         if "enum" in s:
             if not all(type(e) is str for e in s["enum"]):
                 raise _Unsupported
-            self.emit(depth, f"if type({v}) is not str or {v} not in {frozenset(s['enum'])!r}: return False")
+            members = ", ".join(repr(e) for e in sorted(set(s["enum"])))  # in order: the same text every run
+            self.emit(depth, f"if type({v}) is not str or {v} not in frozenset({{{members}}}): return False")
         t = s.get("type")
         if isinstance(t, list):
             if len(t) != 2 or "null" not in t:
@@ -126,15 +127,26 @@ class _Gen:
         raise _Unsupported
 
 
-def compile_check(schema: dict[str, Any]) -> Callable[[Any], bool] | None:
-    """A function that is True only for values certainly valid against ``schema``; None when the
-    schema uses a keyword this compiler does not know."""
+def check_lines(schema: dict[str, Any]) -> list[str] | None:
+    """The body of the quick test of ``schema`` (inside a ``try`` of a function of ``x0``, with
+    ``_MISSING`` in its scope); None when the schema uses a keyword this compiler does not know.
+    ``scripts/gen_event_records.py`` writes them into ``core/quick_checks.py``, which the core's build
+    compiles."""
     gen = _Gen()
     try:
         gen.value(schema, "x0", 2)
     except _Unsupported:
         return None
-    source = ("def check(x0):\n    try:\n" + "\n".join(gen.lines)
+    return gen.lines
+
+
+def compile_check(schema: dict[str, Any]) -> Callable[[Any], bool] | None:
+    """A function that is True only for values certainly valid against ``schema``; None when the
+    schema uses a keyword this compiler does not know."""
+    lines = check_lines(schema)
+    if lines is None:
+        return None
+    source = ("def check(x0):\n    try:\n" + "\n".join(lines)
               + "\n    except KeyError:  # a required property is missing\n        return False\n    return True\n")
     scope: dict[str, Any] = {"_MISSING": object()}
     exec(compile(source, f"<fastcheck {schema.get('title', '?')}>", "exec"), scope)  # noqa: S102 - our own schema's code
