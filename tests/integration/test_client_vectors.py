@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from safepoint.cli import main as cli
+from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 
-from vectors import DRIVERS, load, run, vectors
+from kafka_util import read_topic, unique
+from vectors import DRIVERS, Node, load, run, vectors
 
 pytestmark = pytest.mark.integration
 
@@ -42,3 +44,24 @@ def test_every_vector_conforms_to_the_contract(broker: Any, capsys: pytest.Captu
         if vector["args"].get("retention") is not None:
             argv += ["--retention", str(vector["args"]["retention"])]
         assert cli(argv) == 0, f"{path.name}: {capsys.readouterr().out[-2000:]}"
+
+
+@pytest.mark.parametrize("language", sorted(DRIVERS))
+def test_the_benchmarks_load_is_the_same_in_every_client(broker: Any, language: str) -> None:
+    """The driver's ``publish`` (what ``safepoint bench --phases clients`` times): every client opens
+    and closes the same readers, publishes the same events and says how many."""
+    tag = unique("publish")
+    topics = {name: f"{tag}.{name}" for name in ("events", "directives", "alerts", "deadletter")}
+    ensure_topics({"bootstrap.servers": broker.bootstrap}, topic_specs(topics, 1, log_append_time=False))
+    node = Node(language, broker.bootstrap, "c1", "n1", topics["events"], topics["directives"], f"{tag}.control",
+                f"{tag}.status", heartbeat_ms=0)
+    try:
+        node.ok({"op": "clock", "mvcc_now": 500})
+        reply = node.do({"op": "publish", "ref": "b", "readers": 300})
+        assert reply["events"] == 600 and reply["ms"] >= 0, f"{reply}\n{node.stderr()}"
+    finally:
+        assert node.finish() == 0
+    events = read_topic(broker.bootstrap, topics["events"])
+    assert [(e["type"], e.get("reader_id"), e.get("read_ts"), e["seq"]) for e in events] == [
+        (kind, f"b-{i}", 500 if kind == "reader_open" else None, 2 * i + (kind == "reader_close"))
+        for i in range(300) for kind in ("reader_open", "reader_close")]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import queue
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -195,7 +196,8 @@ class Node:
                 "--incarnation", str(incarnation), "--heartbeat-ms", str(heartbeat_ms),
                 "--events-topic", events_topic, "--directives-topic", directives_topic,
                 "--control-topic", control_topic, "--status-topic", status_topic]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by finish; a file: a pipe nobody reads fills
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      text=True, cwd=ROOT)
         assert self.proc.stdout is not None
         self.lines = Lines(self.proc.stdout)
@@ -224,10 +226,10 @@ class Node:
         assert reply.get("ok") is True, f"{self.language} node {self.node}: {op} -> {reply}"
 
     def stderr(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()[-3000:]
+        """The end of what the driver logged so far."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()[-3000:]
 
     def finish(self, timeout_s: float = 60.0) -> int:
         """End its input: it closes what is open, flushes and exits."""
@@ -238,3 +240,5 @@ class Node:
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
+                self.proc.wait()
+            self._log.close()
