@@ -12,9 +12,11 @@ import pytest
 
 from safepoint.cli import main as cli
 from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
+from safepoint.devtools.client_driver import DRIVERS
+from safepoint.devtools.driver_node import DriverNode
 
 from kafka_util import read_topic, unique
-from vectors import DRIVERS, Node, load, run, vectors
+from vectors import load, run, vectors
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +55,7 @@ def test_the_benchmarks_load_is_the_same_in_every_client(broker: Any, language: 
     tag = unique("publish")
     topics = {name: f"{tag}.{name}" for name in ("events", "directives", "alerts", "deadletter")}
     ensure_topics({"bootstrap.servers": broker.bootstrap}, topic_specs(topics, 1, log_append_time=False))
-    node = Node(language, broker.bootstrap, "c1", "n1", topics["events"], topics["directives"], f"{tag}.control",
+    node = DriverNode(language, broker.bootstrap, "c1", "n1", topics["events"], topics["directives"], f"{tag}.control",
                 f"{tag}.status", heartbeat_ms=0)
     try:
         node.ok({"op": "clock", "mvcc_now": 500})

@@ -1,5 +1,5 @@
 """One cluster of three languages on Apache Kafka: a Go node, a Java node and a Python node (each
-client's driver, ``vectors.Node``) and the Spark job.
+client's driver, ``safepoint.devtools.driver_node.DriverNode``) and the Spark job.
 
 Each node keeps a reader open; the job's safe point never passes an open one. The Go and the Java
 node each set a service hold: one below the safe point, which the job refuses, and one above it,
@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 
 from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
+from safepoint.devtools.driver_node import DriverNode
 from safepoint.settings import Settings, load_settings
 from safepoint.streaming.job import build_query
 
 from kafka_util import produce, read_topic, unique
 from tests_support import events_by_partition, wait_for
-from vectors import Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]  # on Apache Kafka (conftest.py)
 
@@ -73,7 +73,7 @@ def test_go_java_and_python_nodes_in_one_cluster(broker: Any, spark: Any, tmp_pa
     produce(bootstrap, settings.events_topic, [("c1", {
         "v": 1, "type": "topology", "cluster": "c1", "version": 1, "wall_ms": int(time.time() * 1000),
         "nodes": {f"n-{lang}": [] for lang in READERS}})])
-    nodes = {lang: Node(lang, bootstrap, "c1", f"n-{lang}", settings.events_topic, settings.directives_topic,
+    nodes = {lang: DriverNode(lang, bootstrap, "c1", f"n-{lang}", settings.events_topic, settings.directives_topic,
                         settings.control_topic, settings.status_topic) for lang in READERS}
     query = None
     try:

@@ -15,20 +15,17 @@ against the node's key instead).
 from __future__ import annotations
 
 import json
-import queue
 import subprocess
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from confluent_kafka import Producer
 
 from safepoint.connectors.kafka.topics import ensure_topics
 from safepoint.core.signing import public_key_of, sign_directive, sign_node
-from safepoint.devtools.client_driver import DRIVERS
+from safepoint.devtools.driver_node import Lines
 
 from kafka_util import read_topic, unique
 
@@ -68,41 +65,6 @@ def _reply(line: str) -> dict[str, Any]:
     if isinstance(reply.get("directive"), dict):
         reply["directive"] = {k: reply["directive"][k] for k in ("seq", "safe_ts")}
     return reply
-
-
-class Lines:
-    """The driver's output lines as they come (a thread reads them: a line already buffered is never
-    waited for at the pipe)."""
-
-    def __init__(self, out: IO[str]) -> None:
-        self.queue: queue.Queue[str | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._read, args=(out,), daemon=True)
-        self.thread.start()
-
-    def _read(self, out: IO[str]) -> None:
-        for line in out:
-            self.queue.put(line)
-        self.queue.put(None)
-
-    def next(self, timeout_s: float) -> str:
-        try:
-            line = self.queue.get(timeout=timeout_s)
-        except queue.Empty:
-            msg = f"the driver said nothing for {timeout_s:.0f} s"
-            raise TimeoutError(msg) from None
-        if line is None:
-            msg = "the driver ended its output"
-            raise RuntimeError(msg)
-        return line
-
-    def rest(self) -> list[str]:
-        self.thread.join(30)
-        lines = []
-        while not self.queue.empty():
-            line = self.queue.get()
-            if line is not None:
-                lines.append(line)
-        return lines
 
 
 def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: float = 60.0) -> Ran:
@@ -182,63 +144,3 @@ def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: f
 def _signed_by(event: dict[str, Any], sig: str, key: str) -> bool:
     """The event (as published, ``wall_ms`` included) was signed with the node's own ``key``."""
     return sign_node(event, key) == sig
-
-
-class Node:
-    """One driver as a node of a live cluster: ``do`` sends an operation and returns its reply; the
-    expiries it reports on the way are kept in ``expired`` (a lock keeps one operation at a time)."""
-
-    def __init__(self, language: str, bootstrap: str, cluster: str, node: str, events_topic: str,
-                 directives_topic: str, control_topic: str, status_topic: str, heartbeat_ms: int = 500,
-                 incarnation: int = 1) -> None:
-        self.language, self.node = language, node
-        argv = [*DRIVERS[language], "--bootstrap", bootstrap, "--cluster", cluster, "--node", node,
-                "--incarnation", str(incarnation), "--heartbeat-ms", str(heartbeat_ms),
-                "--events-topic", events_topic, "--directives-topic", directives_topic,
-                "--control-topic", control_topic, "--status-topic", status_topic]
-        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by finish; a file: a pipe nobody reads fills
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     text=True, cwd=ROOT)
-        assert self.proc.stdout is not None
-        self.lines = Lines(self.proc.stdout)
-        self.expired: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def do(self, op: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        timeout_s = int(op.get("timeout_ms", 0)) / 1000 + 60  # a wait answers by its own timeout
-        with self._lock:
-            self.proc.stdin.write(json.dumps(op) + "\n")
-            self.proc.stdin.flush()
-            while True:
-                try:
-                    reply = dict(json.loads(self.lines.next(timeout_s)))
-                except (TimeoutError, RuntimeError) as exc:
-                    msg = f"{self.language} node {self.node}: {op}: {exc}\n{self.stderr()}"
-                    raise AssertionError(msg) from exc
-                if reply.get("op") == "expired":
-                    self.expired.append(reply)
-                    continue
-                return reply
-
-    def ok(self, op: dict[str, Any]) -> None:
-        reply = self.do(op)
-        assert reply.get("ok") is True, f"{self.language} node {self.node}: {op} -> {reply}"
-
-    def stderr(self) -> str:
-        """The end of what the driver logged so far."""
-        self._log.flush()
-        self._log.seek(0)
-        return self._log.read()[-3000:]
-
-    def finish(self, timeout_s: float = 60.0) -> int:
-        """End its input: it closes what is open, flushes and exits."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.close()
-            return self.proc.wait(timeout_s)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self._log.close()

@@ -194,17 +194,29 @@ public final class Reporter implements AutoCloseable {
         }
     }
 
-    private Slot newSlot() {
+    /**
+     * The producer settings of every client of the project (the Python client's): idempotent, acks from all
+     * in-sync replicas, a send blocking at most 30 s, a record failed after 5 minutes, a key's partition by its
+     * CRC-32; then the caller's own settings (TLS, SASL).
+     */
+    static Properties producerSettings(String bootstrap, String clientId, Properties own) {
         Properties p = new Properties();
-        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, cfg.bootstrap);
+        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ProducerConfig.ACKS_CONFIG, "all");
         p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
-        p.put(ProducerConfig.LINGER_MS_CONFIG, "5");
         p.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, Integer.toString(DELIVERY_TIMEOUT_MS));
         p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, Integer.toString(MAX_BLOCK_MS));
         p.put(ProducerConfig.PARTITIONER_CLASS_CONFIG, Crc32Partitioner.class.getName());
-        p.put(ProducerConfig.CLIENT_ID_CONFIG, "safepoint-reporter-" + node);
-        p.putAll(cfg.kafka);
+        p.put(ProducerConfig.CLIENT_ID_CONFIG, clientId);
+        p.putAll(own);
+        return p;
+    }
+
+    private Slot newSlot() {
+        Properties own = new Properties();
+        own.put(ProducerConfig.LINGER_MS_CONFIG, "5");
+        own.putAll(cfg.kafka);
+        Properties p = producerSettings(cfg.bootstrap, "safepoint-reporter-" + node, own);
         try {
             return new Slot(cfg.producers.apply(p));
         } catch (KafkaException e) {

@@ -15,7 +15,6 @@ import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.Consumer;
 import java.util.function.LongSupplier;
 import org.apache.kafka.clients.producer.KafkaProducer;
-import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.slf4j.Logger;
@@ -129,16 +128,8 @@ public final class ServiceHold implements AutoCloseable {
         this.ts = cfg.ts;
         this.ttlMs = cfg.ttl.toMillis();
         this.ownerToken = cfg.ownerToken.isEmpty() ? randomHex(16) : cfg.ownerToken;
-        Properties p = new Properties();
-        p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, cfg.bootstrap);
-        p.put(ProducerConfig.ACKS_CONFIG, "all");
-        p.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, "true");
-        p.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, "30000");
-        p.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, "300000");
-        p.put(ProducerConfig.PARTITIONER_CLASS_CONFIG, Crc32Partitioner.class.getName());
-        p.put(ProducerConfig.CLIENT_ID_CONFIG, "safepoint-hold-" + cfg.holder);
-        p.putAll(cfg.kafka);
-        producer = new KafkaProducer<>(p, new ByteArraySerializer(), new ByteArraySerializer());
+        producer = new KafkaProducer<>(Reporter.producerSettings(cfg.bootstrap, "safepoint-hold-" + cfg.holder, cfg.kafka),
+                new ByteArraySerializer(), new ByteArraySerializer());
     }
 
     static String randomHex(int n) {
