@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -47,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the bench_* modules beside this file
 
 from bench_brokers import BROKERS, MEMORY_PHASES, make_broker, mark_ends  # noqa: E402
+from bench_capacity import capacity_inputs  # noqa: E402
 from bench_common import _loadavg, empty_node_bytes, fmt_rate, mb, say  # noqa: E402
 from bench_fleet import core_ratio, directive_sizes, fleet_figure, signing_cost  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
@@ -56,6 +58,8 @@ from bench_report import build_report, evaluate_targets, findings, plot_latency 
 from bench_runs import Child, run_spark_tp, source_ignores_max_offsets  # noqa: E402
 from bench_workers import worker_plain, worker_spark_lat, worker_spark_tp  # noqa: E402
 from bench_workload import build_workload, make_topics, open_holds, produce_all, raw_consume  # noqa: E402
+
+from safepoint.settings import Settings  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -74,8 +78,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-offsets", type=int, default=200_000,
                    help="maxOffsetsPerTrigger given to the job (the job's default), and the chunk the throughput runs are fed in (one per batch)")
     p.add_argument("--first-batch", type=int, default=10_000, help="events in the throughput runs' batch 0 (excluded)")
-    p.add_argument("--trigger-ms", type=int, default=500, help="processing-time trigger of the job (the job's default)")
-    p.add_argument("--masters", default="local[1],local[2]", help="Spark masters of the throughput runs")
+    p.add_argument("--trigger-ms", type=int, default=Settings().trigger_ms,
+                   help="processing-time trigger of the job (the job's default)")
+    p.add_argument("--masters", default="local[1],local[2]",
+                   help="Spark masters of the throughput runs; standalone[N]: a standalone master and N workers of one core "
+                        "each, started from the pinned PySpark on loopback for the run")
+    p.add_argument("--clusters", type=int, default=1,
+                   help="clusters the throughput and latency workloads spread their nodes and rate over (c0, c1, ...)")
     p.add_argument("--status-off", default="local[2]",
                    help="masters that get one more throughput run with the status off (status_topic empty), comma-separated")
     p.add_argument("--latency-master", default="local[2]")
@@ -121,10 +130,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--source takes python, kafka or both, not {args.source!r}")
     args.source = args.sources[0]
     if args.shuffle_partitions is None:
-        from safepoint.settings import Settings
-
         args.shuffle_partitions = Settings().shuffle_partitions
     return args
+
+
+STANDALONE = re.compile(r"standalone\[(\d+)\]")
+
+
+@contextlib.contextmanager
+def spark_master(master: str, tmp: Path) -> Iterator[tuple[str, dict[str, list[int]] | None]]:
+    """(the master URL to run the job on, the processes whose trees hold its executors). A
+    ``standalone[N]`` master is started here: a standalone master and N workers of one core each
+    from the pinned PySpark, on loopback, stopped after the run; the executors' CPU is counted
+    from the workers' process trees (role ``executors``)."""
+    m = STANDALONE.fullmatch(master)
+    if m is None:
+        yield master, None
+        return
+    from safepoint.devtools.broker import free_port
+    from safepoint.devtools.spark_standalone import Standalone, daemon_lines
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    port, ui = free_port(), free_port()
+    cluster = Standalone(tmp, daemon_lines(port, ui, workers=int(m.group(1))), port, ui)
+    try:
+        cluster.wait_workers(int(m.group(1)))
+        yield cluster.url, {"executors": cluster.worker_pids()}
+    finally:
+        cluster.stop()
 
 
 def extra_sections(res: dict[str, Any]) -> str:
@@ -209,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         # -- workloads -----------------------------------------------------------------------
         top_rate = max(rates) if rates else 10_000.0
         wl = build_workload("throughput", args.nodes, top_rate, seed=args.seed, long_share=args.long_share,
-                            probe_hz=args.probe_hz, events=args.events)
+                            probe_hz=args.probe_hz, events=args.events, clusters=args.clusters)
         values = [v for _, _, v in wl.events]
         holds_model = open_holds(values)
         res["workloads"]["throughput"] = {"events": len(wl.events), "types": wl.types, "heartbeat_ms": wl.heartbeat_ms,
@@ -269,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                 for master in [m.strip() for m in args.masters.split(",") if m.strip()]:
                     tag = "tp-" + master.replace("[", "").replace("]", "").replace("*", "all") + sfx
                     say(f"(3a) job {master} ({source} source) over the backlog ...")
-                    with own_broker(tag) as (boot, pids):
-                        tp = run_spark_tp(args, work, boot, wl.events, master, tag, holds, pids)
+                    with own_broker(tag) as (boot, pids), spark_master(master, work / f"standalone-{tag}") as (url, trees):
+                        tp = run_spark_tp(args, work, boot, wl.events, url, tag, holds, pids, tree_pids=trees)
+                        tp["master"] = master
                     res["spark_throughput"].append(tp)
                     say(f"(3a) job {master}: sustained {fmt_rate(tp['sustained_events_per_s'])} ev/s after batch 0 "
                         f"({tp['batches']} batches), RSS JVM+workers {mb(tp['jvm_plus_workers_rss_end'])}, state dir "
@@ -287,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 res["latency"] = []
                 for rate in rates:
                     lw = build_workload(f"latency-{rate:.0f}", args.nodes, rate, seed=args.seed + 1, long_share=args.long_share,
-                                        probe_hz=args.probe_hz, duration_s=args.warmup + args.duration)
+                                        probe_hz=args.probe_hz, duration_s=args.warmup + args.duration, clusters=args.clusters)
                     res["workloads"][lw.name] = {"events": len(lw.events), "types": lw.types, "heartbeat_ms": lw.heartbeat_ms,
                                                  "natural_rate": lw.natural_rate, "probe_closes": lw.probe_closes}
                     say(f"(3b) latency at {rate:,.0f} ev/s offered: {len(lw.events):,} events ({lw.natural_rate:,.0f} ev/s of "
@@ -411,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     res["machine"]["loadavg_end"] = _loadavg()
     res["total_s"] = time.monotonic() - t_start
     res["targets"] = evaluate_targets(res)
+    res["capacity_model"] = capacity_inputs(res)
     if "profile" in res:
         res["profile"]["findings"] = findings(res)
     if res.get("latency"):

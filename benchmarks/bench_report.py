@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench_capacity import capacity_lines
 from bench_common import TARGETS, fmt_rate, mb, scale_base
 from bench_fleet import report_lines, targets
 from bench_machine import machine_lines, saturation
@@ -150,6 +151,7 @@ def build_report(res: dict[str, Any]) -> str:
         L.append("")
     L.extend(report_lines(res))
     L.extend(machine_lines(res))
+    L.extend(capacity_lines(res))
     L.append("## Targets (reported, not asserted)")
     L.append("")
     L.append("| target | measured | status |")
@@ -255,6 +257,14 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                 "ok": (r >= TARGETS["throughput_vs_plain_aim"]) if r else None})
     for rate, bound in ((TARGETS["p99_at_rate"], TARGETS["p99_latency_s"]), (TARGETS["p99_low_rate"], TARGETS["p99_low_latency_s"])):
         out.append(_latency_target(res, rate, bound))
+    plain_cpu = (res.get("plain") or {}).get("cpu_us_per_event", {}).get("plain")
+    for t in tps.values():
+        job_cpu = sum(v for k, v in (t.get("cpu_us_per_event") or {}).items() if k != "broker")
+        if plain_cpu and job_cpu:
+            out.append({"target": f"the job's CPU per event besides the broker <= {TARGETS['cpu_vs_plain']:g}x the plain "
+                                  f"consumer's ({t['master']})",
+                        "measured": f"{job_cpu / plain_cpu:.2f}x ({job_cpu:.1f} vs {plain_cpu:.1f} us)",
+                        "ok": job_cpu / plain_cpu <= TARGETS["cpu_vs_plain"]})
     for t in res.get("spark_throughput", []):
         if t.get("batch0_ms") is not None:
             out.append({"target": f"batch 0 < {TARGETS['batch0_s']:g} s ({t['master']}{'' if t.get('status', True) else ', status off'})",

@@ -76,6 +76,9 @@ def summarize_tp(res: dict[str, Any], holds: int) -> dict[str, Any]:
         for k, v in (b["durationMs"] or {}).items():
             phases[k] += v
     last_ops = batches[-1]["stateOperators"] if batches else []
+    # the stateful operator's time (allUpdatesTimeMs: its tasks' processing, the Python included),
+    # summed over its tasks: what a cluster's events cost in its one task, the capacity model's serial figure
+    operator_ms = sum(op.get("allUpdatesTimeMs") or 0 for b in steady for op in b.get("stateOperators") or [])
     rss_end = res["rss_end"].get("jvm", 0) + res["rss_end"].get("workers", 0)
     cpu = res.get("cpu_after_batch0") or {}
     return {
@@ -89,6 +92,7 @@ def summarize_tp(res: dict[str, Any], holds: int) -> dict[str, Any]:
         "steady_rows": rows,
         "steady_ms": ms,
         "phase_ms_after_batch0": dict(phases),
+        "operator_us_per_event": operator_ms * 1000 / rows if rows and operator_ms else None,
         "session_s": res["session_s"],
         "total_s": res["total_s"],
         "cpu_s_after_batch0": cpu,
@@ -124,7 +128,7 @@ def source_ignores_max_offsets() -> str | None:
 
 def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: list[tuple[int, str, bytes]], master: str,
                  tag: str, holds: int, extra_pids: dict[str, int], profile_out: str | None = None,
-                 status: bool = True) -> dict[str, Any]:
+                 status: bool = True, tree_pids: dict[str, list[int]] | None = None) -> dict[str, Any]:
     topics = make_topics(bootstrap, tag, args.partitions)
     ckpt = work / f"ckpt-{tag}"
     total = len(events)
@@ -133,6 +137,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
         "timeout_s": args.timeout, "profile_rate": args.profile_rate, "status": status, "first_batch": args.first_batch,
+        "tree_pids": tree_pids,
         "source_format": getattr(args, "source", "python"),
     }
     # the whole backlog before the job starts, as the plain consumer reads it: nothing else runs

@@ -289,13 +289,13 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
                                                 "processed": processed}), flush=True)
                 if t_batch0 is None:
                     t_batch0 = time.monotonic()
-                    cpu0 = cpu_snapshot(os.getpid(), spec.get("extra_pids"))
+                    cpu0 = cpu_snapshot(os.getpid(), spec.get("extra_pids"), spec.get("tree_pids"))
                     sampler.sample()
                     if spec.get("profile_out"):
                         pyspy = _start_pyspy(os.getpid(), spec["profile_out"], spec.get("profile_rate", 100))
                         jfr_on = _jfr(os.getpid(), "start", spec["profile_out"] + ".jfr")
         t_end = time.monotonic()
-        cpu1 = cpu_snapshot(os.getpid(), spec.get("extra_pids"))
+        cpu1 = cpu_snapshot(os.getpid(), spec.get("extra_pids"), spec.get("tree_pids"))
         sampler.sample()
         if jfr_on:
             _jfr(os.getpid(), "stop", spec["profile_out"] + ".jfr")

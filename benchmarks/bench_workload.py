@@ -40,9 +40,12 @@ def heartbeat_ms_for(nodes: int, rate: float, share: float = 0.1) -> int:
 
 def build_workload(
     name: str, nodes: int, rate: float, *, seed: int, long_share: float, probe_hz: float,
-    duration_s: float | None = None, events: int | None = None,
+    duration_s: float | None = None, events: int | None = None, clusters: int = 1, cluster: str = "default",
 ) -> Workload:
     """The simulator's cluster at ``rate`` events/s (heartbeats included), plus the probe node.
+    With ``clusters`` > 1, that many clusters (``c0``, ``c1``, ...) sharing the nodes, the rate,
+    the events and the probe's pace, their logs merged by ``wall_ms``: the same load spread over
+    clusters the job can run side by side.
 
     The probe node ``<cluster>-probe`` keeps two readers whose ``read_ts`` lie below every other
     hold of the cluster and rise by one per probe; every 1/probe_hz s of event time it opens the next
@@ -51,12 +54,15 @@ def build_workload(
     """
     from safepoint.devtools.simulate import ClusterSim, SimConfig, key_of
 
+    if clusters > 1:
+        return merged_workload(name, nodes, rate, seed=seed, long_share=long_share, probe_hz=probe_hz,
+                               duration_s=duration_s, events=events, clusters=clusters)
     hb = heartbeat_ms_for(nodes, rate)
     probe_rate = 2 * probe_hz + 1000 / hb
     work = max(1.0, rate - nodes * 1000 / hb - probe_rate)
     # the simulator's rate counts ~2.2 events per opening; the real mix (open, close, some prepares)
     # is ~2.03: scale so the generated log comes out at the asked rate
-    cfg = SimConfig(nodes=nodes, rate=work * 2.2 / 2.03, heartbeat_ms=hb, long_reader_share=long_share)
+    cfg = SimConfig(nodes=nodes, rate=work * 2.2 / 2.03, heartbeat_ms=hb, long_reader_share=long_share, cluster=cluster)
     if duration_s is None:
         assert events is not None
         duration_s = events / rate * 1.05 + 1
@@ -128,6 +134,36 @@ def build_workload(
             "probe_hz": probe_hz,
             "seed": seed,
         },
+    )
+
+
+def merged_workload(name: str, nodes: int, rate: float, *, seed: int, long_share: float, probe_hz: float,
+                    duration_s: float | None, events: int | None, clusters: int) -> Workload:
+    """``clusters`` workloads of ``build_workload`` (a share of the nodes, rate, events and probe
+    pace each, seeds apart), merged by ``wall_ms``."""
+    import heapq
+
+    parts = [
+        build_workload(name, max(1, nodes // clusters), rate / clusters, seed=seed + 7919 * i, long_share=long_share,
+                       probe_hz=probe_hz / clusters, duration_s=duration_s,
+                       events=None if events is None else events // clusters + (1 if i < events % clusters else 0),
+                       cluster=f"c{i}")
+        for i in range(clusters)
+    ]
+    types: Counter[str] = Counter()
+    for w in parts:
+        types.update(w.types)
+    first = parts[0]
+    return Workload(
+        name=name,
+        offered_rate=rate,
+        heartbeat_ms=first.heartbeat_ms,
+        events=list(heapq.merge(*(w.events for w in parts), key=lambda e: e[0])),
+        types=dict(types),
+        duration_ms=max(w.duration_ms for w in parts),
+        probe_closes=sum(w.probe_closes for w in parts),
+        meta={**first.meta, "nodes": sum(w.meta["nodes"] for w in parts), "clusters": clusters,
+              "sim_rate": sum(w.meta["sim_rate"] for w in parts), "probe_hz": probe_hz},
     )
 
 

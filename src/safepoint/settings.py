@@ -62,7 +62,7 @@ class Settings:
     """If set, the job also writes every input offset's outcome there (applied, ignored:<why>, deadlettered:<class>)."""
     events_partitions: int = 4
     """Partitions of the events topic when the job creates it."""
-    trigger_ms: int = 500
+    trigger_ms: int = 250
     """Micro-batch trigger interval (processing time)."""
     max_offsets_per_trigger: int = 200_000
     """Most input messages one micro-batch reads, over all partitions."""

@@ -12,20 +12,16 @@ applied exactly once (the per-offset accounting) and the directives' ``seq`` gap
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from safepoint.devtools.broker import free_port
+from safepoint.devtools.spark_standalone import Standalone
 
 from doc_blocks import ROOT, block
 from tests_support import (
@@ -47,20 +43,6 @@ from tests_support import (
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 
-def kill_family(proc: subprocess.Popen[bytes]) -> int:
-    """SIGKILL a process group and every descendant (pyspark daemons leave the group); how many died."""
-    family = psutil.Process(proc.pid).children(recursive=True)
-    os.killpg(proc.pid, signal.SIGKILL)
-    for p in family:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(family, timeout=10)
-    proc.wait(10)
-    return len(family)
-
-
 def guide_block() -> tuple[dict[str, str], list[str], list[str]]:
     """The guide's "Running on a Spark cluster" block: the environment its ``export`` lines give
     (evaluated by bash in the checkout), its ``spark-class`` lines, and its ``safepoint run`` line."""
@@ -74,58 +56,17 @@ def guide_block() -> tuple[dict[str, str], list[str], list[str]]:
     return env, daemons, shlex.split(run)
 
 
-class Standalone:
-    """The guide's standalone master and workers (its lines, with free ports for 7077 and 8080),
-    each in its own process group."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.port, self.ui = free_port(), free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-        self.procs: list[subprocess.Popen[bytes]] = []
-        env, daemons, _ = guide_block()
-        self.env = {**env, "SPARK_LOG_DIR": str(tmp / "logs"), "SPARK_WORKER_DIR": str(tmp / "work")}
-        master, *workers = [ln.replace(":7077", f":{self.port}").replace("--port 7077", f"--port {self.port}")
-                            .replace("--webui-port 8080", f"--webui-port {self.ui}") for ln in daemons]
-        assert ".Master " in master and all(".Worker " in w for w in workers), daemons
-        self.master = self._start("master", master)
-        self.workers = [self._start(f"worker{i}", line) for i, line in enumerate(workers)]
-
-    def _start(self, name: str, line: str) -> subprocess.Popen[bytes]:
-        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(["bash", "-c", f"exec {line}"], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=self.env, cwd=ROOT, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def state(self) -> dict[str, Any]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui}/json/", timeout=5) as resp:  # noqa: S310 - loopback
-            data: dict[str, Any] = json.loads(resp.read())
-        return data
-
-    def alive_workers(self) -> int:
-        """Workers the master counts alive; 0 while its UI is not up, or still answers its JSON
-        route with the HTML page (seen once in CI, a second after the UI had started)."""
-        try:
-            return int(self.state().get("aliveworkers", 0))
-        except (OSError, ValueError):
-            return 0
-
-    def kill_worker(self, i: int) -> int:
-        """SIGKILL worker ``i`` and everything it started (its executor JVM, their Python workers)."""
-        return kill_family(self.workers[i])
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                kill_family(proc)
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-3000:] for p in sorted(self.tmp.glob("*.log")))
+def guide_cluster(tmp: Path) -> Standalone:
+    """The guide's standalone master and workers (its lines, with free ports for 7077 and 8080)."""
+    port, ui = free_port(), free_port()
+    env, daemons, _ = guide_block()
+    lines = [ln.replace(":7077", f":{port}").replace("--port 7077", f"--port {port}").replace("--webui-port 8080", f"--webui-port {ui}")
+             for ln in daemons]
+    return Standalone(tmp, lines, port, ui, env)
 
 
 def test_the_job_on_a_standalone_cluster_survives_losing_a_worker(broker: Any, tmp_path: Path) -> None:
-    cluster = Standalone(tmp_path)
+    cluster = guide_cluster(tmp_path)
     job: JobProcess | None = None
     try:
         wait_for(lambda: cluster.alive_workers() == 2, 90, "two workers to register with the master")
