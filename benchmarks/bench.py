@@ -95,11 +95,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="which phases to run: raw,plain,spark,scale,latency,profile,core,machine,fleet (profile = cProfile + a py-spy'd "
                         "local[2] run; fleet uses the latency runs' p99), and etcd (not by default: a real etcd's history "
                         "under safepoint against its own auto-compaction, bench_etcd.py; alone, it runs without the backlog), "
-                        "and clients (not by default: one reporter of each node client publishing, bench_clients.py; alone, "
-                        "the same)")
+                        "clients (not by default: one reporter of each node client publishing, bench_clients.py; alone, "
+                        "the same) and mariadb (not by default: InnoDB's history list with a forgotten session, the agent "
+                        "killing it against not, bench_mariadb.py; alone, the same)")
     p.add_argument("--etcd-window", type=float, default=45.0, help="seconds the etcd phase samples each run")
     p.add_argument("--etcd-reader-every", type=float, default=15.0, help="seconds between two slow lists of the etcd phase")
     p.add_argument("--etcd-reader-seconds", type=float, default=6.0, help="how long one slow list of the etcd phase lasts")
+    p.add_argument("--mariadb-hold", type=float, default=60.0,
+                   help="seconds the mariadb phase's forgotten session stays open (unless the agent ends it)")
+    p.add_argument("--mariadb-window", type=float, default=75.0, help="seconds the mariadb phase samples the history list")
     p.add_argument("--etcd-put-rate", type=float, default=200.0, help="puts per second of the etcd phase's writer")
     p.add_argument("--scale-nodes", type=int, default=10_000, help="nodes of the scale phase's local[2] run (same event count)")
     p.add_argument("--core-events", type=int, default=300_000, help="events of the core phase's file")
@@ -171,13 +175,17 @@ def extra_sections(res: dict[str, Any]) -> str:
         from bench_etcd import etcd_lines
 
         md += "\n\n" + "\n".join(etcd_lines(res["etcd"]))
+    if "mariadb" in res:
+        from bench_mariadb import mariadb_lines
+
+        md += "\n\n" + "\n".join(mariadb_lines(res["mariadb"]))
     return md
 
 
 def standalone_report(res: dict[str, Any]) -> str:
-    """The report of a run of the clients or etcd phase alone."""
+    """The report of a run of the clients, etcd or mariadb phase alone."""
     m = res["machine"]
-    names = " and ".join(p for p in ("clients", "etcd") if p in res)
+    names = " and ".join(p for p in ("clients", "etcd", "mariadb") if p in res)
     return (f"# safepoint benchmark {res['timestamp']}: {names} phase\n\nMachine: {m['cpus']} CPUs, load average at "
             f"start {m['loadavg_start']}, at end {m['loadavg_end']}. Total run {res['total_s']:.0f} s." + extra_sections(res))
 
@@ -211,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         from bench_etcd import etcd_phase
 
         res["etcd"] = etcd_phase(work / "etcd", args)
-    if phases <= {"etcd", "clients"}:  # alone: no backlog to build, no targets
+    if "mariadb" in phases:
+        from bench_mariadb import mariadb_phase
+
+        (work / "mariadb").mkdir(parents=True, exist_ok=True)
+        res["mariadb"] = mariadb_phase(work / "mariadb", args)
+    if phases <= {"etcd", "clients", "mariadb"}:  # alone: no backlog to build, no targets
         res["machine"]["loadavg_end"], res["total_s"] = _loadavg(), time.monotonic() - t_start
         md = standalone_report(res)
         (out_dir / f"bench-{stamp}.json").write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")

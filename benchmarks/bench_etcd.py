@@ -243,6 +243,32 @@ class Load:
             self.writer.join(10)
 
 
+def start_job(stack: ExitStack, work: Path, bootstrap: str, config: Path, topics: dict[str, str],
+              **flags: Any) -> subprocess.Popen[bytes]:
+    """``safepoint run`` on ``bootstrap`` with ``config`` and ``topics`` (its log ``work/job.log``, its
+    checkpoint ``work/checkpoint``), stopped when ``stack`` closes; returned once its query runs."""
+    port = free_port()
+    job_log = work / "job.log"
+    with job_log.open("ab") as log:
+        job = subprocess.Popen([*_cli(), "run", *_flags(bootstrap=bootstrap, checkpoint=work / "checkpoint", config=config,
+                                                          http_port=port, **topics, **flags)],
+                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env(),
+                               start_new_session=True)
+    stack.callback(_stop, job, 120)
+
+    def active() -> bool:
+        import json
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:  # noqa: S310 - loopback
+                return bool(json.loads(resp.read()).get("job", {}).get("active"))
+        except (OSError, ValueError):
+            return False
+
+    _wait("the job's query", active, 300, lambda: job.poll() is None, job_log)
+    return job
+
+
 def under_safepoint(work: Path, args: Any) -> dict[str, Any]:
     """The load on an etcd compacted by ``safepoint agent etcd`` from the job's directives."""
     with ExitStack() as stack:
@@ -252,25 +278,7 @@ def under_safepoint(work: Path, args: Any) -> dict[str, Any]:
         stack.callback(etcd.stop)
         config = work / "safepoint.toml"
         config.write_text(f'[clusters.{CLUSTER}]\nmvcc_unit = "revision"\nretention = {RETENTION}\n', encoding="utf-8")
-        port = free_port()
-        job_log = work / "job.log"
-        with job_log.open("ab") as log:
-            job = subprocess.Popen([*_cli(), "run", *_flags(bootstrap=broker.bootstrap, checkpoint=work / "checkpoint",
-                                                              config=config, trigger_ms=200, http_port=port, **TOPICS)],
-                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_env(),
-                                   start_new_session=True)
-        stack.callback(_stop, job, 120)
-
-        def active() -> bool:
-            import json
-
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:  # noqa: S310 - loopback
-                    return bool(json.loads(resp.read()).get("job", {}).get("active"))
-            except (OSError, ValueError):
-                return False
-
-        _wait("the job's query", active, 300, lambda: job.poll() is None, job_log)
+        job = start_job(stack, work, broker.bootstrap, config, TOPICS, trigger_ms=200)
         stats, agent_log = work / "agent.json", work / "agent.log"
         with agent_log.open("ab") as log:
             agent = subprocess.Popen([*_cli(), "agent", "etcd", *_flags(

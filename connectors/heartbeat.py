@@ -24,7 +24,7 @@ __all__ = ["FIGURE_KEYS", "Figures", "start_heartbeats"]
 log = logging.getLogger("safepoint.reporter")
 
 FIGURE_KEYS = ("groups", "pinned_bytes", "debt_bytes", "active_readers", "active_txs", "history_above", "compacted_ts",
-               "wraparound_left")
+               "wraparound_left", "purged_ts", "history_length")
 MAX_HISTORY_POINTS = 64
 """Points of ``history_above`` a heartbeat carries (the contract's limit): more are thinned evenly."""
 

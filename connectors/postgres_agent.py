@@ -42,60 +42,41 @@ Acting, each opt-in and audited (a warning with a structured record, a counter; 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from safepoint.connectors.directive_models import Directive, ExpireDirective
-from safepoint.connectors.handles import Handle, Reader, Transaction
-from safepoint.connectors.listener import DirectiveListener
+from safepoint.connectors.directive_models import ExpireDirective
+from safepoint.connectors.engine_agent import AgentStats, EngineAgent
+from safepoint.connectors.handles import Handle
 from safepoint.connectors.postgres_holds import IDLE_IN_TX, History, Instance, PgHold, Superseded, holds_of, read_instance
-from safepoint.connectors.reporter import DEFAULT_EVENTS_TOPIC, Reporter
-from safepoint.errors import SafepointError
+from safepoint.connectors.reporter import DEFAULT_EVENTS_TOPIC
 
 __all__ = ["PostgresAgent", "PostgresAgentStats", "TERMINATE_MODES", "public_dsn"]
 
 log = logging.getLogger("safepoint.agent.postgres")
 
 TERMINATE_MODES = ("off", "idle-in-transaction", "any")
-MAX_BACKOFF_S = 10.0
 
 
 @dataclass
-class PostgresAgentStats:
-    polls: int = 0
-    heartbeats: int = 0
-    failures: int = 0
-    """Polls that could not read the instance."""
-    holds: int = 0
-    """Holds of the last poll."""
-    opened: int = 0
-    closed: int = 0
+class PostgresAgentStats(AgentStats):
     next_xid8: int = 0
     dead_bytes: int = 0
     wraparound_left: int = 0
-    directive_seq: int = 0
-    safe_ts: int = 0
-    expiries: int = 0
-    """Forced-expiry directives for this agent's holds."""
     terminated: int = 0
     """Backends ended with ``pg_terminate_backend``."""
-    relabeled: int = 0
-    """Holds restated with a new label (their backend went idle in its transaction or back to work,
-    their slot's reader went or came)."""
-    expiries_not_acted: int = 0
-    """Expiries the agent did not act on: terminate off, a running backend under ``idle-in-transaction``,
-    a prepared transaction, a slot, a standby, a backend gone or another one meanwhile."""
     vacuums: int = 0
     vacuumed_tables: int = 0
     vacuum_failures: int = 0
 
 
-class PostgresAgent:
+class PostgresAgent(EngineAgent):
+    engine = "postgres"
+    what = "instance"
+
     def __init__(self, dsn: str, bootstrap: str, cluster: str, *, node: str = "postgres",
                  events_topic: str = DEFAULT_EVENTS_TOPIC, directives_topic: str = "safepoint.directives",
                  poll_s: float = 1.0, terminate: str = "off", vacuum: bool = False, vacuum_every_s: float = 60.0,
@@ -105,30 +86,22 @@ class PostgresAgent:
         if terminate not in TERMINATE_MODES:
             msg = f"terminate must be one of {', '.join(TERMINATE_MODES)}, got {terminate!r}"
             raise ValueError(msg)
+        self.stats: PostgresAgentStats = PostgresAgentStats()
+        super().__init__(bootstrap, cluster, node, self.stats, log, events_topic=events_topic,
+                         directives_topic=directives_topic, poll_s=poll_s, state_dir=state_dir, client=client,
+                         kafka_conf=kafka_conf, node_key=node_key, directive_key=directive_key)
+        import psycopg  # the postgres extra
+
+        self.read_errors = (psycopg.Error, OSError)
         self.dsn, self.stats_dsns = dsn, list(stats_dsns or [])
-        self.bootstrap, self.cluster, self.node = bootstrap, cluster, node
-        self.events_topic, self.directives_topic = events_topic, directives_topic
-        self.poll_s, self.timeout_s = poll_s, timeout_s
+        self.timeout_s = timeout_s
         self.terminate, self.vacuum = terminate, vacuum
         self.vacuum_every_s, self.vacuum_tables, self.vacuum_min_dead = vacuum_every_s, vacuum_tables, vacuum_min_dead
-        self.state_dir, self.client, self.kafka_conf, self.node_key = state_dir, client, kafka_conf or {}, node_key
-        self.directive_key = directive_key
-        self.stats = PostgresAgentStats()
         self.history = History()
         self.superseded = Superseded()
         self.instance: Instance | None = None
-        self.reporter: Reporter | None = None
-        self.listener: DirectiveListener | None = None
-        self.on_beat: Callable[[], None] | None = None
-        """Called after each heartbeat (``safepoint agent postgres --stats-file`` writes the counters)."""
         self._conn: Any = None
         self._extra: list[Any] = []
-        self._handles: dict[str, tuple[PgHold, Handle]] = {}
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        """Between the listener's thread (directives, expiries) and the loop."""
-        self._down_since: float | None = None
-        self._backoff_s = poll_s
         self._gone_below: int | None = None
         """The highest ts of a hold that went since the last vacuum (a safe_ts past it is worth one)."""
         self._vacuum_at: float | None = None
@@ -156,6 +129,11 @@ class PostgresAgent:
                     c.close()
         self._conn, self._extra = None, []
 
+    def _close(self, final: bool = False) -> None:
+        if final and self._vacuum_thread is not None:
+            self._vacuum_thread.join(30)
+        self._close_conns()
+
     def observe(self) -> Instance:
         """One reading (connecting first where there is no connection)."""
         if self._conn is None or self._conn.closed:
@@ -164,6 +142,9 @@ class PostgresAgent:
         self.instance = inst
         self.history.add(inst.next_xid8, self.superseded.add(inst.dead))
         return inst
+
+    def holds(self, reading: Instance) -> dict[str, PgHold]:
+        return holds_of(reading)
 
     def _mvcc_now(self) -> int:
         return self.instance.next_xid8 if self.instance is not None else 0
@@ -178,155 +159,33 @@ class PostgresAgent:
             figures["history_above"] = curve
         return figures
 
-    # -- start and stop -------------------------------------------------------------------
+    def _read(self, inst: Instance) -> None:
+        s = self.stats
+        s.next_xid8, s.dead_bytes, s.wraparound_left = inst.next_xid8, inst.dead.dead_bytes, inst.wraparound_left
+
+    def _closed(self, hold: PgHold) -> None:
+        with self._lock:
+            self._gone_below = max(self._gone_below or hold.ts, hold.ts)
+
+    def _after_beat(self) -> None:
+        self._maybe_vacuum()
+
+    # -- start ------------------------------------------------------------------------------
     def start(self) -> PostgresAgent:
-        inst = self.observe()  # the first reading before anything is published (raises when it cannot)
-        self.reporter = Reporter(self.bootstrap, self.node, cluster=self.cluster, mvcc_clock=self._mvcc_now,
-                                 figures=self._figures, heartbeat_interval_s=None, topic=self.events_topic,
-                                 state_dir=self.state_dir, client=self.client, kafka_conf=self.kafka_conf,
-                                 node_key=self.node_key, observer=True, on_expire=self._on_expire)
-        self.listener = DirectiveListener(self.bootstrap, self.cluster, topic=self.directives_topic,
-                                          on_directive=self._take, reporter=self.reporter,
-                                          kafka_conf=self.kafka_conf, client=self.client,
-                                          directive_key=self.directive_key).start()
+        inst = self.start_reporting()  # the first reading before anything is published (raises when it cannot)
         log.info("postgres agent %s of cluster %s: %s%s, next xid %d, %d holds; terminate %s, vacuum %s",
                  self.node, self.cluster, public_dsn(self.dsn), " (standby)" if inst.in_recovery else "",
                  inst.next_xid8, len(holds_of(inst)), self.terminate, "on" if self.vacuum else "off")
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-
-    def close(self) -> None:
-        if self.listener is not None:
-            self.listener.close()
-        if self.reporter is not None:
-            self.reporter.close()
-        if self._vacuum_thread is not None:
-            self._vacuum_thread.join(30)
-        self._close_conns()
-        log.info("postgres agent %s stopped: %s", self.node, json.dumps(asdict(self.stats)))
-
-    def run(self, until: float | None = None) -> None:
-        """Poll, publish and act until ``stop()`` (or the monotonic time ``until``)."""
-        assert self.reporter is not None, "start() first"
-        try:
-            while not self._stop.is_set() and (until is None or time.monotonic() < until):
-                wait = self.poll()
-                self._stop.wait(wait)
-        finally:
-            self.close()
-
-    # -- one poll ----------------------------------------------------------------------------
-    def poll(self) -> float:
-        """Read, publish what changed and a heartbeat; the time to the next poll."""
-        assert self.reporter is not None
-        import psycopg
-
-        try:
-            inst = self.observe() if self.stats.polls else self.instance or self.observe()
-        except (psycopg.Error, OSError) as exc:
-            self.stats.failures += 1
-            self._close_conns()
-            if self._down_since is None:
-                self._down_since = time.monotonic()
-                log.error("postgres agent: the instance cannot be read (%s); nothing is published until it can "
-                          "(the job holds the safe point when this node goes stale); retrying with back-off",
-                          str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-            self._backoff_s = min(MAX_BACKOFF_S, self._backoff_s * 2)
-            return self._backoff_s
-        self.stats.polls += 1
-        if self._down_since is not None:
-            log.warning("postgres agent: the instance answers again after %.1f s", time.monotonic() - self._down_since)
-            self._down_since = None
-            self._backoff_s = self.poll_s
-        try:
-            self._sync(holds_of(inst))
-        except SafepointError:  # a change not published (the broker away): the next poll tries again, and
-            # the reporter restates every hold it has once deliveries work (its repair snapshot)
-            log.warning("postgres agent: a change of holds not published; retrying at the next poll", exc_info=True)
-        s = self.stats
-        s.next_xid8, s.dead_bytes, s.wraparound_left = inst.next_xid8, inst.dead.dead_bytes, inst.wraparound_left
-        try:
-            self.reporter.heartbeat()
-            s.heartbeats += 1
-        except SafepointError:  # the broker is away: the reporter reconnects and restates its holds
-            log.warning("postgres agent: heartbeat not published; retrying in %.1f s", self.poll_s, exc_info=True)
-        if self.on_beat is not None:
-            self.on_beat()
-        self._maybe_vacuum()
-        return self.poll_s
-
-    def _sync(self, now: dict[str, PgHold]) -> None:
-        """Close the holds that went, open those that came (lowest first: a close never comes before
-        the open that replaces it, so the node's minimum never rises past a hold still there), and
-        restate every hold (a snapshot: no hold closes or opens) once one's marked state changed (a
-        backend went idle in its transaction or back to work, a slot's reader went or came), so that
-        its label says what it does now."""
-        assert self.reporter is not None
-        came = sorted((h for hid, h in now.items() if hid not in self._handles), key=lambda h: (h.ts, h.id))
-        relabeled = 0
-        for hid, (held, handle) in list(self._handles.items()):
-            fresh = now.get(hid)
-            if fresh is not None and fresh.marked != held.marked:
-                handle.label = fresh.label
-                self._handles[hid] = (fresh, handle)
-                relabeled += 1
-        for h in came:
-            self._open(h)
-        went = [hid for hid in self._handles if hid not in now]
-        for hid in went:
-            hold, handle = self._handles.pop(hid)
-            if isinstance(handle, Reader):
-                handle.close()
-            elif isinstance(handle, Transaction):
-                handle.end("abort" if handle.expired else "commit")
-            self.stats.closed += 1
-            with self._lock:
-                self._gone_below = max(self._gone_below or hold.ts, hold.ts)
-        self.stats.holds = len(self._handles)
-        if relabeled:
-            self.reporter.snapshot()
-            self.stats.relabeled += relabeled
-
-    def _open(self, h: PgHold) -> None:
-        assert self.reporter is not None
-        handle: Handle
-        if h.kind == "reader":
-            handle = self.reporter.reader(h.ts, reader_id=h.id, label=h.label)
-        else:
-            handle = self.reporter.transaction(h.ts, tx_id=h.id, label=h.label)
-        handle.opened_wall_ms = h.opened_wall_ms
-        if isinstance(handle, Reader):
-            handle.open()
-        else:
-            assert isinstance(handle, Transaction)
-            handle.begin()
-            if h.kind == "prepared":  # its fate is its client's (COMMIT / ROLLBACK PREPARED): never expired
-                handle.prepare(self.node, [self.node])
-        self._handles[h.id] = (h, handle)
-        self.stats.opened += 1
-
     # -- directives ---------------------------------------------------------------------------
-    def _take(self, directive: Directive) -> None:
-        """The newest directive the listener delivered (its seq advanced, or a new generation's)."""
-        with self._lock:
-            self.stats.directive_seq, self.stats.safe_ts = directive.seq, directive.safe_ts
-
     def _on_expire(self, handle: Handle, directive: ExpireDirective) -> None:
         """A forced expiry of one of this agent's holds (the listener's thread)."""
-        self.stats.expiries += 1
-        ident = directive.reader_id or directive.tx_id or ""
-        entry = self._handles.get(ident)
-        hold = entry[0] if entry else None
+        ident, hold = self._expiry_of(directive)
         why = self._why_not(hold, directive.mode)
-        record = {"event": "forced_expiry", "engine": "postgres", "cluster": self.cluster, "node": self.node,
-                  "id": ident, "mode": directive.mode, "reason": directive.reason, "seq": directive.seq,
-                  "label": hold.label if hold else None, "pid": hold.pid if hold else None}
+        record = self._record(ident, directive, hold, pid=hold.pid if hold else None)
         if why is not None:
-            self.stats.expiries_not_acted += 1
-            log.warning("postgres agent: expiry of %s (%s) not acted on: %s", ident, directive.mode, why,
-                        extra={"safepoint": {**record, "acted": False, "why": why}})
+            self._not_acted(ident, directive, why, record)
             return
         assert hold is not None and hold.pid is not None
         ended = self._terminate(hold, directive.mode)

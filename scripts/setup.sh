@@ -40,6 +40,8 @@ echo "setup: $("$PY" --version), java $(java_major)"
 # with a real Prometheus), docker-compose (the test that validates docker/compose.yaml; it
 # needs no Docker engine), etcd-server, etcd-client (the etcd agent's tests and example) and
 # postgresql (the PostgreSQL agent's tests and example: servers run as the postgres user, on loopback)
+# and mariadb-server (the MariaDB agent's: servers of their own as the mysql user; Debian's service
+# is not used)
 missing=()
 command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
@@ -49,6 +51,7 @@ command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+command -v mariadb-install-db >/dev/null 2>&1 || missing+=(mariadb-server)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${missing[*]} with apt-get (for the tests that use them)" >&2

@@ -16,7 +16,7 @@ from markdown_it import MarkdownIt
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/operations.md", "docs/architecture.md", "examples/README.md", "docs/etcd.md",
         "docs/security.md", "docs/deploying.md", "docs/configuration.md", "docs/benchmark.md", "docs/development.md",
-        "docs/client.md", "docs/postgres.md")
+        "docs/client.md", "docs/postgres.md", "docs/mariadb.md")
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,27 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("examples/README.md", ".venv/bin/safepoint replay --config examples/"):
         "tests/unit/test_golden.py::test_the_docs_replay_command_prints_the_worked_example",
     ("README.md", ".venv/bin/safepoint demo --engine etcd"):
-        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_and_postgres_beside_the_simulated_cluster",
+        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_postgres_and_mariadb_beside_the_simulated_cluster",
     ("README.md", ".venv/bin/safepoint demo --engine postgres"):
-        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_and_postgres_beside_the_simulated_cluster",
+        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_postgres_and_mariadb_beside_the_simulated_cluster",
     ("README.md", ".venv/bin/python examples/postgres/run.py"):
         "tests/integration/test_postgres_example.py::test_the_postgres_example_tells_its_story",
     ("README.md", ".venv/bin/python examples/etcd/run.py"):
         "tests/integration/test_etcd_example.py::test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold",
     ("docs/etcd.md", ".venv/bin/python examples/etcd/run.py"):
         "tests/integration/test_etcd_example.py::test_the_etcd_example_tells_its_story_and_the_dashboard_names_the_hold",
+    ("README.md", ".venv/bin/safepoint demo --engine mariadb"):
+        "tests/integration/test_demo_engines.py::test_the_demo_runs_etcd_postgres_and_mariadb_beside_the_simulated_cluster",
+    ("README.md", ".venv/bin/python examples/mariadb/run.py"):
+        "tests/integration/test_mariadb_example.py::test_the_mariadb_example_tells_its_story",
+    ("docs/mariadb.md", "CREATE USER 'safepoint'"):
+        "tests/integration/test_mariadb_e2e.py::test_no_directive_passes_a_read_view_until_the_agent_ends_it",
+    ("docs/mariadb.md", "[clusters.mdb-main]"):
+        "tests/integration/test_mariadb_e2e.py::test_no_directive_passes_a_read_view_until_the_agent_ends_it",
+    ("docs/mariadb.md", ".venv/bin/safepoint agent mariadb"):
+        "tests/integration/test_mariadb_e2e.py::test_no_directive_passes_a_read_view_until_the_agent_ends_it",
+    ("docs/mariadb.md", ".venv/bin/python examples/mariadb/run.py"):
+        "tests/integration/test_mariadb_example.py::test_the_mariadb_example_tells_its_story",
     ("docs/postgres.md", "[clusters.pg-main]"):
         "tests/integration/test_postgres_e2e.py::test_no_directive_passes_a_postgres_hold_until_it_ends",
     ("docs/postgres.md", ".venv/bin/safepoint agent postgres"):

@@ -27,7 +27,6 @@ Exit 0 when every step did what it says, 1 otherwise (the step that did not is p
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -39,7 +38,7 @@ import psycopg
 
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.devtools.postgres import LocalPostgres, Writer, postgres_missing
-from safepoint.devtools.story import answers, finish, get_json, stop_processes, wait_until
+from safepoint.devtools.story import ClusterStory, answers, finish, get_json, stop_processes, wait_until
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "pg-main"
@@ -51,41 +50,16 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-class Story:
+class Story(ClusterStory):
     """The example's four steps against one running job, server and agent."""
 
     def __init__(self, base: str, work: Path, server: LocalPostgres) -> None:
-        self.base, self.work, self.server = base, work, server
+        super().__init__(base, work, CLUSTER)
+        self.server = server
         self.admin = psycopg.connect(server.dsn(), autocommit=True)
-        self.failed: list[str] = []
         self.keep: list[psycopg.Connection[Any]] = []
         """Sessions the story holds open (closed with the server)."""
         self.report_pid = 0
-
-    def check(self, ok: bool, step: str) -> None:
-        say(f"   {'ok' if ok else 'NOT AS EXPECTED'}: {step}")
-        if not ok:
-            self.failed.append(step)
-
-    def status(self) -> dict[str, Any]:
-        try:
-            st: dict[str, Any] = get_json(f"{self.base}/api/v1/clusters/{CLUSTER}")
-            return st
-        except OSError:
-            return {}
-
-    def holds(self) -> list[dict[str, Any]]:
-        try:
-            return [h for h in get_json(f"{self.base}/api/v1/clusters/{CLUSTER}/holds")["holds"] if h["id"]]
-        except (OSError, KeyError):
-            return []
-
-    def agent_stats(self) -> dict[str, Any]:
-        try:
-            stats: dict[str, Any] = json.loads((self.work / "agent.json").read_text())
-            return stats
-        except (OSError, ValueError):
-            return {}
 
     def one(self, sql: str, *params: Any) -> Any:
         row = self.admin.execute(sql, params or None).fetchone()

@@ -204,10 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=None, help=f"events per second [env {env_name('rate')}; default 300]")
     p.add_argument("--namespaces", type=int, default=None, help=f"simulated tenants [env {env_name('namespaces')}; default 3]")
     p.add_argument("--checkpoint", default=None, help=f"checkpoint directory [env {env_name('checkpoint')}; default: temporary]")
-    p.add_argument("--engine", action="append", choices=["etcd", "postgres"], default=[],
+    p.add_argument("--engine", action="append", choices=["etcd", "postgres", "mariadb"], default=[],
                    help="a real engine beside the simulated cluster, started on loopback (etcd: Debian's etcd, "
                         "compacted by its agent as cluster etcd-main; postgres: Debian's PostgreSQL with a writer "
-                        "and a forgotten report, reported by its agent as cluster pg-main); repeatable")
+                        "and a forgotten report, reported by its agent as cluster pg-main; mariadb: Debian's MariaDB "
+                        "likewise, as cluster mdb-main in InnoDB transaction numbers); repeatable")
     p.add_argument("--kafka", action="store_true", dest="apache_kafka",
                    help="run Apache Kafka (KRaft, from the jars setup installs) instead of the embedded broker")
     p.add_argument("--config", default=None, help=f"TOML file of settings [env {env_name('config')}]")

@@ -99,6 +99,21 @@ def spark() -> Iterator[Any]:
 
 
 @pytest.fixture
+def mariadb() -> Iterator[Any]:
+    """A MariaDB server of its own (Debian's, as the ``mysql`` user, on loopback), removed after the
+    test; the modules that use it import ``mariadb_util`` (which skips, or fails in CI, without one)."""
+    from safepoint.devtools.mariadb import LocalMariaDB, mariadb_missing
+
+    if mariadb_missing():
+        pytest.skip(str(mariadb_missing()))  # mariadb_util's fixture says it (and fails under CI)
+    server = LocalMariaDB().start()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture
 def pg() -> Iterator[Any]:
     """A PostgreSQL server of its own (Debian's, as the ``postgres`` user, on loopback), removed after
     the test; the modules that use it import ``pg_util`` (which skips, or fails in CI, without one)."""

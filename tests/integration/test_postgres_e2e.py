@@ -11,9 +11,7 @@ the job equals a replay of its log."""
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -36,6 +34,7 @@ from tests_support import (
     answers,
     caught_up,
     get,
+    guide_agent_cmd,
     job_env,
     job_flags,
     log_ends,
@@ -50,12 +49,8 @@ CLUSTER = "pg-main"
 
 def agent_cmd(dsn: str, bootstrap: str, settings: Any, node: str, stats: Path) -> list[str]:
     """The guide's command (docs/postgres.md), with this test's server, broker, topics and pace."""
-    argv = shlex.split(block("docs/postgres.md", ".venv/bin/safepoint agent postgres").text)
     mine = {"--dsn": dsn, "--bootstrap": bootstrap, "--cluster": CLUSTER, "--node": node}
-    assert argv[:3] == [".venv/bin/safepoint", "agent", "postgres"] and set(argv[3::2]) == set(mine), argv
-    argv = [a if argv[i - 1] not in mine else mine[argv[i - 1]] for i, a in enumerate(argv)]
-    return [sys.executable, "-m", "safepoint.cli", *argv[1:], "--events-topic", settings.events_topic,
-            "--directives-topic", settings.directives_topic, "--poll", "0.3", "--stats-file", str(stats)]
+    return guide_agent_cmd(block("docs/postgres.md", ".venv/bin/safepoint agent postgres").text, "postgres", mine, settings, stats)
 
 
 def test_no_directive_passes_a_postgres_hold_until_it_ends(broker: Any, pg: LocalPostgres, tmp_path: Path) -> None:

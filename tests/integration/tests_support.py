@@ -793,3 +793,16 @@ def file_order_safe_ts(log: list[Message], settings: Settings, cluster: str) -> 
 
 def report(name: str, **facts: Any) -> None:
     print(f"[{name}] " + ", ".join(f"{k}={v}" for k, v in facts.items()))
+
+
+def guide_agent_cmd(text: str, engine: str, mine: dict[str, str], settings: Any, stats: Path, *extra: str) -> list[str]:
+    """An engine's page's ``safepoint agent ENGINE`` command (``text``, its block) with this test's
+    values for its flags (``mine``: every flag the page gives, no other), this test's topics and
+    pace, and ``extra``."""
+    import shlex
+
+    argv = shlex.split(text)
+    assert argv[:3] == [".venv/bin/safepoint", "agent", engine] and set(argv[3::2]) == set(mine), argv
+    argv = [a if argv[i - 1] not in mine else mine[argv[i - 1]] for i, a in enumerate(argv)]
+    return [sys.executable, "-m", "safepoint.cli", *argv[1:], "--events-topic", settings.events_topic,
+            "--directives-topic", settings.directives_topic, "--poll", "0.3", "--stats-file", str(stats), *extra]

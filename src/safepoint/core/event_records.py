@@ -95,6 +95,8 @@ class Heartbeat(TypedDict):
     debt_bytes: NotRequired[int]
     compacted_ts: NotRequired[int]
     wraparound_left: NotRequired[int]
+    purged_ts: NotRequired[int]
+    history_length: NotRequired[int]
     active_readers: NotRequired[int]
     active_txs: NotRequired[int]
     admission_throttled: NotRequired[int]

@@ -41,12 +41,13 @@ Quiet = tuple[()] | tuple[str, str, int | None]
 STORED_FIELDS = (
     "node", "incarnation", "seq", "last_wall_ms", "readers", "txs", "mvcc_now", "groups", "pinned_bytes", "debt_bytes",
     "summary", "pinned_band", "age_band", "in_doubt", "expiries", "expire_walls", "forecast", "debt_growing", "leak",
-    "admission", "history", "clock", "incarnations", "parts", "wraparound_left", "more_holds",
+    "admission", "history", "clock", "incarnations", "parts", "wraparound_left", "more_holds", "engine",
 )
 """The positional stored form's layout (``to_stored``; ``to_json`` gives the same fields by name): empty
 ones as null, trailing ones left out; the cluster is the state value's own (its key). ``readers``,
 ``txs`` and ``more_holds`` are the hold set's (``HoldSet.to_stored``: a kind of hold registered
-later than those two is kept in ``more_holds``, so a new kind changes no layout)."""
+later than those two is kept in ``more_holds``, so a new kind changes no layout). A field added
+later goes last, so that a value stored before it reads as before."""
 _STORED_LEN = len(STORED_FIELDS)
 _ABSENT: list[Any] = [None] * _STORED_LEN
 
@@ -74,6 +75,7 @@ class NodeState:
         "incs",
         "parts",
         "wraparound_left",
+        "engine",
         "_low",
         "_restored",
         "_since",
@@ -112,6 +114,9 @@ class NodeState:
         self.wraparound_left: int | None = None
         """Transactions left before the engine's 32-bit ids would wrap, as its last heartbeat said (a
         PostgreSQL agent's); None: the node does not say."""
+        self.engine: list[int | None] | None = None
+        """[purged_ts, history_length]: the engine's own purge point and history not yet purged, as
+        its last heartbeat said (a MariaDB agent's); None: the node does not say."""
         self.history: History | None = None
         """The history curve of the last heartbeat that carried one (``core/cost.py``): with it the
         node's holds have costs, and every event walks its holds (the cost of its lowest hold
@@ -153,7 +158,7 @@ class NodeState:
                   *self.pressure.to_stored(),
                   self.leak.state or None, self.admission or None,
                   None if history is None else history.to_json() or None,
-                  self.clock.to_stored(), self.incs.to_stored(), self.parts, self.wraparound_left, more]
+                  self.clock.to_stored(), self.incs.to_stored(), self.parts, self.wraparound_left, more, self.engine]
         while stored[-1] is None:
             stored.pop()
         return stored
@@ -164,7 +169,7 @@ class NodeState:
         value; fields past ``STORED_FIELDS``, from a newer layout, are not read)."""
         (node, incarnation, seq, last_wall_ms, readers, txs, mvcc_now, groups, pinned_bytes, debt_bytes, summary,
          pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing,
-         leak, admission, history, clock, incs, parts, wraparound_left, more) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
+         leak, admission, history, clock, incs, parts, wraparound_left, more, engine) = stored[:_STORED_LEN] if len(stored) >= _STORED_LEN else stored + _ABSENT[len(stored):]
         pressure = Pressure.from_stored(pinned_band, age_band, in_doubt, expiries, expire_walls, forecast, debt_growing)
         # (a compiled class has no bare __new__: __init__ takes the stored parts and the fields below replace its own)
         state = cls(cluster, node, pressure, LeakWatch(node, leak), ClockWatch(node, clock),
@@ -182,6 +187,7 @@ class NodeState:
         state.history = None if history is None else History(history)
         state.parts = parts
         state.wraparound_left = wraparound_left
+        state.engine = engine
         state._restored = True
         return state
 
@@ -488,6 +494,10 @@ class NodeState:
             self.history = History.of(event["history_above"])
         if "wraparound_left" in event:
             self.wraparound_left = event["wraparound_left"]
+        if "purged_ts" in event or "history_length" in event:
+            self.engine = [event.get("purged_ts"), event.get("history_length")]
+        elif self.engine is not None:
+            self.engine = None  # a node that stopped saying (another engine's agent under its name)
         if "admission_throttled" in event or "admission_refused" in event:
             self.admission = [event.get("admission_throttled", 0), event.get("admission_refused", 0)]
         elif self.admission is not None:

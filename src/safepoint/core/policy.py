@@ -22,9 +22,9 @@ SECRET_FIELDS = frozenset({"control_keys", "node_key_secret", "directive_keys"})
 """Policy keys that are secrets: no flag, never printed, left out of what the source is given."""
 JOB_FIELDS = frozenset({"generation"})
 """Policy keys the job sets itself, not settings: ``generation``."""
-MVCC_UNITS = ("none", "counter", "revision", "xid", "ns", "us", "ms", "s")
+MVCC_UNITS = ("none", "counter", "revision", "xid", "trx", "ns", "us", "ms", "s")
 """What a cluster's MVCC timestamps count: an opaque counter (``none``, ``counter``), etcd's store
-``revision``, PostgreSQL's 64-bit ``xid``, or a clock (``ns``, ``us``, ``ms``, ``s``: shown as times)."""
+``revision``, PostgreSQL's 64-bit ``xid``, InnoDB's transaction numbers (``trx``: MariaDB), or a clock (``ns``, ``us``, ``ms``, ``s``: shown as times)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,37 +143,45 @@ def _heartbeat(x0: Any) -> bool:
         if x17 is not _MISSING:
             if type(x17) is not int or not 0 <= x17 <= 9223372036854775807: return False
             pass
-        x18 = x0.get('active_readers', _MISSING)
+        x18 = x0.get('purged_ts', _MISSING)
         if x18 is not _MISSING:
-            if type(x18) is not int or not 0 <= x18 <= 2147483647: return False
+            if type(x18) is not int or not -9223372036854775808 <= x18 <= 9223372036854775807: return False
             pass
-        x19 = x0.get('active_txs', _MISSING)
+        x19 = x0.get('history_length', _MISSING)
         if x19 is not _MISSING:
-            if type(x19) is not int or not 0 <= x19 <= 2147483647: return False
+            if type(x19) is not int or not 0 <= x19 <= 9223372036854775807: return False
             pass
-        x20 = x0.get('admission_throttled', _MISSING)
+        x20 = x0.get('active_readers', _MISSING)
         if x20 is not _MISSING:
-            if type(x20) is not int or not 0 <= x20 <= 9223372036854775807: return False
+            if type(x20) is not int or not 0 <= x20 <= 2147483647: return False
             pass
-        x21 = x0.get('admission_refused', _MISSING)
+        x21 = x0.get('active_txs', _MISSING)
         if x21 is not _MISSING:
-            if type(x21) is not int or not 0 <= x21 <= 9223372036854775807: return False
+            if type(x21) is not int or not 0 <= x21 <= 2147483647: return False
             pass
-        x22 = x0.get('history_above', _MISSING)
+        x22 = x0.get('admission_throttled', _MISSING)
         if x22 is not _MISSING:
-            if type(x22) is not list: return False
-            if len(x22) > 64: return False
-            for x23 in x22:
-                if type(x23) is not dict: return False
-                x24 = x23['ts']
-                if type(x24) is not int or not -9223372036854775808 <= x24 <= 9223372036854775807: return False
-                x25 = x23['bytes']
-                if type(x25) is not int or not 0 <= x25 <= 9223372036854775807: return False
+            if type(x22) is not int or not 0 <= x22 <= 9223372036854775807: return False
+            pass
+        x23 = x0.get('admission_refused', _MISSING)
+        if x23 is not _MISSING:
+            if type(x23) is not int or not 0 <= x23 <= 9223372036854775807: return False
+            pass
+        x24 = x0.get('history_above', _MISSING)
+        if x24 is not _MISSING:
+            if type(x24) is not list: return False
+            if len(x24) > 64: return False
+            for x25 in x24:
+                if type(x25) is not dict: return False
+                x26 = x25['ts']
+                if type(x26) is not int or not -9223372036854775808 <= x26 <= 9223372036854775807: return False
+                x27 = x25['bytes']
+                if type(x27) is not int or not 0 <= x27 <= 9223372036854775807: return False
                 pass
             pass
-        x26 = x0.get('sig', _MISSING)
-        if x26 is not _MISSING:
-            if type(x26) is not str or not 1 <= len(x26) <= 256: return False
+        x28 = x0.get('sig', _MISSING)
+        if x28 is not _MISSING:
+            if type(x28) is not str or not 1 <= len(x28) <= 256: return False
             pass
     except KeyError:  # a required property is missing
         return False

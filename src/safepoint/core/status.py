@@ -103,6 +103,9 @@ def node_status(ns: NodeState, policy: Policy) -> dict[str, Any]:
     }
     if ns.wraparound_left is not None:
         status["wraparound_left"] = ns.wraparound_left
+    if ns.engine is not None:
+        purged, length = ns.engine
+        status.update({k: v for k, v in (("purged_ts", purged), ("history_length", length)) if v is not None})
     if ns.admission:
         status["admission"] = {"throttled": ns.admission[0], "refused": ns.admission[1]}
     if ns.incs:  # other processes of the node whose holds are still kept (core/incarnations.py)
@@ -323,7 +326,7 @@ def assemble(cluster: dict[str, Any], node_parts: Iterable[dict[str, Any]]) -> d
             "mvcc_now": p.get("mvcc_now"), "pinned_bytes": p.get("pinned_bytes"), "bands": p.get("bands"),
             "open": p.get("open"), "in_doubt": p.get("in_doubt", []), "expiring": p.get("expiring", 0),
             "forecast": p.get("forecast"), "admission": p.get("admission"), "held_bytes": p.get("held_bytes"),
-            **({"wraparound_left": p["wraparound_left"]} if p.get("wraparound_left") is not None else {})})
+            **{k: p[k] for k in ("wraparound_left", "purged_ts", "history_length") if p.get(k) is not None}})
     out = {k: v for k, v in cluster.items() if k not in ("v", "type", "nodes")}
     out.update(lag=lag, hold_counts=counts, holds=holds, nodes=nodes)
     if "namespaces" in cluster:  # each namespace's bound and what sets it (its lowest hold, or one that pins all)

@@ -7,7 +7,9 @@ compacting it at each directive, so the dashboard shows a real store's revisions
 beside the simulated cluster's times. ``--engine postgres`` runs a PostgreSQL server (Debian's, as
 the ``postgres`` user), a writer, a report that now and then leaves a ``REPEATABLE READ`` snapshot
 open, and ``PostgresAgent`` reporting it as cluster ``pg-main`` in xids: the dashboard names the
-report's snapshot with its cost, and the safe point waits for it."""
+report's snapshot with its cost, and the safe point waits for it. ``--engine mariadb`` does the same
+with a MariaDB server (Debian's, as the ``mysql`` user) and ``MariaDBAgent``, cluster ``mdb-main``
+in InnoDB's transaction numbers: the report's read view, its cost and the history list behind it."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from safepoint.settings import Settings
 
 __all__ = ["ENGINES", "run_demo"]
 
-ENGINES = ("etcd", "postgres")
+ENGINES = ("etcd", "postgres", "mariadb")
 """Real engines the demo can run beside the simulated cluster."""
 ETCD_CLUSTER = "etcd-main"
 ETCD_RETENTION = 200
@@ -38,6 +40,9 @@ PG_CLUSTER = "pg-main"
 PG_RETENTION = 50
 """Transaction ids the PostgreSQL cluster's safe point trails the next xid by when nothing holds it."""
 PG_REPORT_EVERY_S = (20.0, 25.0)
+MDB_CLUSTER = "mdb-main"
+MDB_RETENTION = 50
+"""Transaction numbers the MariaDB cluster's safe point trails the next one by when nothing holds it."""
 """The demo's forgotten report: idle 20 s, then holding a snapshot for 25 s, again and again."""
 
 
@@ -162,6 +167,55 @@ class _PostgresEngine(_Engine):
         self.server.cleanup()
 
 
+class _MariaDBEngine(_Engine):
+    """A MariaDB server (as the ``mysql`` user), a writer, a report that now and then leaves a
+    ``REPEATABLE READ`` read view open, and the agent that reports it (``--kill
+    idle-in-transaction``), until ``stop``."""
+
+    def __init__(self, settings: Settings) -> None:
+        from safepoint.devtools.mariadb import LocalMariaDB, mariadb_missing
+        from safepoint.errors import SafepointError
+
+        why = mariadb_missing()
+        if why is not None:
+            msg = f"safepoint demo --engine mariadb: {why}"
+            raise SafepointError(msg)
+        super().__init__(settings)
+        self.server = LocalMariaDB(prefix="safepoint-demo-engines-mdb-")  # a directory the mysql user owns
+
+    def start(self) -> _MariaDBEngine:
+        from safepoint.connectors.mariadb_agent import MariaDBAgent
+        from safepoint.devtools.mariadb import MariaWriter
+
+        self.server.start()
+        # 10 transactions a second, 100 row versions each
+        writer = MariaWriter(self.server, rows=1000, per_tx=100, every_s=0.1, stop=self._stop).create()
+        s = self.settings
+        self.agent = MariaDBAgent(self.server.dsn(), s.bootstrap, MDB_CLUSTER, node="db1", events_topic=s.events_topic,
+                                  directives_topic=s.directives_topic, poll_s=1.0, kill="idle-in-transaction").start()
+        self._run((writer.run, "demo-mdb-writer"), (self._report, "demo-mdb-report"), (self.agent.run, "demo-mdb-agent"))
+        print(f"MariaDB at {self.server.dsn()}: cluster {MDB_CLUSTER} in InnoDB transaction numbers, reported by its "
+              f"agent; a report holds a read view {PG_REPORT_EVERY_S[1]:.0f} s of every {sum(PG_REPORT_EVERY_S):.0f} s",
+              flush=True)
+        return self
+
+    def _report(self) -> None:
+        idle, hold = PG_REPORT_EVERY_S
+        while not self._stop.wait(idle):
+            try:
+                c = self.server.snapshot("SELECT sum(total) FROM shop.orders")
+                try:
+                    self._stop.wait(hold)  # idle in its transaction: its read view holds purge
+                    c.rollback()
+                finally:
+                    c.close()
+            except Exception:  # noqa: BLE001, S112 - ended by the agent under forced expiry, or the server stopping
+                continue
+
+    def _stop_engine(self) -> None:
+        self.server.cleanup()
+
+
 class _Engines:
     """The real engines a demo runs beside its simulated cluster (``--engine``), in a directory of their own."""
 
@@ -172,9 +226,11 @@ class _Engines:
 
     def policy(self, settings: Settings) -> Settings:
         """``settings`` with each engine's cluster policy (etcd: revisions, ``docs/etcd.md``; PostgreSQL:
-        xids, ``docs/postgres.md``); what the user's own tables say wins."""
+        xids, ``docs/postgres.md``; MariaDB: InnoDB's transaction numbers, ``docs/mariadb.md``); what
+        the user's own tables say wins."""
         tables = {"etcd": (ETCD_CLUSTER, {"mvcc_unit": "revision", "retention": ETCD_RETENTION}),
-                  "postgres": (PG_CLUSTER, {"mvcc_unit": "xid", "retention": PG_RETENTION})}
+                  "postgres": (PG_CLUSTER, {"mvcc_unit": "xid", "retention": PG_RETENTION}),
+                  "mariadb": (MDB_CLUSTER, {"mvcc_unit": "trx", "retention": MDB_RETENTION})}
         clusters = dict(settings.clusters)
         for name in self.names:
             cluster, table = tables[name]
@@ -184,8 +240,12 @@ class _Engines:
     def start(self, settings: Settings) -> None:
         for name in dict.fromkeys(self.names):
             assert self.dir is not None
-            self.running.append(_EtcdEngine(self.dir, settings).start() if name == "etcd"
-                                else _PostgresEngine(settings).start())
+            if name == "etcd":
+                self.running.append(_EtcdEngine(self.dir, settings).start())
+            elif name == "postgres":
+                self.running.append(_PostgresEngine(settings).start())
+            else:
+                self.running.append(_MariaDBEngine(settings).start())
 
     def stop(self) -> None:
         for engine in self.running:

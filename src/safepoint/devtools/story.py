@@ -1,6 +1,7 @@
 """What the examples' stories share: the job's HTTP surface on loopback (a JSON answer, whether it
-answers), waiting with a deadline that says what was waited for, the end of a story (its verdict,
-``--keep-running``) and stopping what it started."""
+answers; one cluster's status and holds and an agent's counters, ``ClusterStory``), waiting with a
+deadline that says what was waited for, the end of a story (its verdict, ``--keep-running``) and
+stopping what it started."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["answers", "finish", "get_json", "stop_processes", "wait_until"]
+__all__ = ["ClusterStory", "answers", "finish", "get_json", "stop_processes", "wait_until"]
 
 
 def get_json(url: str) -> Any:
@@ -30,6 +32,48 @@ def answers(url: str) -> bool:
             return True
     except OSError:
         return False
+
+
+class ClusterStory:
+    """A story's checks against one cluster of a running job (``base``: its HTTP surface) and the
+    counters its agent writes to ``work/agent.json``: each check says ok or NOT AS EXPECTED, and the
+    failed ones are kept for ``finish``."""
+
+    def __init__(self, base: str, work: Path, cluster: str) -> None:
+        self.base, self.work, self.cluster = base, work, cluster
+        self.failed: list[str] = []
+
+    def check(self, ok: bool, step: str) -> None:
+        print(f"   {'ok' if ok else 'NOT AS EXPECTED'}: {step}", flush=True)
+        if not ok:
+            self.failed.append(step)
+
+    def status(self) -> dict[str, Any]:
+        try:
+            st: dict[str, Any] = get_json(f"{self.base}/api/v1/clusters/{self.cluster}")
+            return st
+        except OSError:
+            return {}
+
+    def holds(self) -> list[dict[str, Any]]:
+        try:
+            return [h for h in get_json(f"{self.base}/api/v1/clusters/{self.cluster}/holds")["holds"] if h["id"]]
+        except (OSError, KeyError):
+            return []
+
+    def node(self, name: str) -> dict[str, Any]:
+        try:
+            return next(n for n in get_json(f"{self.base}/api/v1/clusters/{self.cluster}/nodes")["nodes"]
+                        if n["node"] == name)
+        except (OSError, KeyError, StopIteration):
+            return {}
+
+    def agent_stats(self) -> dict[str, Any]:
+        try:
+            stats: dict[str, Any] = json.loads((self.work / "agent.json").read_text())
+            return stats
+        except (OSError, ValueError):
+            return {}
 
 
 def wait_until(cond: Callable[[], Any], seconds: float, what: str, every_s: float = 0.2) -> None:

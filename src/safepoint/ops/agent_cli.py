@@ -1,6 +1,7 @@
-"""``safepoint agent etcd`` and ``safepoint agent postgres``: run the agent that drives one etcd
-cluster's compaction (``connectors/etcd_agent.py``) or reports and steers one PostgreSQL instance's
-vacuum horizon (``connectors/postgres_agent.py``) until SIGINT or SIGTERM.
+"""``safepoint agent etcd``, ``postgres`` and ``mariadb``: run the agent that drives one etcd
+cluster's compaction (``connectors/etcd_agent.py``), reports and steers one PostgreSQL instance's
+vacuum horizon (``connectors/postgres_agent.py``) or one MariaDB server's purge horizon
+(``connectors/mariadb_agent.py``) until SIGINT or SIGTERM.
 
 Kafka settings (``--bootstrap``, the topics) come from the flags, ``SAFEPOINT_*`` or ``--config``
 like every other command; the agent's own are flags. It logs each compaction (and every failure
@@ -86,6 +87,25 @@ def add_parsers(sub: Any, kafka_flags: Any) -> None:
     g.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="a query's timeout")
 
 
+    m = engines.add_parser("mariadb", help="report a MariaDB server's purge horizon holds; optionally end expired "
+                                           "sessions (docs/mariadb.md)")
+    kafka_flags(m)
+    m.add_argument("--dsn", required=True,
+                   help="the server: mysql://USER@HOST:PORT/DB (a user with PROCESS, and CONNECTION ADMIN to end "
+                        "sessions); a password in it or in SAFEPOINT_MARIADB_PASSWORD, never printed")
+    m.add_argument("--cluster", required=True, help="the safepoint cluster id the fleet reports as")
+    m.add_argument("--node", required=True, help="this server's node id (one agent per server)")
+    m.add_argument("--directives-topic", default=None, help="compacted topic of directives")
+    _directive_key_flag(m)
+    m.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="time between two readings (default 1)")
+    m.add_argument("--kill", choices=["off", "idle-in-transaction", "any"], default="off",
+                   help="end a session whose hold the job force-expires with KILL CONNECTION: off (the default), only "
+                        "sessions idle in a transaction, or any session on a hard expiry; prepared XA never")
+    m.add_argument("--state-dir", default=None, help="keep the agent's incarnation here")
+    m.add_argument("--stats-file", default=None, help="write the agent's counters here as JSON after each poll")
+    m.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="a statement's timeout")
+
+
 def run_args(args: argparse.Namespace, settings: Settings) -> int:
     logging.getLogger("safepoint.agent").setLevel(logging.DEBUG if args.verbose else logging.INFO)
     logging.getLogger("safepoint.listener").setLevel(logging.WARNING)
@@ -94,6 +114,8 @@ def run_args(args: argparse.Namespace, settings: Settings) -> int:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     if args.engine == "postgres":
         return _run_postgres(args, settings)
+    if args.engine == "mariadb":
+        return _run_mariadb(args, settings)
     from safepoint.connectors.etcd_agent import EtcdAgent
 
     conf = settings.librdkafka()
@@ -134,6 +156,31 @@ def _run_postgres(args: argparse.Namespace, settings: Settings) -> int:
     _stats_and_signals(args, agent)  # once it runs: a start that failed leaves the caller's handlers alone
     print(f"safepoint agent postgres: cluster {args.cluster}, node {args.node}; reporting the vacuum horizon's "
           f"holds every {args.poll:g} s (Ctrl-C stops)", file=sys.stderr, flush=True)
+    agent.run()
+    return 0
+
+
+def _run_mariadb(args: argparse.Namespace, settings: Settings) -> int:
+    import pymysql
+
+    from safepoint.connectors.mariadb_agent import MariaDBAgent, public_dsn
+
+    conf = settings.librdkafka()
+    agent = MariaDBAgent(args.dsn, conf.pop("bootstrap.servers"), args.cluster, node=args.node,
+                         password=os.environ.get("SAFEPOINT_MARIADB_PASSWORD") or None,  # a secret: no flag
+                         events_topic=settings.events_topic, directives_topic=settings.directives_topic,
+                         poll_s=args.poll, kill=args.kill, state_dir=args.state_dir, client=settings.client,
+                         kafka_conf=conf, timeout_s=args.timeout,
+                         node_key=os.environ.get("SAFEPOINT_NODE_KEY") or None,
+                         directive_key=settings.directive_key or None)
+    try:
+        agent.start()
+    except (pymysql.Error, OSError, ValueError) as exc:
+        msg = f"cannot read the server at {public_dsn(args.dsn)}: {str(exc).strip()}"
+        raise SafepointError(msg) from exc
+    _stats_and_signals(args, agent)
+    print(f"safepoint agent mariadb: cluster {args.cluster}, node {args.node}; reporting the purge horizon's "
+          f"holds every {args.poll:g} s, kill {args.kill} (Ctrl-C stops)", file=sys.stderr, flush=True)
     agent.run()
     return 0
 

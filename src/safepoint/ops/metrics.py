@@ -62,6 +62,10 @@ class StatusCollector(Collector):
         wrap = _gauge("safepoint_node_wraparound_left", "Transactions the node's engine may still assign before its "
                       "32-bit ids would wrap (a PostgreSQL agent: 2^31 - 1 minus the oldest age(datfrozenxid))",
                       ["cluster", "node"])
+        history_len = _gauge("safepoint_node_history_length", "The engine's history not yet purged, in its own count, as "
+                             "the node's last heartbeat said (a MariaDB agent: InnoDB's history list length)", ["cluster", "node"])
+        purged = _gauge("safepoint_node_purged_ts", "The engine's own purge point, MVCC units (a MariaDB agent: InnoDB's "
+                        "purge done below this transaction number)", ["cluster", "node"])
         stale = _gauge("safepoint_node_stale", "1 when the node's lease ran out (or it never reported)", ["cluster", "node"])
         paused_ = _gauge("safepoint_paused", "1 while the cluster is paused (no directive advances)", c)
         info = _gauge("safepoint_cluster_info", "1 per cluster, with what its MVCC timestamps count (its policy's "
@@ -127,6 +131,10 @@ class StatusCollector(Collector):
                     pinned.add_metric([name, n["node"]], n["pinned_bytes"])
                 if n.get("wraparound_left") is not None:
                     wrap.add_metric([name, n["node"]], n["wraparound_left"])
+                if n.get("history_length") is not None:
+                    history_len.add_metric([name, n["node"]], n["history_length"])
+                if n.get("purged_ts") is not None:
+                    purged.add_metric([name, n["node"]], n["purged_ts"])
                 admission = n.get("admission")
                 if admission:
                     throttled.add_metric([name, n["node"]], admission["throttled"])
