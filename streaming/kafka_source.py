@@ -53,7 +53,7 @@ import json
 import logging
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -90,6 +90,10 @@ _ARROW_SCHEMA = pa.schema(
     ]
 )
 _READ_CHUNK = 8192
+_READ_TOGETHER = _READ_CHUNK
+"""A read task's ranges of at most this many messages in all are assigned together and fetched in
+one round (a small batch's, where each range read alone waited on its own first fetch); larger
+ones are read one after the other, each streamed in chunks."""
 GAPS = "gaps"
 """The key of the source offset's gap list (every other key is a partition number)."""
 TOPIC_ID = "topic_id"
@@ -274,6 +278,62 @@ def group_ranges(ranges: list[KafkaInputPartition], min_rows: int) -> list[Input
         b.sort(key=lambda r: r.partition)
         out.append(b[0] if len(b) == 1 else KafkaReadTask(b))
     return out
+
+
+class _RangeRead:
+    """One range's read: where it is, whether its first offset was checked, its rows so far."""
+
+    __slots__ = ("cols", "position", "range", "unchecked")
+
+    def __init__(self, part: KafkaInputPartition) -> None:
+        self.range = part
+        self.position = part.start
+        self.unchecked = True
+        self.cols: list[list[Any]] = [[], [], [], [], [], []]
+
+    def add(self, offset: int, log_ms: int | None, key: bytes | None, value: bytes | None) -> None:
+        c = self.cols
+        c[0].append(self.range.topic)
+        c[1].append(self.range.partition)
+        c[2].append(offset)
+        c[3].append(log_ms)
+        c[4].append(key)
+        c[5].append(value)
+        self.position = offset + 1
+
+    def rows(self) -> int:
+        return len(self.cols[2])
+
+    def batch(self) -> pa.RecordBatch:
+        """The rows so far as one Arrow batch (and no rows after)."""
+        out = pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(self.cols, _ARROW_SCHEMA, strict=True)],
+                                         schema=_ARROW_SCHEMA)
+        self.cols = [[], [], [], [], [], []]
+        return out
+
+
+def _take(m: Any, by_key: dict[tuple[str, int], _RangeRead], not_deleted: Callable[[_RangeRead, int], None]) -> None:
+    """One consumed message into its range's rows (an error raised, one past the range's end ends it,
+    one before its position skipped)."""
+    err = m.error()
+    if err is not None:
+        if err.code() in NOT_THE_PARTITIONS:
+            return
+        msg = f"Kafka error reading {m.topic()}[{m.partition()}]: {err}"
+        raise RuntimeError(msg)
+    read = by_key.get((m.topic(), m.partition()))
+    if read is None:
+        return
+    off = m.offset()
+    if read.unchecked:
+        not_deleted(read, off)
+    if off >= read.range.end:
+        read.position = read.range.end
+        return
+    if off < read.position:
+        return
+    ts_type, ts = m.timestamp()
+    read.add(off, ts if ts_type == TIMESTAMP_LOG_APPEND_TIME else None, m.key(), m.value())
 
 
 class KafkaStreamReader(DataSourceStreamReader):
@@ -513,88 +573,70 @@ class KafkaStreamReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         freeze_once()
         if isinstance(partition, KafkaReadTask):
-            for r in partition.ranges:
-                yield from self._read(r)
+            ranges = partition.ranges
+        else:
+            assert isinstance(partition, KafkaInputPartition)
+            ranges = [partition]
+        if len(ranges) > 1 and sum(r.end - r.start for r in ranges) <= _READ_TOGETHER:
+            yield from self._read(ranges)  # a small batch's ranges: one assignment, one fetch round for all
             return
-        assert isinstance(partition, KafkaInputPartition)
-        yield from self._read(partition)
+        for r in ranges:
+            yield from self._read([r])
 
-    def _read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
+    def _read(self, ranges: list[KafkaInputPartition]) -> Iterator[pa.RecordBatch]:
+        """The messages of ``ranges`` (each a partition's offsets), assigned together and read until
+        each reaches its end; rows range by range in the task's order (a single range's in chunks of
+        ``_READ_CHUNK`` as they come)."""
         from confluent_kafka import TopicPartition
 
         consumer = _consumer(self.options)
-        unchecked = True
+        reads = [_RangeRead(r) for r in ranges]
+        by_key = {(r.range.topic, r.range.partition): r for r in reads}
+        streaming = len(reads) == 1
 
-        def not_deleted(seen: int) -> None:
+        def not_deleted(read: _RangeRead, seen: int) -> None:
             """The range's first offset seen is past its start: were the records before it deleted after the
             batch was planned (a marker of a transaction also takes an offset)? Asked once per range, and
             only then: a range that starts where it should costs no round trip."""
-            nonlocal unchecked
-            if not unchecked or seen <= partition.start:
-                unchecked = False
+            if not read.unchecked or seen <= read.range.start:
+                read.unchecked = False
                 return
-            unchecked = False
-            lo, _hi = watermarks(consumer, partition.topic, partition.partition, LEADER_WAIT_S)
-            if lo > partition.start:
-                msg = (f"events lost while reading {partition.topic}[{partition.partition}]: offsets {partition.start}.."
+            read.unchecked = False
+            part = read.range
+            lo, _hi = watermarks(consumer, part.topic, part.partition, LEADER_WAIT_S)
+            if lo > part.start:
+                msg = (f"events lost while reading {part.topic}[{part.partition}]: offsets {part.start}.."
                        f"{lo - 1} were deleted after the batch was planned; the batch fails and, run again, takes them "
                        "as a gap (every node whose events were there must restate its holds)")
                 raise RuntimeError(msg)
 
-        tp = TopicPartition(partition.topic, partition.partition, partition.start)
-        consumer.assign([tp])
-        cols: list[list[Any]] = [[], [], [], [], [], []]
+        consumer.assign([TopicPartition(r.range.topic, r.range.partition, r.range.start) for r in reads])
         deadline = time.monotonic() + self.timeout_s
         try:
-            position = partition.start
-            while position < partition.end:
-                msgs = consumer.consume(num_messages=min(10_000, partition.end - position), timeout=0.5)
+            while pending := [r for r in reads if r.position < r.range.end]:
+                left = sum(r.range.end - r.position for r in pending)
+                msgs = consumer.consume(num_messages=min(10_000, left), timeout=0.5)
                 if not msgs:
-                    # gaps (compaction, transaction markers) end the range without a message
-                    pos = consumer.position([TopicPartition(partition.topic, partition.partition)])[0].offset
-                    if pos >= partition.end:
-                        not_deleted(pos)
-                        break
-                    if time.monotonic() > deadline:
-                        msg = (
-                            f"reading {partition.topic}[{partition.partition}] offsets "
-                            f"{partition.start}..{partition.end} stalled at {position}"
-                        )
+                    # gaps (compaction, transaction markers) end a range without a message
+                    for r in pending:
+                        pos = consumer.position([TopicPartition(r.range.topic, r.range.partition)])[0].offset
+                        if pos >= r.range.end:
+                            not_deleted(r, pos)
+                            r.position = r.range.end
+                    stalled = next((r for r in reads if r.position < r.range.end), None)
+                    if stalled is not None and time.monotonic() > deadline:
+                        part = stalled.range
+                        msg = f"reading {part.topic}[{part.partition}] offsets {part.start}..{part.end} stalled at {stalled.position}"
                         raise TimeoutError(msg)
                     continue
                 for m in msgs:
-                    err = m.error()
-                    if err is not None:
-                        if err.code() in NOT_THE_PARTITIONS:
-                            continue
-                        msg = f"Kafka error reading {partition.topic}[{partition.partition}]: {err}"
-                        raise RuntimeError(msg)
-                    off = m.offset()
-                    if unchecked:
-                        not_deleted(off)
-                    if off >= partition.end:
-                        position = partition.end
-                        break
-                    if off < position:
-                        continue
-                    ts_type, ts = m.timestamp()
-                    cols[0].append(partition.topic)
-                    cols[1].append(partition.partition)
-                    cols[2].append(off)
-                    cols[3].append(ts if ts_type == TIMESTAMP_LOG_APPEND_TIME else None)
-                    cols[4].append(m.key())
-                    cols[5].append(m.value())
-                    position = off + 1
-                if len(cols[2]) >= _READ_CHUNK:
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array(c, type=f.type) for c, f in zip(cols, _ARROW_SCHEMA, strict=True)], schema=_ARROW_SCHEMA
-                    )
-                    cols = [[], [], [], [], [], []]
+                    _take(m, by_key, not_deleted)
+                if streaming and reads[0].rows() >= _READ_CHUNK:
+                    yield reads[0].batch()
                 deadline = time.monotonic() + self.timeout_s
-            if cols[2]:
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array(c, type=f.type) for c, f in zip(cols, _ARROW_SCHEMA, strict=True)], schema=_ARROW_SCHEMA
-                )
+            for r in reads:
+                if r.rows():
+                    yield r.batch()
         finally:
             consumer.unassign()
 
