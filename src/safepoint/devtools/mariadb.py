@@ -135,8 +135,17 @@ class LocalMariaDB:
         server = _server()
         if server is None:
             raise SafepointError(str(mariadb_missing()))
+        # its own temporary directory: with two test servers side by side sharing /tmp, the agent's
+        # reading (an information_schema join, which spills to a temporary table) failed once with
+        # "Error on delete of '/tmp/#sql-temptable-...' (Errcode: 2)"; a server's own directory keeps
+        # its temporary files apart from every other process's
+        tmp = self.base / "tmp"
+        tmp.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(tmp, "mysql", "mysql")
         argv = [server, "--no-defaults", f"--datadir={self.data}", f"--socket={self.socket}", f"--port={self.port}",
-                "--bind-address=127.0.0.1", f"--pid-file={self.pid_file}", f"--log-error={self.log}", *self.flags]
+                "--bind-address=127.0.0.1", f"--pid-file={self.pid_file}", f"--log-error={self.log}", f"--tmpdir={tmp}",
+                *self.flags]
         if os.geteuid() == 0:
             argv.append("--user=mysql")
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
