@@ -26,6 +26,7 @@ from typing import Any
 from bench_common import say
 from bench_etcd import _cli, _env, _flags, _stop, _wait, start_job
 
+from safepoint.connectors.mariadb_holds import read_server
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.devtools.mariadb import LocalMariaDB, MariaWriter, mariadb_missing
 
@@ -52,11 +53,13 @@ TOPICS = {"events_topic": "mdb-bench.events", "control_topic": "mdb-bench.contro
 
 
 def _figures(server: LocalMariaDB) -> tuple[int, int]:
-    """(history list length, undo bytes) of ``server`` now."""
-    rows = dict(server.sql("SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_history_list_length', 'Innodb_page_size')"))
-    pages = server.sql("SELECT `COUNT` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_current_size'")
-    undo = max(0, int(pages[0][0]) - 128) * int(rows.get("Innodb_page_size", 16384)) if pages else 0
-    return int(rows["Innodb_history_list_length"]), undo
+    """(history list length, undo bytes) of ``server`` now, as the agent reads them."""
+    conn = server.connect()
+    try:
+        reading = read_server(conn)
+    finally:
+        conn.close()
+    return reading.history_length, reading.undo_bytes or 0
 
 
 def mariadb_phase(work: Path, args: Any) -> dict[str, Any]:

@@ -132,20 +132,14 @@ class Session:
     """A row of ``information_schema.INNODB_TRX`` with its session's ``PROCESSLIST`` row."""
 
     thread_id: int
-    trx_id: int
-    """0 before the transaction's first write."""
     started_ms: int | None
     """``trx_started`` (whole seconds)."""
     isolation: str | None
-    read_only: bool
-    rows_modified: int
     user: str | None
     host: str | None
     db: str | None
     command: str | None
     """``Sleep`` between statements, ``Query`` while one runs."""
-    time_s: int | None
-    """Seconds in its current command (idle for that long when ``Sleep``)."""
     query: str | None
 
     @property
@@ -176,14 +170,11 @@ class MdbHold:
 class Server:
     """One poll's reading."""
 
-    now_ms: int
     own_thread: int
     status: InnodbStatus
     sessions: list[Session]
     xa: list[str]
     """``XA RECOVER FORMAT='SQL'``'s xids, as SQL (``'gtrid','bqual',formatID``)."""
-    history_length: int
-    """``Innodb_history_list_length``."""
     lsn: int
     """``Innodb_lsn_current``: bytes of redo written so far (the curve of ``UndoHistory``)."""
     undo_bytes: int | None
@@ -197,6 +188,10 @@ class Server:
     @property
     def purge_done(self) -> int:
         return self.status.purge_done
+
+    @property
+    def history_length(self) -> int:
+        return self.status.history_length
 
 
 def _short(text: str | None, n: int = QUERY_CHARS) -> str:
@@ -293,14 +288,13 @@ class UndoHistory:
 
 
 # -- reading a server (PyMySQL) ----------------------------------------------------------------
-Q_NOW = "SELECT CONNECTION_ID(), CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
 Q_SESSIONS = """
-SELECT t.trx_mysql_thread_id, t.trx_id, CAST(UNIX_TIMESTAMP(t.trx_started) * 1000 AS SIGNED), t.trx_isolation_level,
-       t.trx_is_read_only, t.trx_rows_modified, p.USER, p.HOST, p.DB, p.COMMAND, p.TIME, LEFT(p.INFO, 200)
+SELECT t.trx_mysql_thread_id, CAST(UNIX_TIMESTAMP(t.trx_started) * 1000 AS SIGNED), t.trx_isolation_level,
+       p.USER, p.HOST, p.DB, p.COMMAND, LEFT(p.INFO, 200)
   FROM information_schema.INNODB_TRX t
   LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id
  WHERE t.trx_mysql_thread_id <> CONNECTION_ID()"""
-Q_STATUS = "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_history_list_length', 'Innodb_lsn_current', 'Innodb_page_size')"
+Q_STATUS = "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_lsn_current', 'Innodb_page_size')"
 Q_UNDO = "SELECT `COUNT`, `ENABLED` FROM information_schema.INNODB_METRICS WHERE NAME = 'trx_rseg_current_size'"
 ROLLBACK_SEGMENTS = 128
 """InnoDB's rollback segments, one header page each (what ``trx_rseg_current_size`` counts when no undo is kept)."""
@@ -309,14 +303,12 @@ ROLLBACK_SEGMENTS = 128
 def read_server(conn: Any) -> Server:
     """One reading on ``conn`` (PyMySQL, autocommit)."""
     with conn.cursor() as cur:
-        cur.execute(Q_NOW)
-        own, now_ms = cur.fetchone()
+        cur.execute("SELECT CONNECTION_ID()")
+        own = cur.fetchone()[0]
         cur.execute("SHOW ENGINE INNODB STATUS")
         status = parse_innodb_status(cur.fetchone()[2])
         cur.execute(Q_SESSIONS)
-        sessions = [Session(int(r[0]), int(r[1] or 0), None if r[2] is None else int(r[2]), r[3], bool(r[4]), int(r[5] or 0),
-                            r[6], r[7], r[8], r[9], None if r[10] is None else int(r[10]), r[11])
-                    for r in cur.fetchall()]
+        sessions = [Session(int(r[0]), None if r[1] is None else int(r[1]), *r[2:]) for r in cur.fetchall()]
         cur.execute("XA RECOVER FORMAT='SQL'")
         xa = [str(r[3]) for r in cur.fetchall()]
         cur.execute(Q_STATUS)
@@ -327,5 +319,4 @@ def read_server(conn: Any) -> Server:
         if row is not None and int(row[1]):
             page = figures.get("Innodb_page_size", 16384)
             undo = max(0, int(row[0]) - ROLLBACK_SEGMENTS) * page
-    return Server(int(now_ms), int(own), status, sessions, xa, figures.get("Innodb_history_list_length", status.history_length),
-                  figures.get("Innodb_lsn_current", 0), undo)
+    return Server(int(own), status, sessions, xa, figures.get("Innodb_lsn_current", 0), undo)

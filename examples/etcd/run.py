@@ -37,7 +37,7 @@ from safepoint.connectors.etcd_gateway import EtcdGateway, RevisionCompacted
 from safepoint.connectors.etcd_holds import RevisionHold, paginate
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.devtools.etcd import LocalEtcd, etcd_missing
-from safepoint.devtools.story import answers, finish, get_json, stop_processes, wait_until
+from safepoint.devtools.story import answers, finish, get_json, start_job, stop_processes, wait_until
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "etcd-main"
@@ -115,11 +115,7 @@ def main() -> int:  # noqa: PLR0915 - one story, step by step
 
     try:
         say(f"work dir {work}; broker at {broker.bootstrap}")
-        job_log = (work / "job.log").open("ab")
-        procs.append(subprocess.Popen([*SAFEPOINT, "run", *kafka, "--config", str(HERE / "safepoint.toml"),
-                                       "--checkpoint", str(work / "ckpt"), "--http-port", str(args.http_port),
-                                       "--trigger-ms", "200"], stdout=job_log, stderr=subprocess.STDOUT,
-                                      start_new_session=True))
+        procs.append(start_job(work, broker.bootstrap, HERE / "safepoint.toml", args.http_port, "--trigger-ms", "200"))
         main_etcd = start_etcd(work, "main")
         etcds.append(main_etcd)
         endpoint = main_etcd.endpoints

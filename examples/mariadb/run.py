@@ -32,7 +32,7 @@ from typing import Any
 
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.devtools.mariadb import LocalMariaDB, MariaWriter, mariadb_missing
-from safepoint.devtools.story import ClusterStory, answers, finish, stop_processes, wait_until
+from safepoint.devtools.story import ClusterStory, answers, finish, start_job, stop_processes, wait_until
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "mdb-main"
@@ -120,9 +120,7 @@ def start(work: Path, broker: EmbeddedBroker, server: LocalMariaDB, port: int,
     job's and the agent's processes."""
     kafka = ["--bootstrap", broker.bootstrap]
     base = f"http://127.0.0.1:{port}"
-    job = subprocess.Popen([*SAFEPOINT, "run", *kafka, "--config", str(HERE / "safepoint.toml"), "--checkpoint",
-                            str(work / "ckpt"), "--http-port", str(port)], stdout=(work / "job.log").open("ab"),
-                           stderr=subprocess.STDOUT, start_new_session=True)
+    job = start_job(work, broker.bootstrap, HERE / "safepoint.toml", port)
     server.start()
     writer.create()
     users = [f"CREATE USER '{u}'@'127.0.0.1' IDENTIFIED BY '{secret(u)}'" for u in ("report", "export")]

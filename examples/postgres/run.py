@@ -38,7 +38,7 @@ import psycopg
 
 from safepoint.devtools.broker import EmbeddedBroker
 from safepoint.devtools.postgres import LocalPostgres, Writer, postgres_missing
-from safepoint.devtools.story import ClusterStory, answers, finish, get_json, stop_processes, wait_until
+from safepoint.devtools.story import ClusterStory, answers, finish, start_job, stop_processes, wait_until
 
 HERE = Path(__file__).resolve().parent
 CLUSTER = "pg-main"
@@ -137,7 +137,7 @@ class Story(ClusterStory):
         export = self.server.snapshot("nightly-export", "SELECT count(*) FROM orders")
         self.keep.append(export)
         wait_until(lambda: any("nightly-export" in (h["label"] or "") for h in self.holds()), 30, "the export's hold")
-        node = next(n for n in get_json(f"{self.base}/api/v1/clusters/{CLUSTER}/nodes")["nodes"] if n["node"] == NODE)
+        node = self.node(NODE)
         say(f"   {self.base}/ shows cluster {CLUSTER} in xids ({self.status()['mvcc_unit']}); node {NODE}: "
             f"{node.get('wraparound_left', 0):,} transactions before wraparound")
         self.check(self.status()["mvcc_unit"] == "xid" and node.get("wraparound_left", 0) > 2_000_000_000,
@@ -150,9 +150,7 @@ def start(work: Path, broker: EmbeddedBroker, server: LocalPostgres, port: int,
     agent's processes."""
     kafka = ["--bootstrap", broker.bootstrap]
     base = f"http://127.0.0.1:{port}"
-    job = subprocess.Popen([*SAFEPOINT, "run", *kafka, "--config", str(HERE / "safepoint.toml"), "--checkpoint",
-                            str(work / "ckpt"), "--http-port", str(port)], stdout=(work / "job.log").open("ab"),
-                           stderr=subprocess.STDOUT, start_new_session=True)
+    job = start_job(work, broker.bootstrap, HERE / "safepoint.toml", port)
     server.start()
     writer.create()
     with psycopg.connect(server.dsn(), autocommit=True) as admin:

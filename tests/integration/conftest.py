@@ -102,10 +102,8 @@ def spark() -> Iterator[Any]:
 def mariadb() -> Iterator[Any]:
     """A MariaDB server of its own (Debian's, as the ``mysql`` user, on loopback), removed after the
     test; the modules that use it import ``mariadb_util`` (which skips, or fails in CI, without one)."""
-    from safepoint.devtools.mariadb import LocalMariaDB, mariadb_missing
+    from safepoint.devtools.mariadb import LocalMariaDB
 
-    if mariadb_missing():
-        pytest.skip(str(mariadb_missing()))  # mariadb_util's fixture says it (and fails under CI)
     server = LocalMariaDB().start()
     try:
         yield server

@@ -81,15 +81,14 @@ Trx read view will not see trx with id >= 4280, sees < 4280
 NOW_MS = 1_795_900_000_000
 
 
-def session(thread: int, trx_id: int = 0, command: str = "Sleep", query: str | None = None, time_s: int = 41,
+def session(thread: int, command: str = "Sleep", query: str | None = None,
             isolation: str = "REPEATABLE READ") -> Session:
-    return Session(thread, trx_id, NOW_MS - 60_000, isolation, False, 0, "app", "127.0.0.1:49270", "lab", command, time_s,
-                   query)
+    return Session(thread, NOW_MS - 60_000, isolation, "app", "127.0.0.1:49270", "lab", command, query)
 
 
 def server(text: str, sessions: list[Session] | None = None, xa: list[str] | None = None, own: int = 99) -> Server:
     st = parse_innodb_status(text)
-    return Server(NOW_MS, own, st, sessions or [], xa or [], st.history_length, 1_000_000, None)
+    return Server(own, st, sessions or [], xa or [], 1_000_000, None)
 
 
 def test_the_status_texts_figures_and_transactions() -> None:
@@ -113,8 +112,8 @@ def test_a_status_text_without_its_figures_is_refused() -> None:
 
 
 def test_each_hold_with_its_number_and_label() -> None:
-    sessions = [session(32, query=None), session(33, isolation="READ COMMITTED"), session(34, trx_id=25),
-                session(35), session(38, command="Query", query="SELECT   count(*)\n FROM orders", time_s=0)]
+    sessions = [session(32, query=None), session(33, isolation="READ COMMITTED"), session(34),
+                session(35), session(38, command="Query", query="SELECT   count(*)\n FROM orders")]
     holds = holds_of(server(SESSIONS, sessions))
     assert sorted(holds) == ["trx-25", "view-32@25", "view-35@25", "view-38@25"]
     view = holds["view-32@25"]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ClusterStory", "answers", "finish", "get_json", "stop_processes", "wait_until"]
+__all__ = ["ClusterStory", "answers", "finish", "get_json", "start_job", "stop_processes", "wait_until"]
 
 
 def get_json(url: str) -> Any:
@@ -100,6 +100,15 @@ def finish(failed: list[str], base: str, keep_running: bool) -> int:
         except KeyboardInterrupt:
             pass
     return code
+
+
+def start_job(work: Path, bootstrap: str, config: Path, port: int, *flags: str) -> subprocess.Popen[bytes]:
+    """``safepoint run`` as an example starts it: ``config``, its checkpoint in ``work/ckpt``, its log
+    ``work/job.log``, its HTTP surface on ``port``, in a process group of its own (``stop_processes``
+    stops its JVM with it)."""
+    return subprocess.Popen([sys.executable, "-m", "safepoint.cli", "run", "--bootstrap", bootstrap, "--config", str(config),
+                             "--checkpoint", str(work / "ckpt"), "--http-port", str(port), *flags],
+                            stdout=(work / "job.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def stop_processes(procs: list[subprocess.Popen[Any]]) -> None:
