@@ -45,6 +45,9 @@ class TopicFollower:
         self.missing: list[str] = []
         """With ``partial``: the topics not made yet, looked for again every second."""
         self._looked = 0.0
+        self._assigned = False
+        """Whether the consumer has its assignment: until then every poll (at most once a second) looks
+        for the topics again, whatever the consumer its first look made."""
         self.last_poll: float | None = None
         """``time.monotonic()`` of the last poll that reached the broker (read, or found nothing new)."""
         self._consumer: Any = None
@@ -84,6 +87,7 @@ class TopicFollower:
         self.missing = missing if self.partial else []
         if missing and (not self.partial or not found):
             self.error = f"topic {missing[0]} not found yet"
+            self._assigned = False
             return False
         for tp in found:
             if tp not in self._next:
@@ -91,12 +95,14 @@ class TopicFollower:
         self._consumer.assign([TopicPartition(t, p, self._next[(t, p)]) for t, p in found])
         self._idle.reset()
         self.error = None
+        self._assigned = True
         return True
 
     def _rebuild(self, exc: BaseException) -> None:
         self.error = f"reading {', '.join(self.topics)} failed: {exc}"
         log.warning("following %s: %s; reconnecting", self.topics, exc)
         consumer, self._consumer = self._consumer, None
+        self._assigned = False
         if consumer is not None:
             try:
                 consumer.close()
@@ -152,9 +158,14 @@ class TopicFollower:
         """The next messages (errors left out), or [] after waiting at most ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         try:
-            if self._consumer is None and not self._assign():
-                time.sleep(min(1.0, timeout_s))
-                return []
+            if not self._assigned:
+                wait = 1.0 - (time.monotonic() - self._looked)
+                if wait > 0:  # looked less than a second ago: the topics are asked for at most once a second
+                    time.sleep(min(wait, timeout_s))
+                    return []
+                if not self._assign():
+                    time.sleep(min(1.0, timeout_s))
+                    return []
             if self.missing and time.monotonic() - self._looked >= 1.0:
                 self._assign()  # the topics made since are read too, the others where they stood
             positions = self._positions()
@@ -190,7 +201,7 @@ class TopicFollower:
         from safepoint.errors import BrokerError
 
         try:
-            if self._consumer is None and not self._assign():
+            if not self._assigned and not self._assign():
                 return
             ends = self._ends()
             positions = self._positions()
@@ -225,6 +236,7 @@ class TopicFollower:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        self._assigned = False
 
 
 def read_to_end(conf: Mapping[str, Any], topic: str, timeout_s: float = 60.0,

@@ -97,6 +97,31 @@ def test_bad_records_are_skipped_and_the_follower_goes_on(broker: Any) -> None:
         store.close()
 
 
+def test_a_follower_started_before_its_topic_exists_reads_it_once_made(broker: Any) -> None:
+    """``safepoint run`` and ``serve`` start their status follower at once, often before the job has made
+    the status topic: on Apache Kafka the follower kept the consumer its first look made and never
+    looked again, so the dashboard, the status API and the metrics stayed empty for the process's life."""
+    tag = unique("late")
+    settings = load_settings(flags={"bootstrap": broker.bootstrap, "events_topic": f"{tag}.events",
+                                    "control_topic": f"{tag}.control", "directives_topic": f"{tag}.d",
+                                    "alerts_topic": f"{tag}.a", "deadletter_topic": f"{tag}.dl",
+                                    "status_topic": f"{tag}.status"}, environ={})
+    store = StatusStore()
+    store.follow(settings.librdkafka(), settings.status_topic)
+    client = TestClient(make_app(store))
+    try:
+        wait_until(lambda: "not found yet" in str(client.get("/healthz").json().get("status_topic")), 30,
+                   "the follower to say the topic is not there")
+        time.sleep(1.5)  # it has looked and found nothing at least once
+        ensure_topics(settings.librdkafka(), topic_specs(settings.topics(), 1, log_append_time=False))
+        produce(broker.bootstrap, settings.status_topic, status_records(engine_with(beat("n1", 1, T0, 1_000))))
+        wait_until(lambda: store.status("c1") is not None, 30, "the records of the topic made after the follower")
+        assert client.get("/api/v1/clusters").json()["clusters"][0]["cluster"] == "c1"
+        assert "status_topic" not in client.get("/healthz").json(), client.get("/healthz").json()
+    finally:
+        store.close()
+
+
 def test_a_follower_whose_broker_went_away_is_stalled(tmp_path: Any) -> None:
     with EmbeddedBroker(data_dir=str(tmp_path / "broker")) as own:
         settings = topics(own.bootstrap)

@@ -333,6 +333,66 @@ def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_threa
     assert out == ["1", "True", "False"], out
 
 
+def test_the_operators_driver_side_init_ends_quietly_when_the_jvm_goes_first(tmp_path: Path) -> None:
+    """PySpark's ``transform_with_state_driver_worker`` itself, started as Spark starts it (its zip on
+    the path, the connection back to the "JVM" named in its environment), against a stand-in JVM that
+    sends the command and closes as a stopping query does: one line, no traceback (it printed an
+    ``EOFError`` and a ``BrokenPipeError`` in a full-suite run of tests/integration/test_stop.py). With
+    the hook left out (a Python without the project's path file's call) the tracebacks are there: the
+    test sees the failure it guards against."""
+    import os
+    import pickle
+    import socket
+    import struct
+    import subprocess
+    import sys
+    import threading
+
+    import pyspark
+
+    from safepoint.streaming.worker_daemon import DRIVER_WORKER
+
+    zip_path = Path(pyspark.__file__).parent / "python" / "lib" / "pyspark.zip"
+    if not zip_path.exists():
+        pytest.skip("this PySpark has no pyspark.zip")
+
+    def run(hooked: bool) -> subprocess.CompletedProcess[str]:
+        path = str(tmp_path / f"jvm-{hooked}.sock")
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(path)
+        server.listen(1)
+
+        def jvm() -> None:
+            conn, _ = server.accept()
+            f = conn.makefile("rwb")
+            struct.unpack("!i", f.read(4))  # the worker's pid
+            version = b"%d.%d" % sys.version_info[:2]
+            command = pickle.dumps((len, None))
+            f.write(struct.pack("!i", len(version)) + version + struct.pack("!i", len(command)) + command)
+            f.flush()
+            struct.unpack("!i", f.read(4))  # "send me the state server's port": the query stops instead
+            f.close()
+            conn.close()
+
+        thread = threading.Thread(target=jvm, daemon=True)
+        thread.start()
+        env = {**os.environ, "PYTHON_WORKER_FACTORY_SOCK_PATH": path, "PYTHONPATH": str(zip_path)}
+        env.pop("PYTHON_WORKER_FACTORY_SECRET", None)
+        argv = [sys.executable, *([] if hooked else ["-S"]), "-m", DRIVER_WORKER]
+        if not hooked:  # no site: no path file; the installed PySpark from the zip alone
+            env["PYTHONPATH"] = os.pathsep.join([str(zip_path), *[p for p in sys.path if p.endswith("site-packages")]])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
+        thread.join(10)
+        server.close()
+        return done
+
+    quiet = run(hooked=True)
+    assert "Traceback" not in quiet.stderr, quiet.stderr
+    assert "the JVM closed its connection" in quiet.stderr, quiet.stderr
+    loud = run(hooked=False)
+    assert "Traceback" in loud.stderr and "BrokenPipeError" in loud.stderr, loud.stderr
+
+
 def test_a_dropped_zip_leaves_no_finder_behind(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """``importlib.invalidate_caches()`` (PySpark calls it in a worker's first task) rereads every
     zip that still has a finder cached: a dropped zip's finder goes with it."""

@@ -118,12 +118,26 @@ class LocalMariaDB:
             conn.close()
 
     # -- life -----------------------------------------------------------------------------
+    def _tmpdir(self) -> Path:
+        """The server's own temporary directory, which the ``mysql`` user owns. The bootstrap and the
+        server both take it: ``TMPDIR`` may name a directory that user cannot write (a root-owned 755
+        one, as many CI runners set it), and with two test servers side by side sharing /tmp, the
+        agent's reading (an information_schema join, which spills to a temporary table) failed once
+        with "Error on delete of '/tmp/#sql-temptable-...' (Errcode: 2)"."""
+        tmp = self.base / "tmp"
+        tmp.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(tmp, "mysql", "mysql")
+        return tmp
+
     def init(self) -> LocalMariaDB:
+        tmp = self._tmpdir()
         argv = [INSTALL_DB, "--no-defaults", f"--datadir={self.data}", "--auth-root-authentication-method=normal",
-                "--skip-test-db", "--innodb-log-file-size=8M"]
+                "--skip-test-db", "--innodb-log-file-size=8M", f"--tmpdir={tmp}"]
         if os.geteuid() == 0:
             argv.append("--user=mysql")
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "TMPDIR": str(tmp)})
         if done.returncode != 0:
             msg = f"mariadb-install-db failed ({done.returncode}): {(done.stderr or done.stdout).strip()[-2000:]}"
             raise SafepointError(msg)
@@ -135,14 +149,7 @@ class LocalMariaDB:
         server = _server()
         if server is None:
             raise SafepointError(str(mariadb_missing()))
-        # its own temporary directory: with two test servers side by side sharing /tmp, the agent's
-        # reading (an information_schema join, which spills to a temporary table) failed once with
-        # "Error on delete of '/tmp/#sql-temptable-...' (Errcode: 2)"; a server's own directory keeps
-        # its temporary files apart from every other process's
-        tmp = self.base / "tmp"
-        tmp.mkdir(exist_ok=True)
-        if os.geteuid() == 0:
-            shutil.chown(tmp, "mysql", "mysql")
+        tmp = self._tmpdir()
         argv = [server, "--no-defaults", f"--datadir={self.data}", f"--socket={self.socket}", f"--port={self.port}",
                 "--bind-address=127.0.0.1", f"--pid-file={self.pid_file}", f"--log-error={self.log}", f"--tmpdir={tmp}",
                 *self.flags]
