@@ -37,8 +37,9 @@ echo "setup: $("$PY" --version), java $(java_major)"
 
 # Tools some tests use, in one apt-get run: Debian's kcat (the guide's shell examples), chromium
 # and chromium-driver (the dashboard's browser test), prometheus (the test that scrapes /metrics
-# with a real Prometheus), docker-compose (the test that validates docker/compose.yaml; it
-# needs no Docker engine), etcd-server, etcd-client (the etcd agent's tests and example) and
+# with a real Prometheus, promtool for the alert rules), docker.io, docker-compose and mmdebstrap
+# (the images, made here from Debian's packages where no registry serves the base, and the container
+# tests: scripts/images.sh, scripts/engine.sh), etcd-server, etcd-client (the etcd agent's tests and example) and
 # postgresql (the PostgreSQL agent's tests and example: servers run as the postgres user, on loopback)
 # and mariadb-server (the MariaDB agent's: servers of their own as the mysql user; Debian's service
 # is not used)
@@ -47,7 +48,9 @@ command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missin
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
-command -v docker-compose >/dev/null 2>&1 || docker compose version >/dev/null 2>&1 || missing+=(docker-compose)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
@@ -62,34 +65,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
-# Apache Kafka (KRaft) and Spark's Kafka connector from Maven Central, into .jars/ (git ignores it):
-# the tests run real Kafka from those jars and Spark's own Kafka source beside the Python one
-# (scripts/jars/*/pom.xml pin them). A second run checks a stamp and does nothing.
-install_jars() {
-  local name="$1" pom="scripts/jars/$1/pom.xml" dest=".jars/$1"
-  local want
-  want=$(sha256sum "$pom" | cut -c1-16)
-  if [ -f "$dest/.pom-sha" ] && [ "$(cat "$dest/.pom-sha")" = "$want" ]; then
-    return 0
-  fi
-  if ! command -v mvn >/dev/null 2>&1; then
-    echo "setup: Maven (mvn) not found: $name is not installed; the tests that run it fail in CI (apt-get install maven)" >&2
-    return 1
-  fi
-  rm -rf "$dest"
-  if ! mvn -q -B -Dstyle.color=never -f "$pom" package >.jars-$name.log 2>&1; then
-    echo "setup: could not fetch $name from Maven Central (see .jars-$name.log); without it the tests that run" >&2
-    echo "       Apache Kafka or Spark's Kafka connector fail in CI: check that this machine reaches repo.maven.apache.org" >&2
-    rm -rf "$dest"
-    return 1
-  fi
-  rm -f ".jars-$name.log"
-  echo "$want" >"$dest/.pom-sha"
-  echo "setup: installed $name ($(ls "$dest" | grep -c '\.jar$') jars in $dest)"
-}
-mkdir -p .jars
-install_jars kafka || true
-install_jars spark-kafka || true
+# Apache Kafka (KRaft) and Spark's Kafka connector from Maven Central, into .jars/ (scripts/jars.sh; a
+# second run checks a stamp and does nothing): the tests run them, the images copy them
+./scripts/jars.sh || true
 
 # The node clients in Go and Java (clients/go, clients/java) and their conformance drivers, which the
 # tests run beside the Python client's; their modules come from the Go module proxy and Maven Central.

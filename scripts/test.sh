@@ -11,6 +11,43 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAFEPOINT_SETUP_CLASSES=later SAFEPOINT_SETUP_CORE=later ./scripts/setup.sh
+
+# The container tests' Docker engine: the one that answers, else Debian's dockerd started here as root
+# (scripts/engine.sh) and stopped when the tests end. Without one they fail in CI and skip elsewhere,
+# saying why. Whatever the tests leave behind on any way out (a run killed mid-test) is removed here:
+# their containers and networks (label dev.safepoint.test) and the compose projects they made (sptest*).
+engine_started=""
+if ! ./scripts/engine.sh status >/dev/null 2>&1; then
+  if ./scripts/engine.sh start; then
+    engine_started=1
+  else
+    echo "test: no Docker engine: the container tests fail in CI (they skip elsewhere)" >&2
+  fi
+fi
+sweep_containers() {
+  ./scripts/engine.sh status >/dev/null 2>&1 || return 0
+  local project
+  for project in $(docker ps -a --format '{{.Label "com.docker.compose.project"}}' | grep '^sptest' | sort -u); do
+    COMPOSE_PROJECT_NAME="$project" docker-compose -f docker/compose.yaml down -v --remove-orphans >/dev/null 2>&1 || true
+  done
+  docker ps -aq --filter label=dev.safepoint.test | xargs -r docker rm -f -v >/dev/null 2>&1 || true
+  docker network ls -q --filter label=dev.safepoint.test | xargs -r docker network rm >/dev/null 2>&1 || true
+}
+finish() {
+  sweep_containers
+  if [ -n "$engine_started" ]; then
+    ./scripts/engine.sh stop
+  fi
+}
+trap finish EXIT
+# the images (scripts/images.sh: cached, seconds when built; minutes on a fresh machine) build beside
+# the checks below
+images=""
+if [ -n "$engine_started" ] || ./scripts/engine.sh status >/dev/null 2>&1; then
+  sweep_containers
+  ./scripts/images.sh >.venv/images.log 2>&1 &
+  images=$!
+fi
 # Spark's class-data archive (about 40 s, mostly one core) and the compiled core (about 30 s on two)
 # build while ruff and mypy run; the tests run the compiled core (tests/unit/test_compiled_core.py
 # compares it with the core as Python)
@@ -30,6 +67,10 @@ echo "== mvn test (clients/java)"
 mvn -q -B -Dstyle.color=never -f clients/java/pom.xml test 2>&1 | sed 's/\x1b\[[0-9;]*m//g'  # Maven's colour resets
 if ! wait "$classes"; then
   echo "test: the Spark class-data archive could not be built (.venv/spark-classes.log); Spark starts without it" >&2
+fi
+if [ -n "$images" ] && ! wait "$images"; then
+  echo "test: the images could not be built (.venv/images.log); the container tests fail" >&2
+  tail -20 .venv/images.log >&2
 fi
 if ! wait "$core"; then
   echo "test: the compiled core could not be built (.venv/build-core.log)" >&2

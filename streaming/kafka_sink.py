@@ -16,7 +16,7 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSourceStreamWriter, WriterCommitMessage
 
-from safepoint.connectors.kafka.clients import CONFLUENT
+from safepoint.connectors.kafka.clients import CONFLUENT, FAILOVER_CONF
 from safepoint.connectors.kafka.producer import BOOTSTRAP_SERVERS, Deliveries, ProducerSlot, is_fatal_exception, producer_conf
 from safepoint.gcfreeze import freeze_once
 
@@ -33,8 +33,9 @@ _SLOTS: dict[str, ProducerSlot] = {}
 
 
 def client_conf(options: Mapping[str, str]) -> dict[str, Any]:
-    """librdkafka settings from a data source's options: ``bootstrap.servers`` and ``kafka.*``."""
-    conf: dict[str, Any] = {BOOTSTRAP_SERVERS: options[BOOTSTRAP_SERVERS]}
+    """librdkafka settings from a data source's options: ``bootstrap.servers`` and ``kafka.*``, over the
+    project's ``FAILOVER_CONF`` (the source's consumers and admin, the sink's producer)."""
+    conf: dict[str, Any] = {**FAILOVER_CONF, BOOTSTRAP_SERVERS: options[BOOTSTRAP_SERVERS]}
     for k, v in options.items():
         if k.startswith("kafka."):
             conf[k[len("kafka.") :]] = v

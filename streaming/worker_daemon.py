@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable
 
 __all__ = ["DRIVER_WORKER", "PRELOAD", "PRELOAD_ARROW", "THREAD_FREE_ENV", "SparkDaemonRedirect", "arrow_is_thread_free", "at_python_start",
-           "drop_installed_copies", "installed_copies", "preload", "quiet_when_dropped", "quiet_when_jvm_gone"]
+           "drop_installed_copies", "installed_copies", "preload", "quiet_when_dropped", "quiet_when_jvm_gone", "redirect_once"]
 
 DRIVER_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
 """The Python process Spark starts on the driver for the first batch of a query with a Python
@@ -45,11 +45,13 @@ DRIVER_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
 
 def installed_copies(path: list[str]) -> list[str]:
     """The entries of ``path`` that are zips of a package installed on ``path`` itself: Spark's
-    ``<site-packages>/pyspark/python/lib/{pyspark.zip,py4j-*.zip}``."""
+    ``<site-packages>/pyspark/python/lib/{pyspark.zip,py4j-*.zip}``, also where they are named through
+    a link (a ``SPARK_HOME`` that is a symbolic link to the installed PySpark, as the image's
+    ``/opt/spark``: its zips were kept, and Spark's own daemon then failed, ``redirect_once``)."""
     dirs = {os.path.realpath(p) for p in path if p and os.path.isdir(p)}
     copies = []
     for entry in path:
-        lib = os.path.dirname(entry)
+        lib = os.path.dirname(os.path.realpath(entry)) if entry else ""
         name = os.path.basename(entry)
         if not (name.endswith(".zip") and lib.endswith(os.path.join("pyspark", "python", "lib"))):
             continue
@@ -142,6 +144,17 @@ def quiet_when_dropped(worker: Callable[[socket.socket, bool], int]) -> Callable
     return wrapped
 
 
+def redirect_once() -> None:
+    """Put a ``SparkDaemonRedirect`` first on ``sys.meta_path`` unless one is there. Python's site runs
+    a path file once for a virtualenv's ``site-packages`` and again for the same directory among the
+    site packages: where the zips stay on the path (another Spark's), the project's path file called
+    ``at_python_start`` twice, the second redirect caught the daemon's own import of the real
+    ``pyspark.daemon``, and the daemon died (``module 'pyspark.daemon' has no attribute 'worker'``):
+    every Python data source lookup, and the job with it, failed."""
+    if not any(isinstance(finder, SparkDaemonRedirect) for finder in sys.meta_path):
+        sys.meta_path.insert(0, SparkDaemonRedirect())
+
+
 class SparkDaemonRedirect:
     """A one-shot import finder: the lookup of ``pyspark.daemon`` that ``python -m pyspark.daemon``
     makes at its start finds this module under that name instead (run as ``__main__``, it wraps the
@@ -184,7 +197,7 @@ def at_python_start() -> None:
     drop_installed_copies()
     argv = getattr(sys, "orig_argv", [])[1:3]
     if argv == ["-m", "pyspark.daemon"]:
-        sys.meta_path.insert(0, SparkDaemonRedirect())
+        redirect_once()
     elif argv == ["-m", DRIVER_WORKER]:
         sys.excepthook = quiet_when_jvm_gone(sys.excepthook)
 

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # together: what runs last is short. Without it a minute-long test could start last on one
 # worker while the other sat idle (a clean-clone run's last 10% of tests took 58 s in one run and
 # 175 s in the next).
-SLOWEST_FIRST = ["test_faults", "test_spark_cluster", "test_apache_kafka", "test_kafka_failover", "test_three_languages", "test_control_e2e", "test_client_vectors", "test_submit", "test_demo", "test_etcd_e2e", "test_status_http",
+SLOWEST_FIRST = ["test_compose", "test_container_faults", "test_faults", "test_spark_cluster", "test_apache_kafka", "test_kafka_failover", "test_container_postgres", "test_three_languages", "test_control_e2e", "test_client_vectors", "test_submit", "test_demo", "test_etcd_e2e", "test_status_http",
                  "test_stop", "test_etcd_example", "test_accounting", "test_router_placement", "test_parity", "test_properties",
                  "test_status_follower", "test_pressure_e2e", "test_client", "test_kafka_acls", "test_check_node", "test_unreachable"]
 

@@ -66,8 +66,8 @@ CLAIMS: dict[tuple[str, str], str] = {
         "tests/integration/test_readme.py::test_the_readmes_go_and_java_nodes_run_and_compact",
     ("README.md", "try (Reporter reporter = Reporter.builder"):
         "tests/integration/test_readme.py::test_the_readmes_go_and_java_nodes_run_and_compact",
-    ("docs/deploying.md", "docker compose -f docker/compose.yaml build"):
-        "tests/integration/test_docker.py::test_the_readmes_compose_commands",
+    ("docs/deploying.md", "./scripts/images.sh"):
+        "tests/integration/test_compose.py::test_the_deployment_pages_compose_lines_run_the_product",
     ("docs/deploying.md", "spark-submit --master spark://master:7077"):
         "tests/integration/test_submit.py::test_the_readmes_spark_submit_command",
     ("README.md", ".venv/bin/safepoint bench"): "tests/integration/test_submit.py::test_the_readmes_bench_command",

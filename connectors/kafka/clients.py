@@ -27,6 +27,7 @@ from safepoint.errors import BrokerError, ConfigError
 __all__ = [
     "CLIENTS",
     "CLIENT_ERRORS",
+    "FAILOVER_CONF",
     "CONFLUENT",
     "GROUP_AUTHORIZATION_FAILED",
     "KAFKA_PYTHON",
@@ -57,6 +58,17 @@ the ``group.id`` that confluent-kafka requires, though the project's consumers o
 and never commit: their principals need no group ACL, and they read on (it is logged at debug level)."""
 
 
+FAILOVER_CONF: dict[str, Any] = {"socket.timeout.ms": 10_000, "topic.metadata.refresh.interval.ms": 10_000}
+"""What every safepoint client of librdkafka sets unless its settings say otherwise, so that a broker cut
+off from the network (or frozen) while it leads a partition holds its readers and writers back for
+seconds, not minutes. librdkafka waits ``socket.timeout.ms`` (60 s by default) for an answer from a
+broker whose connection stays open but silent, and learns of the partition's new leader from metadata
+it asks for after such a failure or every ``topic.metadata.refresh.interval.ms`` (5 min): with the
+defaults, the job's read tasks, its sink and the nodes' clients waited on the cut-off leader and no
+directive came for two minutes (tests/integration/test_container_faults.py); with these, within 15 s of
+the cut. A request on a healthy network answers in well under 10 s (a fetch waits ``fetch.wait.max.ms``
+more); a metadata request every 10 s is one small round trip per client."""
+
 RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000
 """The consumer's ``receive.message.max.bytes``: the embedded broker ignores fetch size limits and
 may answer one fetch with the whole backlog (a directive's ``basis`` names every node)."""
@@ -76,6 +88,7 @@ def consumer_conf(bootstrap: str, client_id: str, logger: str, kafka_conf: Mappi
         "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
         "client.id": client_id,
         "logger": logging.getLogger(logger),
+        **FAILOVER_CONF,
     }
     conf.update(kafka_conf or {})
     return conf
@@ -119,6 +132,8 @@ _COMMON = {
     "ssl.key.location": "ssl_keyfile",
     "ssl.key.password": "ssl_password",
     "request.timeout.ms": "request_timeout_ms",
+    "socket.timeout.ms": "request_timeout_ms",  # FAILOVER_CONF's, as kafka-python names them
+    "topic.metadata.refresh.interval.ms": "metadata_max_age_ms",
 }
 _PRODUCER = {**_COMMON, "acks": "acks", "linger.ms": "linger_ms", "enable.idempotence": "enable_idempotence",
              "compression.type": "compression_type", "retries": "retries"}

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from safepoint.connectors.kafka.clients import RECEIVE_MESSAGE_MAX_BYTES, watermarks
+from safepoint.connectors.kafka.clients import FAILOVER_CONF, RECEIVE_MESSAGE_MAX_BYTES, watermarks
 from safepoint.connectors.kafka.idle import IdlePause
 
 __all__ = ["TopicFollower", "read_to_end"]
@@ -33,7 +33,7 @@ class TopicFollower:
         """``partial``: read the topics that exist while looking again, every second, for those not
         made yet (for a screen, where each topic stands alone); without it nothing is read until
         every topic exists (for a reader that must see the topics together, such as the auditor)."""
-        self.conf = {**conf, "group.id": f"{client_id}-{time.time_ns()}", "enable.auto.commit": False,
+        self.conf = {**FAILOVER_CONF, **conf, "group.id": f"{client_id}-{time.time_ns()}", "enable.auto.commit": False,
                      "enable.auto.offset.store": False, "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
                      "enable.partition.eof": eof,
                      "client.id": client_id, "logger": logging.getLogger("safepoint.follow.librdkafka")}

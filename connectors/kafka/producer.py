@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from safepoint.connectors.kafka.clients import CLIENT_ERRORS, PRODUCER, check_client, make_client
+from safepoint.connectors.kafka.clients import CLIENT_ERRORS, FAILOVER_CONF, PRODUCER, check_client, make_client
 
 __all__ = [
     "BOOTSTRAP_SERVERS",
@@ -38,8 +38,9 @@ LINGER_MS = "linger.ms"
 
 
 def producer_conf(conf: Mapping[str, Any], *, linger_ms: int) -> dict[str, Any]:
-    """``conf`` with safepoint's producer defaults: idempotent, ``linger_ms`` of batching."""
-    return {ENABLE_IDEMPOTENCE: True, LINGER_MS: linger_ms, **conf}
+    """``conf`` with safepoint's producer defaults: idempotent, ``linger_ms`` of batching, a leader that
+    went silent left within seconds (``clients.FAILOVER_CONF``)."""
+    return {ENABLE_IDEMPOTENCE: True, LINGER_MS: linger_ms, **FAILOVER_CONF, **conf}
 
 
 def make_producer(client: str, conf: Mapping[str, Any]) -> Any:

@@ -278,8 +278,11 @@ def _env_or(args: argparse.Namespace, name: str, default: Any, type_: Any) -> An
     return type_(raw) if raw not in (None, "") else default
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose")}
+def _settings(args: argparse.Namespace, own: tuple[str, ...] = ()) -> Settings:
+    """The settings of a command: its flags over the environment over ``--config``'s file; ``own``
+    names the command's flags that are no setting (simulate's ``--clusters``, a count, is not the
+    ``[clusters.NAME]`` tables of the file)."""
+    flags = {k: v for k, v in vars(args).items() if k not in ("command", "config", "verbose", *own)}
     return load_settings(getattr(args, "config", None), flags)
 
 
@@ -343,7 +346,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from safepoint.devtools.simulate import SimConfig, run_simulator
 
-    settings = _settings(args)
+    settings = _settings(args, own=("nodes", "rate", "duration", "seed", "clusters", "namespaces", "flush_timeout"))
     cfg = SimConfig(_env_or(args, "nodes", 3, int), _env_or(args, "rate", 200.0, float), namespaces=_env_or(args, "namespaces", 0, int))
     return run_simulator(
         settings.bootstrap,

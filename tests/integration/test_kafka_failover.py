@@ -6,14 +6,8 @@ forward, and directives go on coming from the two brokers left."""
 
 from __future__ import annotations
 
-import random
-import re
-import signal
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,85 +15,13 @@ import pytest
 from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from safepoint.connectors.listener import Directive, DirectiveListener
-from safepoint.connectors.reporter import Reporter
-from safepoint.devtools.broker import free_port, wait_for_kafka
-from safepoint.jars import KAFKA
-
-from conftest import require_jars
+from fault_nodes import ReaderNode, check_nodes, close_all, stop_all
 from tests_support import QueryJob, make_settings, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 NODES = ("n1", "n2", "n3")
 PARTITIONS = 3
-
-
-def mvcc() -> int:
-    return time.time_ns() // 1_000  # one MVCC clock for the three nodes: microseconds
-
-
-@pytest.fixture(scope="module")
-def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """``safepoint broker --kafka --nodes 3`` as a user runs it: its ready line gives the bootstrap
-    addresses and each broker's pid."""
-    require_jars(KAFKA)
-    data = tmp_path_factory.mktemp("kafka3")
-    proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", "broker", "--kafka", "--nodes", "3", "--port",
-                             str(free_port()), "--data-dir", str(data)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        ready = re.search(r"safepoint broker ready bootstrap=(\S+) data_dir=\S+ pids=(\S+)", line)
-        assert ready, line
-        bootstrap, pids = ready.group(1), [int(p) for p in ready.group(2).split(",")]
-        assert len(bootstrap.split(",")) == 3 and len(pids) == 3
-        wait_for_kafka(bootstrap, 30)
-        yield {"bootstrap": bootstrap, "pids": pids, "proc": proc}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-class Node:
-    """A database node: a reporter and its listener, opening and closing readers in a thread."""
-
-    def __init__(self, bootstrap: str, name: str, settings: Any) -> None:
-        self.name = name
-        self.reporter = Reporter(bootstrap, name, mvcc_clock=mvcc, cluster="c1", incarnation=1, heartbeat_interval_s=0.3,
-                                 topic=settings.events_topic)
-        self.seen: list[tuple[float, Directive]] = []
-        self.listener = DirectiveListener(bootstrap, topic=settings.directives_topic, reporter=self.reporter,
-                                          on_directive=lambda d: self.seen.append((time.monotonic(), d))).start()
-        self.readers: list[list[float]] = []
-        """[read_ts, opened, closed or inf] of every reader, in monotonic seconds."""
-        self.refused = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._work, daemon=True)
-
-    def _work(self) -> None:
-        rng = random.Random(self.name)
-        while not self.stop.is_set():
-            try:
-                reader = self.reporter.reader(label="report").open()
-            except Exception:  # noqa: BLE001 - refused below the safe point: counted, never the test's failure
-                self.refused += 1
-                continue
-            entry = [float(reader.read_ts), time.monotonic(), float("inf")]
-            self.readers.append(entry)
-            self.stop.wait(rng.uniform(0.3, 2.0))
-            entry[2] = time.monotonic()  # before the close leaves: it still holds until then
-            reader.close()
-            self.stop.wait(rng.uniform(0.0, 0.3))
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-        self.listener.close()
-        self.reporter.close()
 
 
 def leaders(bootstrap: str, topic: str) -> dict[int, int]:
@@ -123,7 +45,7 @@ def test_directives_go_on_and_pass_no_open_reader_when_a_broker_of_three_dies(
         config = next(iter(admin.describe_configs([ConfigResource("topic", topic)]).values())).result(10)
         assert config["min.insync.replicas"].value == "2", topic
 
-    nodes = [Node(bootstrap, name, settings) for name in NODES]
+    nodes = [ReaderNode(bootstrap, name, settings.events_topic, settings.directives_topic) for name in NODES]
     job = QueryJob(spark, settings, tmp_path / "ckpt")
     try:
         for n in nodes:
@@ -136,25 +58,14 @@ def test_directives_go_on_and_pass_no_open_reader_when_a_broker_of_three_dies(
         subprocess.run(["kill", "-9", str(pid)], check=True)
         wait_for(lambda: leaders(bootstrap, settings.directives_topic).get(0, victim) not in (victim, -1), 60,
                  "a new leader of the directives")
-        seq_at_kill = {n.name: (n.seen[-1][1].seq if n.seen else 0) for n in nodes}
-        wait_for(lambda: all(sum(1 for t, _ in n.seen if t > killed_at) >= 5 for n in nodes), 120,
+        seq_at_kill = {n.name: n.last_seq() for n in nodes}
+        wait_for(lambda: all(n.directives_since(killed_at) >= 5 for n in nodes), 120,
                  "five directives at every node after the kill", job)
         assert three["proc"].poll() is None, "safepoint broker goes on with two brokers"
     finally:
-        for n in nodes:
-            n.stop.set()
+        stop_all(nodes)
         job.stop()
-        for n in nodes:
-            n.close()
+        close_all(nodes)
 
-    readers = [r for n in nodes for r in n.readers]
-    for n in nodes:
-        seqs = [d.seq for _, d in n.seen]
-        safe = [d.safe_ts for _, d in n.seen]
-        assert seqs == sorted(set(seqs)), f"{n.name}: seq went back or repeated: {seqs}"
-        assert safe == sorted(safe), f"{n.name}: safe_ts went back: {safe}"
-        assert max(seqs) > seq_at_kill[n.name]
-        for arrived, d in n.seen:
-            passed = [r for r in readers if r[1] < arrived < r[2] and r[0] < d.safe_ts]
-            assert not passed, f"{n.name}: directive seq {d.seq} safe_ts {d.safe_ts} passed open readers {passed[:3]}"
-    assert len(readers) > 30, f"the nodes opened {len(readers)} readers"
+    check_nodes(nodes)
+    assert all(n.last_seq() > seq_at_kill[n.name] for n in nodes)

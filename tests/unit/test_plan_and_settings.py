@@ -169,6 +169,28 @@ def test_bad_settings_say_what_to_fix(tmp_path: Path, text: str, needle: str) ->
         load_settings(cfg, environ={})
 
 
+def test_simulate_counts_its_clusters_beside_a_files_cluster_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``safepoint simulate --clusters N`` is a count, not the settings' ``[clusters.NAME]`` tables: it was
+    refused with or without a file ("setting clusters (flag --clusters) must be tables"), which
+    docker/compose.yaml's simulator found the first time it ran (with the job's file mounted, which has
+    a cluster table of its own)."""
+    import safepoint.devtools.simulate as simulate
+
+    seen: dict[str, object] = {}
+
+    def fake_run(bootstrap: str, topic: str, cfg: object, duration: object, seed: object, conf: object, *,
+                 clusters: int, flush_timeout_s: float) -> int:
+        seen.update(bootstrap=bootstrap, topic=topic, clusters=clusters, nodes=getattr(cfg, "nodes", None))
+        return 0
+
+    monkeypatch.setattr(simulate, "run_simulator", fake_run)
+    config = tmp_path / "safepoint.toml"
+    config.write_text('events_topic = "ev"\n[clusters.pg]\nmvcc_unit = "xid"\n')
+    assert main(["simulate", "--config", str(config), "--clusters", "2", "--nodes", "4", "--bootstrap", "k:1"]) == 0
+    assert seen == {"bootstrap": "k:1", "topic": "ev", "clusters": 2, "nodes": 4}
+    assert main(["simulate", "--clusters", "3", "--bootstrap", "k:1"]) == 0 and seen["clusters"] == 3
+
+
 def test_replay_command_writes_directives_and_dead_letters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     events = tmp_path / "e.jsonl"
     lines = [
@@ -299,9 +321,42 @@ def test_the_worker_daemon_drops_only_zips_of_the_installed_pyspark(tmp_path: Pa
     cluster = ["/opt/spark/python/lib/pyspark.zip", "/opt/spark/python/lib/py4j-0.10.9.9-src.zip"]
     assert installed_copies([*ours, *cluster, str(site)]) == ours
     assert installed_copies([*ours, *cluster]) == [], "the installed package is not on the path: the zips stay"
+    linked = tmp_path / "spark-home"
+    linked.symlink_to(site / "pyspark")  # a SPARK_HOME that links to the installed PySpark (the image's /opt/spark)
+    via_link = [str(linked / "python" / "lib" / "pyspark.zip"), str(linked / "python" / "lib" / "py4j-0.10.9.9-src.zip")]
+    assert installed_copies([*via_link, str(site)]) == via_link
     (site / "py4j" / "__init__.py").unlink()
     assert installed_copies([*ours, str(site)]) == ours[:1]
     assert spark_conf(2)["spark.python.daemon.module"] == "safepoint.streaming.worker_daemon"
+
+
+@pytest.mark.parametrize("spark_home", ["linked", "another"])
+def test_sparks_own_daemon_starts_with_the_zips_of_any_spark_home(tmp_path: Path, spark_home: str) -> None:
+    """``python -m pyspark.daemon`` as Spark starts it (its data source lookup), with the zips of a
+    SPARK_HOME on the path: one that links to the installed PySpark (dropped), and another Spark's (kept,
+    the daemon redirected once). Both died before (``module 'pyspark.daemon' has no attribute 'worker'``:
+    the path file ran twice and redirected the daemon's own import), and every Python data source lookup
+    with them: the image's job found it. The daemon prints its port (four bytes) and ends when its stdin does."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pyspark
+
+    lib = Path(pyspark.__file__).parent / "python" / "lib"
+    if not (lib / "pyspark.zip").exists():
+        pytest.skip("this PySpark has no pyspark.zip")
+    home = tmp_path / "spark"
+    if spark_home == "linked":
+        home.symlink_to(Path(pyspark.__file__).parent)
+    else:
+        shutil.copytree(lib, home / "python" / "lib")
+    zips = [str(home / "python" / "lib" / z.name) for z in sorted(lib.glob("*.zip"))]
+    done = subprocess.run([sys.executable, "-m", "pyspark.daemon"], capture_output=True, timeout=60, cwd=tmp_path,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": os.pathsep.join(zips)}, check=False)
+    assert b"Traceback" not in done.stderr, done.stderr.decode(errors="replace")
+    assert len(done.stdout) >= 4, (done.stdout, done.stderr.decode(errors="replace"))
 
 
 def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_thread() -> None:

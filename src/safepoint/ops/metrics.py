@@ -172,6 +172,8 @@ class StatusCollector(Collector):
         lag = _gauge("safepoint_input_lag_messages", "Messages of the events topic not yet read by the job", [])
         active = _gauge("safepoint_query_active", "1 while the job's streaming query runs", [])
         batches = CounterMetricFamily("safepoint_batches", "Micro-batches the job finished since it started", labels=[])
+        reported = _gauge("safepoint_job_report_time_seconds", "When the job last reported its figures (after every "
+                          "micro-batch), as Unix seconds of its clock", [])
         found = CounterMetricFamily("safepoint_events_topic_gaps", "Gaps the job found in the events and control topics since it "
                                     "started (events lost before it read them), by kind", labels=["kind"])
         if job is not None:
@@ -185,4 +187,6 @@ class StatusCollector(Collector):
                 lag.add_metric([], job["input_lag_messages"])
             active.add_metric([], 1 if job.get("active") else 0)
             batches.add_metric([], job.get("batches", 0))
-        yield from (messages, batch, lag, active, batches, found)
+            if job.get("wall_ms") is not None:
+                reported.add_metric([], job["wall_ms"] / 1000)
+        yield from (messages, batch, lag, active, batches, reported, found)
