@@ -18,14 +18,41 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 
+# what it needs from Debian, installed as root where missing: the engine and the compose command, mmdebstrap
+# (the base, where no registry serves it), Maven (the jars)
+need=()
+command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+command -v mmdebstrap >/dev/null 2>&1 || need+=(mmdebstrap)
+command -v mvn >/dev/null 2>&1 || need+=(maven)
+if [ "${#need[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "images: installing ${need[*]} with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "images: ${need[*]} not found (apt-get install ${need[*]})" >&2
+    exit 1
+  fi
+fi
+
 ./scripts/engine.sh start >&2
 ./scripts/jars.sh kafka spark-kafka >&2
 
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml | head -1)
 KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' scripts/jars/kafka/pom.xml)
 BASE=debian:bookworm-slim
+# the wheels are gathered with a Python 3.11 (the image's): the environment's, else the machine's
 PY="${SAFEPOINT_PYTHON:-}"
-[ -n "$PY" ] || { [ -x .venv/bin/python ] && PY=.venv/bin/python; } || PY=python3
+for cand in .venv/bin/python python3.11 python3; do
+  [ -n "$PY" ] && break
+  if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+    PY="$cand"
+  fi
+done
+if [ -z "$PY" ]; then
+  echo "images: Python 3.11 is required to gather the image's wheels (set SAFEPOINT_PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
 mkdir -p .images
 
 have() { docker image inspect "$1" >/dev/null 2>&1; }
@@ -102,7 +129,14 @@ wheels
 build() {  # tag, Dockerfile
   local t
   t=$(date +%s)
-  if ! docker build --network host --force-rm -q -f "$2" -t "$1" . >.images/build.log 2>&1; then
+  # the build context is what the Dockerfile copies (its COPY sources), not the whole checkout: the
+  # wheels go to the one image that installs them (docker-compose build sends the checkout, less what
+  # .dockerignore leaves out)
+  local -a context
+  mapfile -t context < <(sed -n 's/^COPY \([^-].*\) [^ ]*$/\1/p' "$2" | tr ' ' '\n' | sed 's:/$::' | sort -u \
+    | awk '{ for (i = 1; i <= n; i++) if (index($0, kept[i] "/") == 1) next; kept[++n] = $0; print }')  # a folder once
+  if ! tar -cf - --exclude=__pycache__ --exclude='*.pyc' "$2" "${context[@]}" \
+      | docker build --network host --force-rm -q -f "$2" -t "$1" - >.images/build.log 2>&1; then
     echo "images: building $1 ($2) failed; its output ends:" >&2
     tail -20 .images/build.log >&2
     exit 1

@@ -81,9 +81,9 @@ echo "== pytest"
 set +e
 workers="${SAFEPOINT_TEST_WORKERS:-3}"
 if [ "$workers" = "0" ]; then
-  .venv/bin/pytest "$@"
+  .venv/bin/pytest --durations=20 "$@"
 else
-  .venv/bin/pytest -n "$workers" --dist worksteal "$@"
+  .venv/bin/pytest -n "$workers" --dist worksteal --durations=20 "$@"
 fi
 rc=$?
 set -e

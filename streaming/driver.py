@@ -22,6 +22,19 @@ from safepoint.settings import Settings
 __all__ = ["Surface", "prepare_topics", "run_job"]
 
 
+def _start(spark: Any, settings: Settings) -> Any:
+    """The job's query, started, and what it says once it runs."""
+    from safepoint.streaming.job import build_query
+
+    if settings.spark_ui:
+        print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
+    query = build_query(spark, settings)
+    print(f"safepoint run: reading {settings.events_topic} and {settings.control_topic} at {settings.bootstrap}, "
+          f"checkpoint {settings.checkpoint}", flush=True)
+    print(f"safepoint run: the core runs {'compiled' if CORE == 'compiled' else 'as Python'} ({CORE_WHY})", flush=True)
+    return query
+
+
 class Surface(Protocol):
     def batch(self, progress: dict[str, Any], counts: dict[str, int], rows: int) -> None: ...
 
@@ -48,24 +61,36 @@ def prepare_topics(settings: Settings) -> list[str]:
 
 def run_job(settings: Settings, surface_for: Callable[[Callable[[], bool]], Surface]) -> int:
     """Run the job until a signal or the query's end; 0 on a clean stop, 1 when the query failed."""
-    from safepoint.streaming.job import batch_accounting, build_query, gaps_in, messages_in
+    from safepoint.streaming.job import batch_accounting, gaps_in, messages_in
     from safepoint.streaming.session import build_session, kafka_connector_conf, stop_on_signals, stop_session
 
     if not settings.checkpoint:
         msg = "safepoint run needs --checkpoint DIR (or SAFEPOINT_CHECKPOINT): the job resumes from it"
         raise SafepointError(msg)
+    stopping = stop_on_signals()  # at once: SIGTERM while the job starts is a stop, not a kill
     prepare_topics(settings)
     query: Any = None
     surface = surface_for(lambda: bool(query is not None and query.isActive))  # binds its port first
-    spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
-                          extra=kafka_connector_conf() if settings.source_format == "kafka" else None, **settings.jvm())
-    stopping = stop_on_signals()
-    if settings.spark_ui:
-        print(f"safepoint run: Spark UI at {spark.sparkContext.uiWebUrl}", flush=True)
-    query = build_query(spark, settings)
-    print(f"safepoint run: reading {settings.events_topic} and {settings.control_topic} at {settings.bootstrap}, "
-          f"checkpoint {settings.checkpoint}", flush=True)
-    print(f"safepoint run: the core runs {'compiled' if CORE == 'compiled' else 'as Python'} ({CORE_WHY})", flush=True)
+    spark: Any = None
+    try:
+        spark = build_session(settings.spark_master, settings.shuffle_partitions, ui=settings.spark_ui,
+                              extra=kafka_connector_conf() if settings.source_format == "kafka" else None, **settings.jvm())
+        stop_on_signals(stopping)  # again: the session put Spark's own SIGINT handler in place of it
+        if not stopping.is_set():
+            query = _start(spark, settings)
+    except Exception:
+        if not stopping.is_set():
+            raise
+        # stopped while it started: the signal reached the JVM too, and what was starting fails with it
+    if query is None:
+        surface.close()
+        if spark is not None:
+            try:
+                stop_session(spark)
+            except Exception:  # noqa: BLE001, S110 - a JVM the signal ended already: nothing left to stop
+                pass
+        print("safepoint run: stopped (while starting)", flush=True)
+        return 0
     last = None
     told = 0
     try:

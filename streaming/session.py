@@ -175,12 +175,13 @@ def build_session(
     return spark
 
 
-def stop_on_signals() -> threading.Event:
-    """Set the returned event on SIGINT or SIGTERM, in place of the handler a Spark session installs
-    for SIGINT: that one cancels every job from inside whatever py4j call the main thread is in,
-    which fails with a reentrant read and logs tracebacks. For a command's main thread, once its
-    session exists; its loop ends when the event is set."""
-    stopping = threading.Event()
+def stop_on_signals(stopping: threading.Event | None = None) -> threading.Event:
+    """Set the returned event (``stopping``, or a new one) on SIGINT or SIGTERM, in place of the handler
+    a Spark session installs for SIGINT: that one cancels every job from inside whatever py4j call the
+    main thread is in, which fails with a reentrant read and logs tracebacks. For a command's main
+    thread: once before its session starts (a stop while it starts is a stop too), and again once it
+    exists, with the same event; its loop ends when the event is set."""
+    stopping = stopping if stopping is not None else threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     return stopping

@@ -62,10 +62,12 @@ CLAIMS: dict[tuple[str, str], str] = {
     ("README.md", "pip install ."): "tests/integration/test_bare_install.py::test_the_bare_package_is_the_node_client",
     ("README.md", "from safepoint.connectors.reporter import Reporter"):
         "tests/integration/test_readme.py::test_the_readme_node_example_runs_and_compacts",
-    ("README.md", "reporter, err := safepoint.NewReporter"):
+    ("docs/client.md", "reporter, err := safepoint.NewReporter"):
         "tests/integration/test_readme.py::test_the_readmes_go_and_java_nodes_run_and_compact",
-    ("README.md", "try (Reporter reporter = Reporter.builder"):
+    ("docs/client.md", "try (Reporter reporter = Reporter.builder"):
         "tests/integration/test_readme.py::test_the_readmes_go_and_java_nodes_run_and_compact",
+    ("README.md", "./scripts/images.sh"):
+        "tests/integration/test_compose.py::test_the_deployment_pages_compose_lines_run_the_product",
     ("docs/deploying.md", "./scripts/images.sh"):
         "tests/integration/test_compose.py::test_the_deployment_pages_compose_lines_run_the_product",
     ("docs/deploying.md", "spark-submit --master spark://master:7077"):

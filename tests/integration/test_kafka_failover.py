@@ -6,8 +6,12 @@ forward, and directives go on coming from the two brokers left."""
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,10 @@ import pytest
 from confluent_kafka import TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from safepoint.devtools.broker import free_port, wait_for_kafka
+from safepoint.jars import KAFKA
+
+from conftest import require_jars
 from fault_nodes import ReaderNode, check_nodes, close_all, stop_all
 from tests_support import QueryJob, make_settings, wait_for
 
@@ -22,6 +30,31 @@ pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 NODES = ("n1", "n2", "n3")
 PARTITIONS = 3
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``safepoint broker --kafka --nodes 3`` as a user runs it: its ready line gives the bootstrap
+    addresses and each broker's pid."""
+    require_jars(KAFKA)
+    data = tmp_path_factory.mktemp("kafka3")
+    proc = subprocess.Popen([sys.executable, "-m", "safepoint.cli", "broker", "--kafka", "--nodes", "3", "--port",
+                             str(free_port()), "--data-dir", str(data)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        ready = re.search(r"safepoint broker ready bootstrap=(\S+) data_dir=\S+ pids=(\S+)", line)
+        assert ready, line
+        bootstrap, pids = ready.group(1), [int(p) for p in ready.group(2).split(",")]
+        assert len(bootstrap.split(",")) == 3 and len(pids) == 3
+        wait_for_kafka(bootstrap, 30)
+        yield {"bootstrap": bootstrap, "pids": pids, "proc": proc}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def leaders(bootstrap: str, topic: str) -> dict[int, int]:

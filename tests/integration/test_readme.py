@@ -157,8 +157,8 @@ def test_the_readmes_go_and_java_nodes_run_and_compact(spark: Any, tmp_path: Pat
     go_dir, java_dir = tmp_path / "go", tmp_path / "java"
     go_dir.mkdir()
     java_dir.mkdir()
-    programs = {"go": block("README.md", "reporter, err := safepoint.NewReporter").text,
-                "java": block("README.md", "try (Reporter reporter = Reporter.builder").text}
+    programs = {"go": block("docs/client.md", "reporter, err := safepoint.NewReporter").text,
+                "java": block("docs/client.md", "try (Reporter reporter = Reporter.builder").text}
     jar = next((root / "clients" / "java" / "target").glob("safepoint-client-*-driver.jar"))
     with EmbeddedBroker() as kafka:
         def as_node(code: str, language: str) -> str:

@@ -25,21 +25,18 @@ pytestmark = pytest.mark.integration
 DRIVER_WORKER = "transform_with_state_driver_worker"
 
 
-def driver_worker_running() -> bool:
-    """Whether an operator's driver-side Python process (a first batch's init) runs now: a look at
-    /proc, cheap enough to repeat every few milliseconds (the process lives a fraction of a second)."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if DRIVER_WORKER.encode() in cmdline.read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
+def driver_worker_running(pid: int) -> bool:
+    """Whether the job ``pid``'s operator's driver-side Python process (its first batch's init) runs now
+    (it lives a fraction of a second: asked every few milliseconds)."""
+    try:
+        return any(DRIVER_WORKER in " ".join(p.cmdline()) for p in psutil.Process(pid).children(recursive=True))
+    except psutil.Error:
+        return False
 
 
 @pytest.mark.parametrize(("sig", "when"), [(signal.SIGTERM, "running"), (signal.SIGINT, "running"),
-                                           (signal.SIGTERM, "operator-start")],
-                         ids=["SIGTERM", "SIGINT", "SIGTERM-at-operator-start"])
+                                           (signal.SIGTERM, "operator-start"), (signal.SIGTERM, "starting")],
+                         ids=["SIGTERM", "SIGINT", "SIGTERM-at-operator-start", "SIGTERM-while-starting"])
 def test_a_signal_to_the_process_group_stops_the_job_cleanly(broker: Any, tmp_path: Path, sig: signal.Signals,
                                                              when: str) -> None:
     settings = make_settings(broker.bootstrap, "stop", 1)
@@ -53,10 +50,14 @@ def test_a_signal_to_the_process_group_stops_the_job_cleanly(broker: Any, tmp_pa
                                 stdout=out, stderr=subprocess.STDOUT, env=job_env(), start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        if when == "operator-start":  # the moment the first batch's operator starts (or just after, if missed)
-            while not driver_worker_running() and "safepoint run: reading" not in log.read_text(errors="replace"):
+        if when == "starting":  # the HTTP surface is up, the Spark session not yet
+            while "status API, metrics and dashboard at" not in log.read_text(errors="replace"):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-                time.sleep(0.005)
+                time.sleep(0.01)
+        elif when == "operator-start":  # the moment the first batch's operator starts (or just after, if missed)
+            while not driver_worker_running(proc.pid) and "safepoint run: reading" not in log.read_text(errors="replace"):
+                assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+                time.sleep(0.01)
         else:
             while "safepoint run: reading" not in log.read_text(errors="replace"):
                 assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]

@@ -299,8 +299,17 @@ class KafkaCluster:
         self.net.reconnect(self.brokers[node], self.slots[node], f"kafka{node}")
 
     def freeze(self, node: int) -> None:
-        """``docker pause``: every process of broker ``node`` stopped where it stands (cgroup freezer)."""
-        self.brokers[node].get_wrapped_container().pause()
+        """``docker pause``: every process of broker ``node`` stopped where it stands (cgroup freezer).
+        The freezer gives up on a busy process now and then ("unable to freeze"): asked again, a few times."""
+        wrapped = self.brokers[node].get_wrapped_container()
+        for attempt in range(5):
+            try:
+                wrapped.pause()
+                return
+            except APIError as exc:
+                if "unable to freeze" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.2)
 
     def thaw(self, node: int) -> None:
         self.brokers[node].get_wrapped_container().unpause()
