@@ -21,8 +21,9 @@ puts in the environment's site-packages, calls ``at_python_start`` when a Python
 environment starts with a ``pyspark.zip`` on its path (any other start imports nothing of this
 project). It drops the zips too, and in Spark's own daemon it has ``-m pyspark.daemon`` run this
 module instead (``SparkDaemonRedirect``), without the preload: its workers end quietly as well.
-The operator's driver-side init (``DRIVER_WORKER``) ends quietly too when a stopping JVM closes its
-connection before the init is done (``quiet_when_jvm_gone``).
+The operator's driver-side init (``DRIVER_WORKER``) and the source's offset runner
+(``SOURCE_RUNNER``) end quietly too when a stopping JVM closes their connection first
+(``quiet_when_jvm_gone``).
 """
 
 from __future__ import annotations
@@ -35,12 +36,19 @@ import socket
 import sys
 from collections.abc import Callable
 
-__all__ = ["DRIVER_WORKER", "PRELOAD", "PRELOAD_ARROW", "THREAD_FREE_ENV", "SparkDaemonRedirect", "arrow_is_thread_free", "at_python_start",
+__all__ = ["DRIVER_WORKER", "PRELOAD", "PRELOAD_ARROW", "QUIET_WHEN_JVM_GONE", "SOURCE_RUNNER", "THREAD_FREE_ENV", "SparkDaemonRedirect", "arrow_is_thread_free", "at_python_start",
            "drop_installed_copies", "installed_copies", "preload", "quiet_when_dropped", "quiet_when_jvm_gone", "redirect_once"]
 
 DRIVER_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
 """The Python process Spark starts on the driver for the first batch of a query with a Python
 ``transformWithState``: it runs the processor's init against the JVM's state server."""
+
+SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+"""The Python process Spark starts on the driver for a query's Python data source (the events
+source): it answers the JVM's offset calls for the query's whole life."""
+
+QUIET_WHEN_JVM_GONE = {DRIVER_WORKER: "the stateful operator's driver-side init",
+                       SOURCE_RUNNER: "the events source's offset runner"}
 
 
 def installed_copies(path: list[str]) -> list[str]:
@@ -168,22 +176,25 @@ class SparkDaemonRedirect:
         return importlib.util.spec_from_file_location("pyspark.daemon", __file__)
 
 
-def quiet_when_jvm_gone(hook: Callable[..., object]) -> Callable[..., None]:
-    """``sys.excepthook`` for ``DRIVER_WORKER``: a connection the JVM closed (``EOFError`` reading the
-    state server's port, then ``BrokenPipeError`` writing the error back) ends the process with one
-    line instead of two tracebacks; any other exception goes to ``hook`` as before.
+def quiet_when_jvm_gone(hook: Callable[..., object], what: str = QUIET_WHEN_JVM_GONE[DRIVER_WORKER]) -> Callable[..., None]:
+    """``sys.excepthook`` for ``DRIVER_WORKER`` and ``SOURCE_RUNNER`` (``what`` names it): a
+    connection the JVM closed (``EOFError`` reading the JVM's next call, then ``BrokenPipeError``
+    writing the error back) ends the process with one line instead of two tracebacks; any other
+    exception goes to ``hook`` as before.
 
     A query stopped while its first batch starts (SIGTERM or SIGINT to the job's process group in
     the middle of the operator's init) closes that connection; PySpark's worker reports the
     ``EOFError`` on the socket that is gone and dies of the ``BrokenPipeError``, whose traceback
-    (with the first as its context) was all the job's log said of a clean stop. The JVM decides
-    what a failed init means: it reads the connection, not this process's stderr.
+    (with the first as its context) was all the job's log said of a clean stop. The source's runner
+    does the same when the JVM goes while it answers a call (a full-suite run caught it too, at the
+    same moment). The JVM decides what a failed call means: it reads the connection, not this
+    process's stderr.
     """
 
     def excepthook(kind: type[BaseException], exc: BaseException, tb: object) -> None:
         if issubclass(kind, (ConnectionError, EOFError)):
-            sys.stderr.write(f"safepoint: the stateful operator's driver-side init ended: the JVM closed its "
-                             f"connection ({kind.__name__}), as a stopping query does\n")
+            sys.stderr.write(f"safepoint: {what} ended: the JVM closed its connection ({kind.__name__}), "
+                             f"as a stopping query does\n")
             return
         hook(kind, exc, tb)
 
@@ -193,13 +204,13 @@ def quiet_when_jvm_gone(hook: Callable[..., object]) -> Callable[..., None]:
 def at_python_start() -> None:
     """What ``scripts/safepoint-spark-path.pth`` runs in a Python started with Spark's zips on its
     path: drop the installed copies, in Spark's own daemon redirect it here, and in the operator's
-    driver-side init end quietly when the JVM goes first."""
+    driver-side init and the source's runner end quietly when the JVM goes first."""
     drop_installed_copies()
     argv = getattr(sys, "orig_argv", [])[1:3]
     if argv == ["-m", "pyspark.daemon"]:
         redirect_once()
-    elif argv == ["-m", DRIVER_WORKER]:
-        sys.excepthook = quiet_when_jvm_gone(sys.excepthook)
+    elif len(argv) == 2 and argv[0] == "-m" and argv[1] in QUIET_WHEN_JVM_GONE:
+        sys.excepthook = quiet_when_jvm_gone(sys.excepthook, QUIET_WHEN_JVM_GONE[argv[1]])
 
 
 def main(preloaded: bool = True) -> None:

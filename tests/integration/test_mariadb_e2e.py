@@ -139,10 +139,15 @@ def test_no_directive_passes_a_read_view_until_the_agent_ends_it(broker: Any, ma
         mariadb.sql("XA ROLLBACK 'pay-17'")  # decided: the session's view is now the oldest hold
         wait_for(lambda: not any((h["id"] or "").startswith("xa-") for h in holds()), 30, "the prepared one's close", job)
 
-        # the writer moves the counter well past the view (5 s of it) while the safe point stays at or below it
+        # the writer moves the counter well past the view (the history list behind it grows by a hundred)
+        # while the safe point stays at or below it; the job expires the session 15 s after it opened
         history: list[int] = []
-        deadline = time.monotonic() + 5
-        while alive(thread) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 15
+
+        def grown() -> bool:
+            return len(history) > 3 and history[-1] > history[0] + 100 and counter() > view + 200
+
+        while alive(thread) and not grown() and time.monotonic() < deadline:
             assert safe() <= view, "the safe point passed an open read view"
             history.append(node().get("history_length", 0))
             time.sleep(0.3)

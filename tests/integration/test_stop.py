@@ -2,7 +2,8 @@
 ends it cleanly (exit 0, "stopped", no traceback), and no Spark JVM is left behind: a few batches
 in, and at the moment the stateful operator's driver-side Python process starts (a run of the full
 suite once caught it there: PySpark's ``transform_with_state_driver_worker`` printed an ``EOFError``
-and a ``BrokenPipeError`` as the stopping JVM closed its connection)."""
+and a ``BrokenPipeError`` as the stopping JVM closed its connection, and in a later run its
+``python_streaming_source_runner`` did the same)."""
 
 from __future__ import annotations
 

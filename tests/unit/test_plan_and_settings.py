@@ -388,13 +388,15 @@ def test_the_worker_daemon_preloads_what_workers_import_without_starting_a_threa
     assert out == ["1", "True", "False"], out
 
 
-def test_the_operators_driver_side_init_ends_quietly_when_the_jvm_goes_first(tmp_path: Path) -> None:
-    """PySpark's ``transform_with_state_driver_worker`` itself, started as Spark starts it (its zip on
-    the path, the connection back to the "JVM" named in its environment), against a stand-in JVM that
-    sends the command and closes as a stopping query does: one line, no traceback (it printed an
-    ``EOFError`` and a ``BrokenPipeError`` in a full-suite run of tests/integration/test_stop.py). With
-    the hook left out (a Python without the project's path file's call) the tracebacks are there: the
-    test sees the failure it guards against."""
+@pytest.mark.parametrize("which", ["driver-worker", "source-runner"])
+def test_the_spark_driver_side_python_processes_end_quietly_when_the_jvm_goes_first(tmp_path: Path, which: str) -> None:
+    """PySpark's ``transform_with_state_driver_worker`` and its ``python_streaming_source_runner``
+    themselves, started as Spark starts them (its zip on the path, the connection back to the "JVM"
+    named in its environment), against a stand-in JVM that closes as a stopping query does (the
+    worker: after the command; the runner: after the Python version): one line, no traceback (each
+    printed an ``EOFError`` and a ``BrokenPipeError`` in a full-suite run of
+    tests/integration/test_stop.py). With the hook left out (a Python without the project's path
+    file's call) the tracebacks are there: the test sees the failure it guards against."""
     import os
     import pickle
     import socket
@@ -405,8 +407,9 @@ def test_the_operators_driver_side_init_ends_quietly_when_the_jvm_goes_first(tmp
 
     import pyspark
 
-    from safepoint.streaming.worker_daemon import DRIVER_WORKER
+    from safepoint.streaming.worker_daemon import DRIVER_WORKER, QUIET_WHEN_JVM_GONE, SOURCE_RUNNER
 
+    module = DRIVER_WORKER if which == "driver-worker" else SOURCE_RUNNER
     zip_path = Path(pyspark.__file__).parent / "python" / "lib" / "pyspark.zip"
     if not zip_path.exists():
         pytest.skip("this PySpark has no pyspark.zip")
@@ -423,9 +426,13 @@ def test_the_operators_driver_side_init_ends_quietly_when_the_jvm_goes_first(tmp
             struct.unpack("!i", f.read(4))  # the worker's pid
             version = b"%d.%d" % sys.version_info[:2]
             command = pickle.dumps((len, None))
-            f.write(struct.pack("!i", len(version)) + version + struct.pack("!i", len(command)) + command)
-            f.flush()
-            struct.unpack("!i", f.read(4))  # "send me the state server's port": the query stops instead
+            if module == SOURCE_RUNNER:  # the runner reads its files next: the query stops instead
+                f.write(struct.pack("!i", len(version)) + version)
+                f.flush()
+            else:
+                f.write(struct.pack("!i", len(version)) + version + struct.pack("!i", len(command)) + command)
+                f.flush()
+                struct.unpack("!i", f.read(4))  # "send me the state server's port": the query stops instead
             f.close()
             conn.close()
 
@@ -433,7 +440,7 @@ def test_the_operators_driver_side_init_ends_quietly_when_the_jvm_goes_first(tmp
         thread.start()
         env = {**os.environ, "PYTHON_WORKER_FACTORY_SOCK_PATH": path, "PYTHONPATH": str(zip_path)}
         env.pop("PYTHON_WORKER_FACTORY_SECRET", None)
-        argv = [sys.executable, *([] if hooked else ["-S"]), "-m", DRIVER_WORKER]
+        argv = [sys.executable, *([] if hooked else ["-S"]), "-m", module]
         if not hooked:  # no site: no path file; the installed PySpark from the zip alone
             env["PYTHONPATH"] = os.pathsep.join([str(zip_path), *[p for p in sys.path if p.endswith("site-packages")]])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)
@@ -443,7 +450,7 @@ def test_the_operators_driver_side_init_ends_quietly_when_the_jvm_goes_first(tmp
 
     quiet = run(hooked=True)
     assert "Traceback" not in quiet.stderr, quiet.stderr
-    assert "the JVM closed its connection" in quiet.stderr, quiet.stderr
+    assert f"{QUIET_WHEN_JVM_GONE[module]} ended: the JVM closed its connection" in quiet.stderr, quiet.stderr
     loud = run(hooked=False)
     assert "Traceback" in loud.stderr and "BrokenPipeError" in loud.stderr, loud.stderr
 

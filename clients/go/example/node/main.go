@@ -25,7 +25,7 @@ func main() {
 	node := flag.String("node", "go-1", "the node's id")
 	directiveKey := flag.String("directive-key", os.Getenv("SAFEPOINT_DIRECTIVE_KEY"),
 		"the job's public key(s): act only on directives it signed")
-	runFor := flag.Duration("for", 0, "stop after this long (0: until interrupted)")
+	runFor := flag.Duration("for", 0, "stop this long after the report opened (0: until interrupted)")
 	flag.Parse()
 	if err := run(*bootstrap, *cluster, *node, *directiveKey, *runFor); err != nil {
 		fmt.Fprintln(os.Stderr, "node:", err)
@@ -36,11 +36,6 @@ func main() {
 func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if runFor > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, runFor)
-		defer cancel()
-	}
 	// The node's MVCC clock: here milliseconds since the epoch; a database passes its own.
 	var mvcc atomic.Int64
 	mvcc.Store(time.Now().UnixMilli())
@@ -82,6 +77,11 @@ func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) er
 		return err // a *safepoint.RefusedError: its snapshot may already be compacted
 	}
 	oldest.Store(report.TS())
+	if runFor > 0 { // the workload's time, however long connecting took
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, runFor)
+		defer cancel()
+	}
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	for n := 0; ; n++ {

@@ -63,7 +63,6 @@ public final class ExampleNode {
     static void run(String bootstrap, String cluster, String node, String directiveKey, Duration runFor)
             throws InterruptedException {
         Logger log = LoggerFactory.getLogger("node");
-        long deadline = runFor.isZero() ? Long.MAX_VALUE : System.nanoTime() + runFor.toNanos();
         // The node's MVCC clock: here milliseconds since the epoch; a database passes its own.
         AtomicLong mvcc = new AtomicLong(System.currentTimeMillis());
         String tmp = System.getenv().getOrDefault("TMPDIR", System.getProperty("java.io.tmpdir"));
@@ -87,6 +86,8 @@ public final class ExampleNode {
                 // a RefusedException here: its snapshot may already be compacted
                 Reader report = reporter.reader(HoldOptions.of().label("nightly report"));
                 OLDEST.set(report.ts());
+                // the workload's time, however long connecting took
+                long deadline = runFor.isZero() ? Long.MAX_VALUE : System.nanoTime() + runFor.toNanos();
                 for (int n = 0; System.nanoTime() < deadline; n++) {
                     Thread.sleep(100);
                     mvcc.set(System.currentTimeMillis());
