@@ -13,9 +13,10 @@ One test, each fault a subtest of it, under one job (one set of containers):
 Each fault: no directive passes a reader open on its node, every listener sees seq and safe_ts only
 move forward, directives go on from the majority side while the broker is away, the cluster heals
 (every partition in sync on three brokers again), and the job's run is replay's: every event
-accounted for once, its directives byte for byte (``tests_support.verify``). Against a listener that
-takes any directive (no seq check) or a job whose sink drops what the broker does not confirm, these
-fail; see docs/development.md ("Tests on containers") for the mutants tried."""
+accounted for once, its directives byte for byte (``tests_support.verify``). Against a job with
+librdkafka's default timeouts (``clients.FAILOVER_CONF`` set back through the ``[kafka]`` table) it
+fails: no directive for two minutes behind the partitioned leader, the job ended by the frozen one;
+see docs/development.md ("Tests on containers")."""
 
 from __future__ import annotations
 

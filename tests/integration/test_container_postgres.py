@@ -6,8 +6,8 @@ A ``REPEATABLE READ`` session holds the vacuum horizon: no directive passes its 
 ``docker restart`` ends it with the server (a fast shutdown ends every session); the agent says the
 server cannot be read, goes on, says when it answers again, and reports what holds the horizon now:
 the safe point passes the ended session's xmin, and a session opened after the restart holds it again
-until it ends. The agent never exits; the job is replay's. Against an agent that keeps the holds of its
-last reading while the server is away (or forgets them and never reads again), it fails."""
+until it ends. The agent never exits; the job is replay's. Against an agent that keeps its broken
+connection (it never connects again), it fails."""
 
 from __future__ import annotations
 
