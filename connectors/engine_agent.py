@@ -130,12 +130,17 @@ class EngineAgent:
 
     # -- start and stop -------------------------------------------------------------------
     def start_reporting(self) -> Any:
-        """The first reading, then the reporter and the listener (raises when the engine cannot be read)."""
+        """The first reading, the reporter with that reading's holds, then the listener (raises when the
+        engine cannot be read). The holds come first: of the directives' backlog the listener hands
+        over only the expiries naming a hold the reporter has open, so an expiry an earlier agent
+        left untaken (one it could not act on, restarted with a wider ``--kill``) reaches this one
+        whichever of the two, the listener's catch-up or the first poll, would have been quicker."""
         reading = self._fresh()
         self.reporter = Reporter(self.bootstrap, self.node, cluster=self.cluster, mvcc_clock=self._mvcc_now,
                                  figures=self._figures, heartbeat_interval_s=None, topic=self.events_topic,
                                  state_dir=self.state_dir, client=self.client, kafka_conf=self.kafka_conf,
                                  node_key=self.node_key, observer=True, on_expire=self._on_expire)
+        self._sync_holds(reading)
         self.listener = DirectiveListener(self.bootstrap, self.cluster, topic=self.directives_topic,
                                           on_directive=self._take, reporter=self.reporter,
                                           kafka_conf=self.kafka_conf, client=self.client,
@@ -190,12 +195,7 @@ class EngineAgent:
                              time.monotonic() - self._down_since)
             self._down_since = None
             self._backoff_s = self.poll_s
-        try:
-            self._sync(self.holds(reading))
-        except SafepointError:  # a change not published (the broker away): the next poll tries again, and
-            # the reporter restates every hold it has once deliveries work (its repair snapshot)
-            self.log.warning("%s agent: a change of holds not published; retrying at the next poll", self.engine,
-                             exc_info=True)
+        self._sync_holds(reading)
         self._read(reading)
         try:
             self.reporter.heartbeat()
@@ -207,6 +207,14 @@ class EngineAgent:
             self.on_beat()
         self._after_beat()
         return self.poll_s
+
+    def _sync_holds(self, reading: Any) -> None:
+        try:
+            self._sync(self.holds(reading))
+        except SafepointError:  # a change not published (the broker away): the next poll tries again, and
+            # the reporter restates every hold it has once deliveries work (its repair snapshot)
+            self.log.warning("%s agent: a change of holds not published; retrying at the next poll", self.engine,
+                             exc_info=True)
 
     def _sync(self, now: dict[str, Any]) -> None:
         """Close the holds that went, open those that came (lowest first: a close never comes before

@@ -27,8 +27,8 @@ def _needs_postgres() -> None:
 class Running:
     """A ``PostgresAgent`` polling in a thread of the test."""
 
-    def __init__(self, agent: PostgresAgent) -> None:
-        self.agent = agent.start()
+    def __init__(self, agent: PostgresAgent, started: bool = False) -> None:
+        self.agent = agent if started else agent.start()
         self.thread = threading.Thread(target=agent.run, daemon=True)
         self.thread.start()
 
