@@ -2,12 +2,11 @@
 # Set up, then run lint, type checks, the Go and Java clients' unit tests and the whole test suite
 # (unit, properties, integration against the embedded broker, Apache Kafka and a real Spark session).
 # Extra arguments go to pytest.
-# Three pytest workers (SAFEPOINT_TEST_WORKERS; 0: one process), each with its own broker and Spark
-# session. Most of a test's time is waiting (a JVM starting, a batch, a broker's answer): with two
-# workers a clean-clone run used 0.8 cores of 2 on average (pytest 517 s), with three 0.9 cores
-# (457 s). A third once overloaded 2 cores (a Python worker missed Spark's 10 s connect-back);
-# since every Python process imports compiled modules, not PySpark's zip, they start in a fifth
-# of the time.
+# Four pytest workers (SAFEPOINT_TEST_WORKERS; 0: one process), each with its own broker and Spark
+# session. A test's time is mostly waiting (a JVM starting, a batch, a broker's answer) and the
+# container tests' JVMs share the same 2 cores: on a clean clone with the images built, pytest took
+# 863 s with three workers and 809 s with four (the cores busy 95% of it), the whole command 961 and
+# 939 s; on a fresh machine, images included, 1113 s with three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SAFEPOINT_SETUP_CLASSES=later SAFEPOINT_SETUP_CORE=later ./scripts/setup.sh
@@ -79,7 +78,7 @@ if ! wait "$core"; then
 fi
 echo "== pytest"
 set +e
-workers="${SAFEPOINT_TEST_WORKERS:-3}"
+workers="${SAFEPOINT_TEST_WORKERS:-4}"
 if [ "$workers" = "0" ]; then
   .venv/bin/pytest --durations=20 "$@"
 else
