@@ -18,6 +18,9 @@ Not for production: one machine, memory and maintenance set for quick tests.
 from __future__ import annotations
 
 import base64
+import functools
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -33,9 +36,9 @@ from typing import Any
 from safepoint.devtools.broker import free_port, serve
 from safepoint.errors import BrokerError
 from safepoint.jars import KAFKA, require
-from safepoint.streaming.java import C1_ONLY, java_binary
+from safepoint.streaming.java import C1_ONLY, java_binary, java_version_text
 
-__all__ = ["ADMIN_USER", "ApacheKafka", "kafka_version", "run_foreground"]
+__all__ = ["ADMIN_USER", "ApacheKafka", "classes_archive", "kafka_version", "run_foreground"]
 
 ADMIN_USER = ("admin", "admin-secret")
 """The super user of a broker started with ``users`` (it makes topics and grants ACLs)."""
@@ -58,6 +61,27 @@ QUICK_MAINTENANCE = {
     "log.initial.task.delay.ms": "0",
     "group.initial.rebalance.delay.ms": "0",
 }
+
+
+_QUIET_CDS = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+
+
+def classes_archive(java: str, jars: list[Path]) -> Path:
+    """The brokers' class-data archive for this Java and these jars (JDK 13+ dynamic CDS, as
+    ``streaming/classes.py`` makes Spark's): the classes a broker loads, mapped at start instead of
+    read and verified. The first broker of a machine that stops cleanly writes it at its exit (a few
+    CPU-s once); every JVM started after maps it: on 2 cores a one-broker cluster formatted, started
+    and stopped in 1.8-1.9 CPU-s instead of 2.6-2.8, ready in 1.3-1.4 s instead of 2.0-2.1. It lives
+    beside the jars (its classpath is theirs); the JVM ignores one that does not match
+    (``-Xshare:auto``); remove it to make it again."""
+    return jars[0].parent.parent / f"kafka-classes-{_archive_key(java, tuple(j.name for j in jars))}.jsa"
+
+
+@functools.cache
+def _archive_key(java: str, jars: tuple[str, ...]) -> str:
+    """What an archive is bound to (``java -version`` asked once a process)."""
+    text = json.dumps([java_version_text(java), list(jars)])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def kafka_version() -> str:
@@ -85,6 +109,8 @@ class KafkaNode:
     exited: int | None = field(default=None)
     told: bool = False
     """Whether ``newly_ended`` said it ended."""
+    dump: Path | None = None
+    """Where its JVM writes a class-data archive at its exit (none was made yet), else None."""
 
     @property
     def log_path(self) -> Path:
@@ -175,16 +201,24 @@ class ApacheKafka:
         props.update(self.overrides)
         return props
 
-    def _java(self, node: KafkaNode) -> list[str]:
+    def _java(self, node: KafkaNode, dump: Path | None = None) -> list[str]:
+        """The JVM's command up to its main class: with the brokers' class-data archive where one was
+        made (``classes_archive``), else, with ``dump``, writing one there when the JVM exits."""
         java = java_binary()
         if java is None:
             msg = "Java not found: Apache Kafka needs Java 17 or newer (set JAVA_HOME or put java on PATH)"
             raise BrokerError(msg)
-        classpath = os.pathsep.join(str(j) for j in require(KAFKA))
+        jars = require(KAFKA)
+        classpath = os.pathsep.join(str(j) for j in jars)
         opts = [f"-Xmx{self.heap}", "-Xms64m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={node.folder / 'log4j2.properties'}", f"-Dkafka.logs.dir={node.folder}"]
         if self.quick_jit:
             opts.append(C1_ONLY)
+        archive = classes_archive(java, jars)
+        if archive.is_file():
+            opts += [f"-XX:SharedArchiveFile={archive}", "-Xshare:auto", *_QUIET_CDS]
+        elif dump is not None:
+            opts += [f"-XX:ArchiveClassesAtExit={dump}", *_QUIET_CDS]
         return [java, *opts, "-cp", classpath]
 
     def _format(self, node: KafkaNode, cluster_id: str) -> None:
@@ -233,7 +267,8 @@ class ApacheKafka:
         config = node.folder / "server.properties"
         out = open(node.folder / "stdout.log", "ab")  # noqa: SIM115 - the child owns it
         # a session of its own: a Ctrl-C to the command that runs it lets that command stop it last
-        node.proc = subprocess.Popen([*self._java(node), "kafka.Kafka", str(config)], stdout=out,
+        node.dump = node.folder / f"classes-{os.getpid()}-{node.node_id}.jsa"  # this start's archive, if it makes one
+        node.proc = subprocess.Popen([*self._java(node, dump=node.dump), "kafka.Kafka", str(config)], stdout=out,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         node.exited, node.told = None, False
         out.close()
@@ -309,6 +344,23 @@ class ApacheKafka:
             except subprocess.TimeoutExpired:
                 node.proc.kill()
                 node.exited = node.proc.wait()
+        self._keep_archive(running)
+
+    def _keep_archive(self, stopped: list[KafkaNode]) -> None:
+        """The class-data archive a cleanly stopped broker wrote at its exit, moved into place (atomic:
+        brokers of other processes may be starting now); the others' removed."""
+        java = java_binary()
+        if java is None:
+            return
+        archive = classes_archive(java, require(KAFKA))
+        for node in stopped:
+            if node.dump is None or not node.dump.is_file():
+                continue
+            if node.exited in (0, 128 + signal.SIGTERM) and not archive.is_file():  # a clean stop: SIGTERM
+                archive.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(node.dump, archive)
+            else:
+                node.dump.unlink(missing_ok=True)
 
     def cleanup(self) -> None:
         self.stop()
