@@ -80,6 +80,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--first-batch", type=int, default=10_000, help="events in the throughput runs' batch 0 (excluded)")
     p.add_argument("--trigger-ms", type=int, default=Settings().trigger_ms,
                    help="processing-time trigger of the job (the job's default)")
+    p.add_argument("--node-buckets", type=int, default=Settings().node_buckets,
+                   help="the job's node_buckets (the job's default): the map entries a cluster's nodes are stored in")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the job's runs, over the job's own (repeatable): to measure one A B A B")
     p.add_argument("--masters", default="local[1],local[2]",
                    help="Spark masters of the throughput runs; standalone[N]: a standalone master and N workers of one core "
                         "each, started from the pinned PySpark on loopback for the run")

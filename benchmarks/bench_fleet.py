@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench_common import mb, scale_base
+from bench_common import TARGETS, mb, scale_base
 
 __all__ = ["core_ratio", "fleet_figure", "fleet_mix", "replay_seconds", "report_lines", "targets", "write_events"]
 
@@ -104,7 +104,7 @@ def core_ratio(values: list[bytes], repeat: int = 2) -> dict[str, Any]:
 
     n = len(values)
     return {"events": n, "json_loads_us": loads_s / n * 1e6, "replay_us": replay_s / n * 1e6,
-            "ratio": loads_s / replay_s, "target": 0.50, "core": CORE, "core_why": CORE_WHY}
+            "ratio": loads_s / replay_s, "target": TARGETS["core_vs_json"], "core": CORE, "core_why": CORE_WHY}
 
 
 def fleet_mix(nodes: int, seconds: float, node_rate: float, long_share: float, seed: int) -> list[tuple[int, int, str, str, int]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from bench_common import START_MS, cpu_seconds, percentile, say
 from bench_runs import Child
-from bench_workload import Workload, kafka_base, make_topics, open_holds, producer
+from bench_workload import Workload, kafka_base, make_topics, open_holds, producer, record_headers
 
 
 class DirectiveWatch(threading.Thread):
@@ -59,6 +59,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     spec = {
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(work / f"ckpt-{tag}"), "master": args.latency_master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
+        "node_buckets": args.node_buckets, "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf),
         "source_format": getattr(args, "source", "python"),
     }
     child = Child("_spark_lat", spec, work / f"{tag}.log", stdin=True)
@@ -83,11 +84,11 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
         if time.monotonic() > deadline:
             raise RuntimeError(f"latency run {tag}: the job did not start in 180 s")
     # ticks: the simulator emits in 50 ms steps; every event of one wall_ms goes out in one burst
-    ticks: list[tuple[int, list[tuple[str, bytes]]]] = []
+    ticks: list[tuple[int, list[tuple[str, bytes, Any]]]] = []
     for wall, key, value in wl.events:
         if not ticks or ticks[-1][0] != wall:
             ticks.append((wall, []))
-        ticks[-1][1].append((key, value))
+        ticks[-1][1].append((key, value, record_headers(value)))  # as a node client sends it
     warm_end = START_MS + int(args.warmup * 1000)
     warm = [t for t in ticks if t[0] < warm_end]
     paced = [t for t in ticks if t[0] >= warm_end]
@@ -95,14 +96,14 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     sent_at: dict[int, float] = {}
     n_sent = 0
 
-    def burst(tick: tuple[int, list[tuple[str, bytes]]]) -> None:
+    def burst(tick: tuple[int, list[tuple[str, bytes, Any]]]) -> None:
         nonlocal n_sent
         wall, evs = tick
         sent_at.setdefault(wall, time.monotonic())
-        for key, value in evs:
+        for key, value, headers in evs:
             while True:
                 try:
-                    prod.produce(topics["events"], key=key, value=value)
+                    prod.produce(topics["events"], key=key, value=value, headers=headers)
                     break
                 except BufferError:
                     prod.poll(0.01)
@@ -195,7 +196,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
     # latency is at least (stop - send); they count with that lower bound, and the percentiles say so
     closes: dict[int, int] = {}
     for wall, evs in paced:
-        for _, v in evs:
+        for _, v, _headers in evs:
             if b'"reader_close"' in v and b'"probe-' in v:
                 closes[int(json.loads(v)["reader_id"][6:])] = wall
     censored = [t_stop - sent_at[w] for k, w in closes.items() if k not in freed]

@@ -7,7 +7,7 @@ import pstats
 import subprocess
 import time
 import zlib
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -72,32 +72,36 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
 
 
 def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
-    """The job's batch logic (core/batch.py: route per partition, then each cluster's batch through
-    ``run_batch``, with the stored values and the packed hand-off between them, streaming/stored.py)
-    run in this process, without Spark.
+    """The job's batch logic (core/batch.py: route per partition, each node event's record named by
+    its header and handed through unread, as a node client sends it; then each cluster's batch
+    parsed (``admit``) and through ``run_batch``, with the stored values and the packed hand-off
+    between them, streaming/stored.py) run in this process, without Spark.
 
     A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
     own cost (Arrow between JVM and Python, the shuffle, RocksDB, the source and sink).
     """
-    from safepoint.core.batch import route, run_batch
+    from bench_workload import record_headers
+
+    from safepoint.core.batch import Group, admit, header_cluster, route_records, run_batch
     from safepoint.core.policy import Policy
     from safepoint.streaming.stored import (
         decode_cluster,
         encode_cluster,
-        pack_routed,
+        pack_group,
         stored_buckets,
         stored_nodes,
-        unpack_routed,
+        unpack_group,
     )
 
     policy = Policy()
     buckets = 8
     offsets = [0] * partitions
-    msgs: list[tuple[int, int, bytes, bytes]] = []
+    msgs: list[tuple[int, int, bytes, bytes, Any]] = []
     for key, value in values:
         p = zlib.crc32(key.encode()) % partitions
-        msgs.append((p, offsets[p], key.encode(), value))
+        msgs.append((p, offsets[p], key.encode(), value, record_headers(value)))
         offsets[p] += 1
+    topics = {"events": "bench", "control": "bench.control"}
     n = len(msgs)
     prof = cProfile.Profile()
 
@@ -111,12 +115,17 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         for start in range(0, n, batch_rows):
             batch = msgs[start:start + batch_rows]
             t0 = time.perf_counter()
-            groups: dict[str, list[Any]] = defaultdict(list)
+            groups: dict[str, Group] = {}
             for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
-                for cluster, items in route([(*m[:4], None) for m in batch if m[0] == part], "bench", policy).items():
-                    groups[cluster].extend(unpack_routed(pack_routed(items)))
+                rows = [(*m[:4], None, header_cluster(m[4])) for m in batch if m[0] == part]
+                for cluster, group in route_records(rows, "bench", policy).items():
+                    back = unpack_group(pack_group(group))
+                    have = groups.setdefault(cluster, Group([], []))
+                    have.routed.extend(back.routed)
+                    have.raw.extend(back.raw)
             t1 = time.perf_counter()
-            for cluster, items in groups.items():
+            for cluster, group in groups.items():
+                items = group.routed + admit(cluster, group.raw, topics, policy)
                 stored = clusters.get(cluster)
                 bucket_nodes = stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b)))
                 result = run_batch(cluster, None if stored is None else decode_cluster(stored), bucket_nodes,
@@ -147,7 +156,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
             "events.py:parse", "engine.py:step", "node.py:apply", "stored.py:bucket_entries", "node.py:from_stored", "stored.py:encode_bucket",
             "cluster.py:apply_node_update", "stored.py:decode_cluster", "stored.py:encode_cluster",
-            "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route",
+            "cluster.py:_directive", "codec.py:encode", "batch.py:merge_log_order", "batch.py:route_records", "batch.py:admit",
             "batch.py:run_batch", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),
     }

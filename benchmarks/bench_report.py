@@ -224,13 +224,13 @@ def source_lines(res: dict[str, Any]) -> list[str]:
 
 def _latency_target(res: dict[str, Any], rate: int, bound: float) -> dict[str, Any]:
     """The p99 target at one offered rate (a lower bound under it proves nothing)."""
-    name = f"p99 event-to-directive latency < {bound:g} s at {rate:,} ev/s"
+    name = f"p99 event-to-directive latency <= {bound:g} s at {rate:,} ev/s"
     lat = [x for x in res.get("latency", []) if x["offered_rate_target"] == rate]
     if not lat:
         return {"target": name, "measured": f"not run at {rate:,} ev/s", "ok": None}
     q = lat[0]["latency_s"]
     p99, lb = q["p99"], q.get("lower_bound")
-    ok = None if p99 is None else p99 < bound
+    ok = None if p99 is None else p99 <= bound
     if lb and ok:
         ok = None
     return {"target": name,
@@ -244,13 +244,14 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     plain = (res.get("plain") or {}).get("events_per_s")
     tps = {t["master"]: t for t in res.get("spark_throughput", []) if t.get("status", True)}
-    best = max((t["sustained_events_per_s"] or 0 for t in tps.values()), default=0) or None
-    best_master = max(tps.values(), key=lambda t: t["sustained_events_per_s"] or 0)["master"] if tps else None
+    best_master = "local[2]" if "local[2]" in tps else (
+        max(tps.values(), key=lambda t: t["sustained_events_per_s"] or 0)["master"] if tps else None)
+    best = (tps[best_master]["sustained_events_per_s"] or None) if best_master else None
     r = best / plain if best and plain else None
     sat = saturation(res)
     job_bound = (f"; at its CPU per event, every core the broker leaves would give "
                  f"{sat['job_bound_events_per_s'] / plain:.2f}x" if plain and "job_bound_events_per_s" in sat else "")
-    out.append({"target": "job throughput >= plain consumer (aim 1.5x)",
+    out.append({"target": f"job throughput ({best_master or 'local[2]'}) >= plain consumer (aim 1.5x)",
                 "measured": f"{r:.2f}x ({best_master}: {fmt_rate(best)} vs {fmt_rate(plain)} ev/s{job_bound})" if r else "-",
                 "ok": (r >= TARGETS["throughput_vs_plain"]) if r else None})
     out.append({"target": "aim: job throughput 1.5x plain", "measured": f"{r:.2f}x" if r else "-",
@@ -284,10 +285,12 @@ def evaluate_targets(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "ok": big / small <= TARGETS["cpu_growth_10x_nodes"]})
     st = res.get("state")
     if st:
-        out.append({"target": f"state < {TARGETS['state_bytes_per_hold']} bytes per active hold",
+        clusters = int((res.get("args") or {}).get("clusters") or 1)
+        bound = TARGETS["state_bytes_per_hold" if clusters == 1 else "state_bytes_per_hold_clusters"]
+        out.append({"target": f"state <= {bound} bytes per active hold ({clusters} cluster{'s' if clusters > 1 else ''})",
                     "measured": f"{st['state_dir_per_hold']:,.0f} B/hold (checkpoint state dir)"
                                 + (f"; the stored values alone {st['logical_per_hold']:,.0f} B/hold" if st["node_bytes"] else ""),
-                    "ok": st["state_dir_per_hold"] < TARGETS["state_bytes_per_hold"]})
+                    "ok": st["state_dir_per_hold"] <= bound})
     if "local[1]" in tps and "local[2]" in tps and tps["local[1]"]["sustained_events_per_s"]:
         s = tps["local[2]"]["sustained_events_per_s"] / tps["local[1]"]["sustained_events_per_s"]
         out.append({"target": "scaling 1 -> 2 cores (local[2] / local[1]; 1.5x taken as the bar, 2.0x ideal)",

@@ -135,6 +135,7 @@ def run_spark_tp(args: argparse.Namespace, work: Path, bootstrap: str, events: l
     spec = {
         "bootstrap": bootstrap, "topics": topics, "checkpoint": str(ckpt), "master": master,
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
+        "node_buckets": args.node_buckets, "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf),
         "total": total, "result": str(work / f"{tag}.json"), "extra_pids": extra_pids, "profile_out": profile_out,
         "timeout_s": args.timeout, "profile_rate": args.profile_rate, "status": status, "first_batch": args.first_batch,
         "tree_pids": tree_pids,

@@ -128,6 +128,7 @@ def _job_settings(spec: dict[str, Any]) -> Any:
         max_offsets_per_trigger=spec["max_offsets"],
         **({"first_batch_max_offsets": spec["first_batch"]} if "first_batch" in spec else {}),
         trigger_ms=spec["trigger_ms"],
+        node_buckets=spec.get("node_buckets", Settings().node_buckets),
         spark_master=spec["master"],
         shuffle_partitions=spec["shuffle_partitions"],
         starting_offsets="earliest",
@@ -135,11 +136,12 @@ def _job_settings(spec: dict[str, Any]) -> Any:
     )
 
 
-def _session_extra(settings: Any) -> dict[str, str]:
-    """The bench's Spark settings, with Spark's own Kafka connector where the run reads with it."""
+def _session_extra(settings: Any, spec: dict[str, Any]) -> dict[str, str]:
+    """The bench's Spark settings (with ``--spark-conf``'s), with Spark's own Kafka connector where the
+    run reads with it."""
     from safepoint.streaming.session import kafka_connector_conf
 
-    extra = {"spark.sql.streaming.numRecentProgressUpdates": "10000"}
+    extra = {"spark.sql.streaming.numRecentProgressUpdates": "10000", **(spec.get("spark_conf") or {})}
     return {**extra, **kafka_connector_conf()} if settings.source_format == "kafka" else extra
 
 
@@ -258,7 +260,7 @@ def worker_spark_tp(spec: dict[str, Any]) -> int:
     t0 = time.monotonic()
     spark = build_session(
         settings.spark_master, settings.shuffle_partitions, app="safepoint-bench", **settings.jvm(),
-        extra=_session_extra(settings),
+        extra=_session_extra(settings, spec),
     )
     session_s = time.monotonic() - t0
     sampler.start()
@@ -338,7 +340,7 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
     sampler = _Sampler(os.getpid())
     t0 = time.monotonic()
     spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-bench-latency",
-                          **settings.jvm(), extra=_session_extra(settings))
+                          **settings.jvm(), extra=_session_extra(settings, spec))
     session_s = time.monotonic() - t0
     sampler.start()
     query = build_query(spark, settings)

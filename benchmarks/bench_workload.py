@@ -8,11 +8,31 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from bench_common import START_MS
+
+from safepoint.core.ids import CLUSTER_HEADER
 
 
 def kafka_base(bootstrap: str) -> dict[str, Any]:
     return {"bootstrap.servers": bootstrap}
+
+
+class _Named(msgspec.Struct):
+    """An event's cluster and whether it is a node's (the rest of the event is skipped)."""
+
+    cluster: str = "default"
+    node: str | None = None
+
+
+_NAMED = msgspec.json.Decoder(_Named)
+
+
+def record_headers(value: bytes) -> list[tuple[str, bytes]] | None:
+    """The headers a node client gives ``value``'s record: its cluster (``safepoint-cluster``) for a
+    node's event; none for a cluster's event (its publisher is no node client)."""
+    named = _NAMED.decode(value)
+    return [(CLUSTER_HEADER, named.cluster.encode())] if named.node is not None else None
 
 
 @dataclass
@@ -240,9 +260,10 @@ def produce_all(bootstrap: str, topic: str, events: list[tuple[int, str, bytes]]
 
     t0 = time.perf_counter()
     for _, key, value in events:
+        headers = record_headers(value)
         while True:
             try:
-                prod.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                prod.produce(topic, key=key, value=value, headers=headers, on_delivery=on_delivery)
                 break
             except BufferError:
                 prod.poll(0.05)

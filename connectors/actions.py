@@ -23,7 +23,7 @@ from typing import Any
 
 from safepoint.connectors.kafka.producer import make_producer, producer_conf
 from safepoint.core.codec import encode
-from safepoint.core.ids import escape
+from safepoint.core.ids import CLUSTER_HEADER, escape
 from safepoint.core.signing import sign
 from safepoint.errors import BrokerError, SafepointError
 
@@ -86,6 +86,7 @@ class ControlPublisher:
         errors: list[Any] = []
         with self._lock:
             self.producer.produce(self.topic, key=event["cluster"].encode(), value=value.encode(),
+                                  headers=[(CLUSTER_HEADER, event["cluster"].encode())],
                                   on_delivery=lambda err, _m: errors.append(err) if err is not None else None)
             left = self.producer.flush(self.ack_timeout_s)
         if left or errors:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from safepoint.connectors.kafka.clients import CLIENT_ERRORS
 from safepoint.connectors.kafka.producer import ProducerSlot, is_fatal
+from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.core.signing import sign_node
 from safepoint.errors import BrokerError
 
@@ -77,6 +78,8 @@ class Sender:
         self.topic = topic
         self.bootstrap = bootstrap
         self.key = node.encode("utf-8")
+        self.headers = [(CLUSTER_HEADER, cluster.encode("utf-8"))]
+        """Every record's headers: its cluster, which the job routes it by without reading it."""
         self.produce_timeout_s = produce_timeout_s
         self.fatal = False
         """The producer hit a fatal error: rebuild it before the next send."""
@@ -158,7 +161,8 @@ class Sender:
         recreated = False
         while True:
             try:
-                self.producer.produce(self.topic, value=value, key=self.key, on_delivery=self.on_delivery)
+                self.producer.produce(self.topic, value=value, key=self.key, headers=self.headers,
+                                      on_delivery=self.on_delivery)
                 break
             except BufferError:
                 if time.monotonic() >= deadline:

@@ -149,8 +149,8 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
         .option("startingOffsets", settings.starting_offsets)
         .option("maxOffsetsPerTrigger", str(settings.max_offsets_per_trigger))
     )
-    if builtin:
-        reader = reader.option("failOnDataLoss", "true")
+    if builtin:  # the records' headers too: a node client names its event's cluster in one (core/batch.py)
+        reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "true")
     if pack is not None:
         return reader.load()
     raw = reader.load()
@@ -158,13 +158,14 @@ def read_events(spark: Any, settings: Settings, pack: dict[str, Any] | None = No
         from pyspark.sql import functions as F
 
         broker = F.when(F.col("timestampType") == 1, F.unix_millis(F.col("timestamp")))
-        return raw.select("topic", "partition", "offset", "key", "value", broker.alias("timestamp"))
+        return raw.select("topic", "partition", "offset", "key", "value", broker.alias("timestamp"), "headers")
     return raw.select("topic", "partition", "offset", "key", "value", "timestamp")
 
 
 def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start: dict[str, Any] | None = None) -> Any:
     """Routed rows from raw Kafka rows through a mapInArrow router (the Python source routes in its
-    own read tasks instead, see build_query), then the operator of ``_stateful_stage``."""
+    own read tasks instead, see build_query), then the operator of ``_stateful_stage``. Spark's
+    kafka source gives the records' headers too, and the router reads the cluster's there."""
     from pyspark.sql import functions as F
 
     routed_df = raw.select(
@@ -174,6 +175,7 @@ def _route_in_spark(raw: Any, settings: Settings, policy: dict[str, Any], start:
         F.col("key").cast("binary").alias("key"),
         F.col("value").cast("binary").alias("value"),
         F.col("timestamp").cast("long").alias("timestamp"),
+        *(["headers"] if "headers" in raw.columns else []),
     ).mapInArrow(Router(policy, origins(settings.events_topic, settings.control_topic)), ROUTED_SCHEMA)
     return _stateful_stage(routed_df, settings, policy, start)
 

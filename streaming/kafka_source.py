@@ -68,6 +68,7 @@ from pyspark.sql.types import StructType
 
 from safepoint.connectors.kafka.clients import GROUP_AUTHORIZATION_FAILED, PARTITION_EOF, watermarks
 from safepoint.connectors.kafka.topics import TIMESTAMP_LOG_APPEND_TIME
+from safepoint.core.batch import header_cluster
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import control_partition, is_control, kafka_partition
 from safepoint.gcfreeze import freeze_once
@@ -281,35 +282,35 @@ def group_ranges(ranges: list[KafkaInputPartition], min_rows: int) -> list[Input
 
 
 class _RangeRead:
-    """One range's read: where it is, whether its first offset was checked, its rows so far."""
+    """One range's read: where it is, whether its first offset was checked, its rows so far (each
+    ``(partition, offset, key, value, broker time, the cluster its headers name)``; the last only
+    when ``headers`` is asked for: ``core.batch.header_cluster``)."""
 
-    __slots__ = ("cols", "position", "range", "unchecked")
+    __slots__ = ("headers", "position", "range", "rows", "unchecked")
 
-    def __init__(self, part: KafkaInputPartition) -> None:
+    def __init__(self, part: KafkaInputPartition, headers: bool = False) -> None:
         self.range = part
         self.position = part.start
         self.unchecked = True
-        self.cols: list[list[Any]] = [[], [], [], [], [], []]
+        self.headers = headers
+        self.rows: list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]] = []
 
-    def add(self, offset: int, log_ms: int | None, key: bytes | None, value: bytes | None) -> None:
-        c = self.cols
-        c[0].append(self.range.topic)
-        c[1].append(self.range.partition)
-        c[2].append(offset)
-        c[3].append(log_ms)
-        c[4].append(key)
-        c[5].append(value)
+    def add(self, offset: int, log_ms: int | None, key: bytes | None, value: bytes | None, named: str | None) -> None:
+        self.rows.append((self.range.partition, offset, key, value, log_ms, named))
         self.position = offset + 1
 
-    def rows(self) -> int:
-        return len(self.cols[2])
+    def take(self) -> list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]]:
+        """The rows so far (and no rows after)."""
+        rows, self.rows = self.rows, []
+        return rows
 
-    def batch(self) -> pa.RecordBatch:
-        """The rows so far as one Arrow batch (and no rows after)."""
-        out = pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(self.cols, _ARROW_SCHEMA, strict=True)],
-                                         schema=_ARROW_SCHEMA)
-        self.cols = [[], [], [], [], [], []]
-        return out
+
+def arrow_rows(topic: str, rows: list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]]) -> pa.RecordBatch:
+    """A range's rows as one Arrow batch of the source's schema."""
+    partition, offset, key, value, log_ms, _named = zip(*rows, strict=True) if rows else ((),) * 6
+    cols = ([topic] * len(rows), partition, offset, log_ms, key, value)
+    return pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(cols, _ARROW_SCHEMA, strict=True)],
+                                      schema=_ARROW_SCHEMA)
 
 
 def _take(m: Any, by_key: dict[tuple[str, int], _RangeRead], not_deleted: Callable[[_RangeRead, int], None]) -> None:
@@ -333,7 +334,8 @@ def _take(m: Any, by_key: dict[tuple[str, int], _RangeRead], not_deleted: Callab
     if off < read.position:
         return
     ts_type, ts = m.timestamp()
-    read.add(off, ts if ts_type == TIMESTAMP_LOG_APPEND_TIME else None, m.key(), m.value())
+    read.add(off, ts if ts_type == TIMESTAMP_LOG_APPEND_TIME else None, m.key(), m.value(),
+             header_cluster(m.headers()) if read.headers else None)
 
 
 class KafkaStreamReader(DataSourceStreamReader):
@@ -571,6 +573,13 @@ class KafkaStreamReader(DataSourceStreamReader):
         return group_ranges(parts, self.min_rows_per_task)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        for topic, rows in self.read_rows(partition):
+            yield arrow_rows(topic, rows)
+
+    def read_rows(self, partition: InputPartition, headers: bool = False) -> Iterator[
+            tuple[str, list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]]]]:
+        """A read task's messages as (topic, rows) chunks (``_RangeRead``'s rows; ``headers``: with the
+        cluster each record's headers name)."""
         freeze_once()
         if isinstance(partition, KafkaReadTask):
             ranges = partition.ranges
@@ -578,19 +587,20 @@ class KafkaStreamReader(DataSourceStreamReader):
             assert isinstance(partition, KafkaInputPartition)
             ranges = [partition]
         if len(ranges) > 1 and sum(r.end - r.start for r in ranges) <= _READ_TOGETHER:
-            yield from self._read(ranges)  # a small batch's ranges: one assignment, one fetch round for all
+            yield from self._read(ranges, headers)  # a small batch's ranges: one assignment, one fetch round for all
             return
         for r in ranges:
-            yield from self._read([r])
+            yield from self._read([r], headers)
 
-    def _read(self, ranges: list[KafkaInputPartition]) -> Iterator[pa.RecordBatch]:
+    def _read(self, ranges: list[KafkaInputPartition], headers: bool) -> Iterator[
+            tuple[str, list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]]]]:
         """The messages of ``ranges`` (each a partition's offsets), assigned together and read until
         each reaches its end; rows range by range in the task's order (a single range's in chunks of
         ``_READ_CHUNK`` as they come)."""
         from confluent_kafka import TopicPartition
 
         consumer = _consumer(self.options)
-        reads = [_RangeRead(r) for r in ranges]
+        reads = [_RangeRead(r, headers) for r in ranges]
         by_key = {(r.range.topic, r.range.partition): r for r in reads}
         streaming = len(reads) == 1
 
@@ -631,12 +641,12 @@ class KafkaStreamReader(DataSourceStreamReader):
                     continue
                 for m in msgs:
                     _take(m, by_key, not_deleted)
-                if streaming and reads[0].rows() >= _READ_CHUNK:
-                    yield reads[0].batch()
+                if streaming and len(reads[0].rows) >= _READ_CHUNK:
+                    yield reads[0].range.topic, reads[0].take()
                 deadline = time.monotonic() + self.timeout_s
             for r in reads:
-                if r.rows():
-                    yield r.batch()
+                if r.rows:
+                    yield r.range.topic, r.take()
         finally:
             consumer.unassign()
 

@@ -9,8 +9,8 @@ produces the outputs itself (``produce``): each is sent the moment the batch log
 every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
 Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
 batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and
-translate rows; the bytes are ``streaming/stored.py``'s. Packed rows (``Routed`` records,
-``pack_routed``) live only inside one micro-batch.
+translate rows; the bytes are ``streaming/stored.py``'s. Packed rows (a cluster's ``Group``,
+``pack_group``) live only inside one micro-batch.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from safepoint.core.batch import METRICS, BatchRun, Emitted, Routed, route
+from safepoint.core.batch import METRICS, BatchRun, Emitted, Group, Raw, Routed, admit, header_cluster, route_records
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import CONTROL, EVENTS
 from safepoint.core.outputs import ALERTS, DEADLETTER, DIRECTIVES
-from safepoint.core.policy import Policies
+from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
 from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
@@ -35,10 +35,10 @@ from safepoint.streaming.kafka_sink import Outbox
 from safepoint.streaming.stored import (
     decode_cluster,
     encode_cluster,
-    pack_routed,
+    pack_group,
     stored_buckets,
     stored_nodes,
-    unpack_routed,
+    unpack_group,
 )
 
 __all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
@@ -47,7 +47,7 @@ ROUTED_SCHEMA = StructType([
     StructField("cluster", StringType(), True),
     StructField("blob", BinaryType(), True),
 ])
-"""The router's rows: one per cluster and Arrow batch; ``blob`` packs ``Routed`` records (``pack_routed``)."""
+"""The router's rows: one per cluster and Arrow batch; ``blob`` packs a ``Group`` (``pack_group``)."""
 SINK_COLUMNS = ("topic", "key", "value")
 OUTPUT_SCHEMA = StructType(
     [
@@ -64,12 +64,15 @@ _BUCKET = StructType([StructField("bucket", IntegerType(), False)])
 _NO_COUNTS = dict.fromkeys(METRICS, 0)
 
 
-def unpack(rows: Iterator[Row]) -> list[Routed]:
-    """The records of one group's packed rows."""
-    items: list[Routed] = []
+def unpack(rows: Iterator[Row]) -> Group:
+    """The records of one cluster's packed rows."""
+    routed: list[Routed] = []
+    raw: list[Raw] = []
     for row in rows:
-        items.extend(unpack_routed(row["blob"]))
-    return items
+        group = unpack_group(row["blob"])
+        routed.extend(group.routed)
+        raw.extend(group.raw)
+    return Group(routed, raw)
 
 
 def origins(events_topic: str, control_topic: str | None) -> dict[str, str]:
@@ -78,51 +81,80 @@ def origins(events_topic: str, control_topic: str | None) -> dict[str, str]:
 
 
 class Router:
-    """Raw Kafka rows (Arrow batches) in, one packed row per cluster and batch out. ``origins``: each
-    topic read -> its origin (``core/origin.py``: ``events`` or ``control``); a batch with a ``topic``
-    column is routed by it, one without is of the one topic named."""
+    """Kafka rows in, one packed row per cluster and batch out (``core.batch.route_records``: a
+    record whose ``safepoint-cluster`` header names its cluster goes through unread). ``origins``:
+    each topic read -> its origin (``core/origin.py``: ``events`` or ``control``). Called on Arrow
+    batches (a ``mapInArrow`` after Spark's kafka source: a batch with a ``topic`` column is routed
+    by it, one without is of the one topic named; a ``headers`` column, Spark's, is read for the
+    header), or by the Python source on its rows (``pack``)."""
 
     def __init__(self, policy: dict[str, Any], origins: Mapping[str, str], gaps: list[dict[str, Any]] | None = None) -> None:
         self.policy = policy
         self.origins = dict(origins)
         self.gaps = gaps or []
         """The gaps the source found so far (``core/gaps.py``), handed to every cluster."""
+        self._policy: Policy | None = None
+
+    def _ready(self) -> tuple[Policy, list[Gap]]:
+        if self._policy is None:
+            freeze_once()
+            self._policy = Policies.from_dict(self.policy).default  # a message's size limit: before its cluster is known
+        return self._policy, [Gap.of(g) for g in self.gaps]
+
+    def pack(self, topic: str, rows: list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]]) -> Any:
+        """One chunk of ``topic``'s rows (partition, offset, key, value, broker time, the cluster its
+        header names) as packed rows: cluster, blob."""
+        policy, gaps = self._ready()
+        if topic not in self.origins:
+            msg = f"the router reads {', '.join(self.origins)}, not {topic}"
+            raise ValueError(msg)
+        with paused():
+            groups = route_records(rows, topic, policy, gaps, self.origins[topic])
+            return _packed(groups)
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        freeze_once()
-        policy = Policies.from_dict(self.policy).default  # a message's size limit: before its cluster is known
-        gaps = [Gap.of(g) for g in self.gaps]
+        policy, gaps = self._ready()
         only = next(iter(self.origins)) if len(self.origins) == 1 else None
-        # nullable, as the Python source's declared schema (``cluster string, blob binary``)
-        schema = pa.schema([("cluster", pa.string()), ("blob", pa.binary())])
         for batch in batches:
             if batch.num_rows == 0:
                 continue
             with paused():
                 cols = batch.to_pydict()
-                rows = list(zip(cols["partition"], cols["offset"], cols["key"], cols["value"], cols["timestamp"],
+                heads = cols.get("headers")
+                named = ([header_cluster((h["key"], h["value"]) for h in hs) if hs else None for hs in heads]
+                         if heads is not None else [None] * batch.num_rows)
+                rows = list(zip(cols["partition"], cols["offset"], cols["key"], cols["value"], cols["timestamp"], named,
                                 strict=True))
                 topics = cols.get("topic") or [only] * len(rows)
-                groups: dict[str, list[Routed]] = {}
-                named = list(dict.fromkeys(topics))
-                for topic in named:
+                groups: dict[str, Group] = {}
+                seen = list(dict.fromkeys(topics))
+                for topic in seen:
                     if topic not in self.origins:
                         msg = f"the router reads {', '.join(self.origins)}, not {topic}"
                         raise ValueError(msg)
-                    these = rows if len(named) == 1 else [r for r, t in zip(rows, topics, strict=True) if t == topic]
-                    for cluster, items in route(these, topic, policy, gaps, self.origins[topic]).items():
-                        groups.setdefault(cluster, []).extend(items)  # a gap twice: the operator takes it once
-                packed = pa.RecordBatch.from_arrays(
-                    [
-                        pa.array(list(groups), pa.string()),
-                        pa.array([pack_routed(g) for g in groups.values()], pa.binary()),
-                    ],
-                    schema=schema,
-                )
+                    these = rows if len(seen) == 1 else [r for r, t in zip(rows, topics, strict=True) if t == topic]
+                    for cluster, group in route_records(these, topic, policy, gaps, self.origins[topic]).items():
+                        have = groups.get(cluster)
+                        if have is None:
+                            groups[cluster] = group
+                        else:  # a gap twice: the operator takes it once
+                            have.routed.extend(group.routed)
+                            have.raw.extend(group.raw)
+                packed = _packed(groups)
                 del cols, rows, groups
             yield packed
+
+
+def _packed(groups: dict[str, Group]) -> Any:
+    """One packed row per cluster, as Arrow (imported here: a worker daemon preloads this module, and
+    pyarrow only where it starts no thread), nullable as the Python source's declared schema
+    (``cluster string, blob binary``)."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [pa.array(list(groups), pa.string()), pa.array([pack_group(g) for g in groups.values()], pa.binary())],
+        schema=pa.schema([("cluster", pa.string()), ("blob", pa.binary())]),
+    )
 
 
 class ClusterJob(StatefulProcessor):
@@ -151,6 +183,8 @@ class ClusterJob(StatefulProcessor):
                               DEADLETTER: topics["deadletter"], STATUS: topics.get("status", ""),
                               None: self.accounting_topic}
         self.outbox = Outbox(self.produce) if self.produce is not None else None
+        self.read_topics = {EVENTS: topics.get("events", ""), CONTROL: topics.get("control", "")}
+        """Each origin's topic, named by the dead letters of the messages parsed here (``admit``)."""
 
     def _bucket(self, bucket: int) -> bytes | None:
         value = self.nodes.getValue((bucket,))
@@ -160,7 +194,10 @@ class ClusterJob(StatefulProcessor):
         topics = self.channel_topic
         returned: list[Emitted] = []
         with paused():
-            items = unpack(rows)
+            group = unpack(rows)
+            items = group.routed
+            if group.raw:  # parsed here, once: the router handed them through unread
+                items += admit(key[0], group.raw, self.read_topics, self.policies.default)
             stored = self.cluster.get()  # None when missing: no exists() round trip first
             run = BatchRun(key[0], None if stored is None else decode_cluster(bytes(stored[0])),
                            stored_nodes(key[0], self.buckets, self._bucket),
@@ -171,7 +208,7 @@ class ClusterJob(StatefulProcessor):
                     send(topics[channel], okey, encode(ovalue))
             else:
                 returned = list(run.outputs())
-            del items
+            del items, group
         result = run.result
         assert result is not None
         for bucket, value in stored_buckets(result.buckets, self.buckets).items():

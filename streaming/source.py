@@ -60,8 +60,8 @@ class PackingStreamReader(KafkaStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         router = Router(self.policy, origins(self.topic, self.control_topic), gaps_of(partition))
-        yield from router(b.select(["topic", "partition", "offset", "key", "value", "timestamp"])
-                          for b in super().read(partition))
+        for topic, rows in self.read_rows(partition, headers=True):
+            yield router.pack(topic, rows)
 
 
 class PackingKafkaDataSource(KafkaDataSource):

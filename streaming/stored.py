@@ -4,8 +4,9 @@ stores a cluster's state and its nodes' buckets in Spark's state store.
 The core (``core/batch.py``) works on records and states; this module alone turns them into bytes
 and back, so that a layout change is made here and nowhere in the core.
 
-- **The router's hand-off** (``pack_routed``, ``unpack_routed``): one cluster's ``Routed`` records of
-  one micro-batch, MessagePack, or a pickle where MessagePack cannot carry a value as it is.
+- **The router's hand-off** (``pack_group``, ``unpack_group``): one cluster's ``Group`` of one
+  micro-batch (the ``Routed`` records the router parsed, the ``Raw`` ones it handed through
+  unread), MessagePack, or a pickle where MessagePack cannot carry a value as it is.
 - **A bucket** (``encode_bucket``, ``bucket_entries``): ``[version, node_buckets, [each node's compact
   stored form (NodeState.to_stored: its fields by position)]]`` in MessagePack; values of state
   version 3 (JSON text, the first layout of one operator) are still read.
@@ -25,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from safepoint.core.batch import BucketNodes, Routed
+from safepoint.core.batch import BucketNodes, Group, Raw, Routed
 from safepoint.core.cluster import ClusterState
 from safepoint.core.node import NodeState
 from safepoint.errors import ConfigError
@@ -36,10 +37,10 @@ __all__ = [
     "decode_cluster",
     "encode_bucket",
     "encode_cluster",
-    "pack_routed",
+    "pack_group",
     "stored_buckets",
     "stored_nodes",
-    "unpack_routed",
+    "unpack_group",
 ]
 
 BUCKET_STATE_VERSION = 4
@@ -48,29 +49,29 @@ this one is refused."""
 
 _PACK = msgspec.msgpack.Encoder()
 _UNPACK = msgspec.msgpack.Decoder()
-_UNPACK_ROUTED = msgspec.msgpack.Decoder(list[Routed])
+_UNPACK_GROUP = msgspec.msgpack.Decoder(tuple[list[Routed], list[Raw]])
 _PICKLED = b"\x80"
 """The first byte of a pickle (protocol 2 and later); a MessagePack array never starts with it."""
 
 
-def pack_routed(items: list[Routed]) -> bytes:
-    """One cluster's ``Routed`` records as the router hands them to the operator, within one
-    micro-batch: MessagePack (about 15 times faster to write than a pickle and 2.5 times faster to
-    read back as ``Routed`` records), or a pickle where MessagePack cannot carry a value as it is
-    (a number with a fraction, kept as its own type by the parser, an integer beyond 64 bits, text
-    with a lone surrogate)."""
+def pack_group(group: Group) -> bytes:
+    """One cluster's ``Group`` as the router hands it to the operator, within one micro-batch:
+    MessagePack (about 15 times faster to write than a pickle and 2.5 times faster to read back as
+    records), or a pickle where MessagePack cannot carry a parsed value as it is (a number with a
+    fraction, kept as its own type by the parser, an integer beyond 64 bits, text with a lone
+    surrogate). A ``Raw`` record's key and value are bytes, which it always carries."""
     try:
-        return _PACK.encode(items)
+        return _PACK.encode(group)
     except (TypeError, OverflowError, UnicodeEncodeError):
-        return pickle.dumps(items, 5)
+        return pickle.dumps(tuple(group), 5)
 
 
-def unpack_routed(blob: bytes) -> list[Routed]:
-    """The records of ``pack_routed``'s value."""
+def unpack_group(blob: bytes) -> Group:
+    """The ``Group`` of ``pack_group``'s value."""
     if blob[:1] == _PICKLED:
-        records: list[Routed] = pickle.loads(blob)  # noqa: S301 - packed by this query's router
-        return records
-    return _UNPACK_ROUTED.decode(blob)
+        routed, raw = pickle.loads(blob)  # noqa: S301 - packed by this query's router
+        return Group(routed, raw)
+    return Group(*_UNPACK_GROUP.decode(blob))
 
 
 def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes:

@@ -3,6 +3,8 @@ package safepoint
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Event is one JSON object on the wire: an event the reporter publishes, a directive it reads.
@@ -59,4 +61,14 @@ func decodeObject(raw []byte) (Event, error) {
 		return nil, err
 	}
 	return obj, nil
+}
+
+// ClusterHeader is the Kafka record header in which every event this client publishes names its
+// cluster: the job groups the record by it without reading the value.
+const ClusterHeader = "safepoint-cluster"
+
+// clusterHeader is a record's headers naming cluster (a slice of its own per record: franz-go keeps
+// the record until it is delivered).
+func clusterHeader(cluster string) []kgo.RecordHeader {
+	return []kgo.RecordHeader{{Key: ClusterHeader, Value: []byte(cluster)}}
 }

@@ -283,7 +283,8 @@ func (r *Reporter) send(ctx context.Context, kind string, fields Event) (int64, 
 	r.seq, r.lastWall = seq+1, wall
 	r.stats.Sent++
 	// the record outlives the caller's ctx: it is the reporter's to deliver or to count as failed
-	r.client.Produce(context.Background(), &kgo.Record{Key: []byte(r.Node), Value: value}, r.delivered)
+	r.client.Produce(context.Background(), &kgo.Record{Key: []byte(r.Node), Value: value, Headers: clusterHeader(r.Cluster)},
+		r.delivered)
 	return seq, nil
 }
 

@@ -161,7 +161,7 @@ func (h *ServiceHold) publish(ctx context.Context, kind string) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	res := h.client.ProduceSync(ctx, &kgo.Record{Key: []byte(h.Cluster), Value: value})
+	res := h.client.ProduceSync(ctx, &kgo.Record{Key: []byte(h.Cluster), Value: value, Headers: clusterHeader(h.Cluster)})
 	if err := res.FirstErr(); err != nil {
 		return "", fmt.Errorf("safepoint: the %s event was not acknowledged: %w", kind, err)
 	}

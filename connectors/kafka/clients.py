@@ -260,11 +260,11 @@ class PyProducer:
         self._pending = 0
 
     def produce(self, topic: str, value: bytes | None = None, key: bytes | None = None,
-                on_delivery: Callable[..., Any] | None = None) -> None:
+                on_delivery: Callable[..., Any] | None = None, headers: list[tuple[str, bytes]] | None = None) -> None:
         from kafka.errors import KafkaError, KafkaTimeoutError
 
         try:
-            future = self._producer.send(topic, value=value, key=key)
+            future = self._producer.send(topic, value=value, key=key, headers=headers)
         except KafkaTimeoutError as exc:
             raise BufferError(str(exc)) from exc
         except KafkaError as exc:

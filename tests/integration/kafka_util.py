@@ -25,13 +25,14 @@ def of_any_generation(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "generation"} for r in rows]
 
 
-def produce(bootstrap: str, topic: str, messages: list[tuple[str | None, Any]]) -> None:
-    """Produce (key, value) pairs in order; value dicts are JSON-encoded, bytes/str sent as is."""
+def produce(bootstrap: str, topic: str, messages: list[tuple[Any, ...]]) -> None:
+    """Produce (key, value) pairs in order, or (key, value, headers); value dicts are JSON-encoded,
+    bytes/str sent as is."""
     p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    for key, value in messages:
+    for key, value, *headers in messages:
         if isinstance(value, dict):
             value = json.dumps(value)
-        p.produce(topic, key=key, value=value)
+        p.produce(topic, key=key, value=value, headers=headers[0] if headers else None)
         p.poll(0)
     assert p.flush(30) == 0
 

@@ -1,6 +1,6 @@
 """The shared test vectors (``schemas/vectors/``, read by ``vectors.py``) through each client's driver
 against a broker: every client publishes what the vector says, in its order (but for the fields that
-carry the time), answers each operation as it says, hands the expiries it names to the handles, and
+carry the time), each record with the key and headers it says, answers each operation as it says, hands the expiries it names to the handles, and
 conforms to the contract as ``safepoint check-node`` reads it."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def test_the_client_does_what_the_vector_says(broker: Any, path: Path, language:
     assert ran.replies == vector["replies"], ran.stderr[-2000:]
     assert sorted(ran.expired, key=lambda e: e["ref"]) == vector["expired"]
     assert ran.events == vector["events"]
+    assert ran.records == [vector["record"]] * len(ran.events), "each record keyed by the node, its cluster in a header"
     if vector["args"].get("node_key"):
         assert ran.signed == len(ran.events), "every event signed with the node's key"
 

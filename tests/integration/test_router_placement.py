@@ -2,7 +2,10 @@
 in a separate mapInArrow: same log, same outputs, and both are replay's.
 
 A generated multi-partition log with two clusters, restarts, duplicates and bad messages is in
-the broker before either query starts, so both plan the same micro-batches; every output topic
+the broker before either query starts (cluster c0's node events name it in the record's
+``safepoint-cluster`` header, as the node clients send them, so the Python source hands them to
+the operator unread; c1's come without, as from an older client, and the mapInArrow router gets
+no headers from the Python source: it parses every message), so both plan the same micro-batches; every output topic
 (directives, alerts, dead letters, per-offset accounting) and the observed counters must match,
 and each run is checked against ``Engine`` replayed in the job's batch order (tests_support.verify).
 """
@@ -18,6 +21,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
+from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.settings import load_settings
 from safepoint.streaming.job import build_query, messages_in
@@ -31,7 +35,7 @@ JUNK: list[Any] = [b"\xff\xfe", "{not json", "[]", json.dumps({"v": 2, "type": "
                    json.dumps({"v": 1, "type": "reader_open", "cluster": "c1"})]
 
 
-def log(seed: int = 11) -> list[tuple[str, Any]]:
+def log(seed: int = 11) -> list[tuple[Any, ...]]:
     rng = random.Random(seed)
     evs: list[dict[str, Any]] = []
     for c in range(2):
@@ -39,13 +43,14 @@ def log(seed: int = 11) -> list[tuple[str, Any]]:
                         restart_per_node_per_min=4.0, groups_per_node=1)
         evs += generate_log(cfg, 6_000, seed=seed + c)  # ms of simulated time
     evs.sort(key=lambda e: e["wall_ms"])
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[Any, ...]] = []
     for ev in evs:
-        out.append((key_of(ev), json.dumps(ev)))
+        headers = [(CLUSTER_HEADER, b"c0")] if ev["cluster"] == "c0" and "node" in ev else None
+        out.append((key_of(ev), json.dumps(ev), headers))
         if rng.random() < 0.02:
-            out.append((key_of(ev), json.dumps(ev)))
+            out.append((key_of(ev), json.dumps(ev), headers))
         if rng.random() < 0.01:
-            out.append(("junk", rng.choice(JUNK)))
+            out.append(("junk", rng.choice(JUNK), headers))
     return out
 
 

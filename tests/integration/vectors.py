@@ -23,11 +23,12 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from safepoint.connectors.kafka.follow import read_to_end
 from safepoint.connectors.kafka.topics import ensure_topics
 from safepoint.core.signing import public_key_of, sign_directive, sign_node
 from safepoint.devtools.driver_node import Lines
 
-from kafka_util import read_topic, unique
+from kafka_util import unique
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "schemas" / "vectors"
@@ -51,6 +52,8 @@ class Ran:
     events: list[dict[str, Any]] = field(default_factory=list)
     events_topic: str = ""
     """The topic it published to."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """Each event's record as the vector's ``record`` says it: its key and headers."""
     signed: int = 0
     """Events whose ``sig`` the node's key gives (every one, where the vector has a ``node_key``)."""
     stderr: str = ""
@@ -128,8 +131,10 @@ def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: f
     finally:
         if proc.poll() is None:
             proc.kill()
-    for event in read_topic(bootstrap, events_topic):
-        event.pop("key", None)
+    for message in _messages(bootstrap, events_topic):
+        ran.records.append({"key": message.key().decode() if message.key() is not None else None,
+                            "headers": {k: v.decode() for k, v in message.headers() or []}})
+        event = json.loads(message.value())
         sig = event.pop("sig", None)
         if sig is not None and args.get("node_key"):
             ran.signed += int(_signed_by(event, sig, args["node_key"]))
@@ -139,6 +144,17 @@ def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: f
                 entry.pop(f, None)
         ran.events.append(event)
     return ran
+
+
+def _messages(bootstrap: str, topic: str) -> list[Any]:
+    """Every message of the (one-partition) topic up to its end now (``kafka_util.read_topic``'s read,
+    the records whole)."""
+    out: list[Any] = []
+    try:
+        out.extend(read_to_end({"bootstrap.servers": bootstrap}, topic, 10.0, client_id=unique("read")))
+    except TimeoutError:
+        pass
+    return out
 
 
 def _signed_by(event: dict[str, Any], sig: str, key: str) -> bool:

@@ -17,15 +17,17 @@ from typing import Any
 from pyspark.sql import Row
 
 from safepoint.core.engine import Position
+from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.core.origin import CONTROL, EVENTS, is_control, kafka_partition
 from safepoint.streaming.processors import ClusterJob, Router, origins
 
-__all__ = ["LocalJob", "Message", "ORIGINS", "position"]
+__all__ = ["LocalJob", "Message", "ORIGINS", "broker_time", "header_of", "position"]
 
 Message = tuple[Any, ...]
 """(partition, offset, key, value) of a Kafka message, with its broker time (``LogAppendTime``) as a
-fifth field where the log has one. ``partition`` is a routed partition (``core/origin.py``): the
-control topic's are ``control_partition(p)``."""
+fifth field where the log has one (None: none), and as a sixth the cluster its record's
+``safepoint-cluster`` header names, where it has one. ``partition`` is a routed partition
+(``core/origin.py``): the control topic's are ``control_partition(p)``."""
 ORIGINS = {"ev": EVENTS, "ctl": CONTROL}
 """The tests' events and control topics, as ``Engine(origins=...)`` takes them."""
 
@@ -38,6 +40,11 @@ def position(partition: int, offset: int, key: Any = None) -> Position:
 def broker_time(m: Message) -> int | None:
     """A message's broker time (None: the log keeps no time of its own, the event's ``wall_ms`` stands in)."""
     return m[4] if len(m) > 4 else None
+
+
+def header_of(m: Message) -> str | None:
+    """The cluster a message's ``safepoint-cluster`` header names (None: it has none)."""
+    return m[5] if len(m) > 5 else None
 """(partition, offset, key, value) as the source reads it."""
 
 
@@ -86,8 +93,11 @@ class LocalJob:
     """One job whose state lives across ``run_batch`` calls."""
 
     def __init__(self, policy: dict[str, Any], topics: dict[str, str], *, buckets: int = 8,
-                 accounting_topic: str = "") -> None:
+                 accounting_topic: str = "", source: str = "python") -> None:
+        """``source``: ``python`` routes as the Python source's read tasks do (``Router.pack``);
+        ``arrow`` as the ``mapInArrow`` after Spark's kafka source (Arrow batches, the headers a column)."""
         self.buckets = buckets
+        self.source = source
         self.policy = policy
         self.topic = topics["events"]
         self.handle = _Handle()
@@ -108,16 +118,25 @@ class LocalJob:
         by_partition: dict[int, list[Message]] = defaultdict(list)
         for m in messages:
             by_partition[m[0]].append(m)
-        for part in sorted(by_partition):  # one Arrow batch per Kafka partition, through the real Router
+        for part in sorted(by_partition):  # one Arrow batch (or chunk of rows) per Kafka partition, through the real Router
             msgs = by_partition[part]
-            batch = pa.RecordBatch.from_arrays(
-                [pa.array([position(part, 0).topic] * len(msgs), pa.string()),
-                 pa.array([kafka_partition(m[0]) for m in msgs], pa.int32()), pa.array([m[1] for m in msgs], pa.int64()),
-                 pa.array([m[2] for m in msgs], pa.binary()), pa.array([m[3] for m in msgs], pa.binary()),
-                 pa.array([broker_time(m) for m in msgs], pa.int64())],
-                names=["topic", "partition", "offset", "key", "value", "timestamp"],
-            )
-            for out in self.router(iter([batch])):
+            topic = position(part, 0).topic
+            if self.source == "python":
+                rows = [(kafka_partition(m[0]), m[1], m[2], m[3], broker_time(m), header_of(m)) for m in msgs]
+                outs = [self.router.pack(topic, rows)]
+            else:
+                heads = [[{"key": CLUSTER_HEADER, "value": h.encode()}] if (h := header_of(m)) is not None else None
+                         for m in msgs]
+                batch = pa.RecordBatch.from_arrays(
+                    [pa.array([topic] * len(msgs), pa.string()),
+                     pa.array([kafka_partition(m[0]) for m in msgs], pa.int32()), pa.array([m[1] for m in msgs], pa.int64()),
+                     pa.array([m[2] for m in msgs], pa.binary()), pa.array([m[3] for m in msgs], pa.binary()),
+                     pa.array([broker_time(m) for m in msgs], pa.int64()),
+                     pa.array(heads, pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))],
+                    names=["topic", "partition", "offset", "key", "value", "timestamp", "headers"],
+                )
+                outs = list(self.router(iter([batch])))
+            for out in outs:
                 for cluster, blob in zip(*(out.column(i).to_pylist() for i in range(2)), strict=True):
                     groups[cluster].append(Row(cluster=cluster, blob=blob))
         t1 = time.perf_counter()

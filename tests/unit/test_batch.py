@@ -19,25 +19,39 @@ import pytest
 
 from safepoint.core import Engine, Position
 from safepoint.core.batch import (
+    CLUSTER_HEADER,
     METRICS,
     BucketNodes,
+    DeadLetterPayload,
+    Group,
+    Raw,
     accounting_row,
+    admit,
     bucket_of,
     counts_of,
+    header_cluster,
     merge_log_order,
     route,
+    route_records,
 )
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import Outcome, Result, Tally, step
+from safepoint.core.origin import CONTROL, EVENTS, MISROUTED
 from safepoint.core.policy import Policy
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.replay import final_status
-from safepoint.streaming.stored import encode_cluster, pack_routed, stored_buckets, stored_nodes, unpack_routed
+from safepoint.streaming.stored import (
+    encode_cluster,
+    pack_group,
+    stored_buckets,
+    stored_nodes,
+    unpack_group,
+)
 
 from core_helpers import validator
-from local_job import ORIGINS, LocalJob, Message, broker_time, position
+from local_job import ORIGINS, LocalJob, Message, broker_time, header_of, position
 
 TOPICS = {"events": "ev", "control": "ctl", "directives": "dir", "alerts": "al", "deadletter": "dl", "status": "st"}
 JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "type": "heartbeat"}).encode(),
@@ -46,7 +60,9 @@ JUNK: list[Any] = [b"\xff\xfe", b"{not json", b"[]", b"", json.dumps({"v": 2, "t
 
 def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int = 8_000) -> list[Message]:
     """Generated clusters merged by wall time, with duplicates and junk, keyed to partitions; with a
-    seed divisible by 3, each message stamped by the broker and some nodes' clocks off."""
+    seed divisible by 3, each message stamped by the broker and some nodes' clocks off. The node
+    events of cluster ``c0`` name it in their record's header, as the node clients do (and some of
+    the junk after them); the other clusters' come without, as from an older client."""
     rng = random.Random(seed)
     evs: list[dict[str, Any]] = []
     for c in range(clusters):
@@ -57,9 +73,11 @@ def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int
     offsets = [0] * partitions
     out: list[Message] = []
 
-    def add(key: str, value: bytes, broker: int | None) -> None:
+    def add(key: str, value: bytes, broker: int | None, header: str | None) -> None:
         p = zlib.crc32(key.encode()) % partitions
-        out.append((p, offsets[p], key.encode(), value) if broker is None else (p, offsets[p], key.encode(), value, broker))
+        out.append((p, offsets[p], key.encode(), value) if broker is None and header is None else
+                   (p, offsets[p], key.encode(), value, broker) if header is None else
+                   (p, offsets[p], key.encode(), value, broker, header))
         offsets[p] += 1
 
     skewed = seed % 3 == 0  # the broker stamps each message; some nodes' clocks are off by a minute or 20 s
@@ -69,11 +87,12 @@ def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int
             broker = ev["wall_ms"] + 3
             if "node" in ev:
                 ev = {**ev, "wall_ms": ev["wall_ms"] + (0, -60_000, 20_000)[zlib.crc32(ev["node"].encode()) % 3]}
-        add(key_of(ev), json.dumps(ev).encode(), broker)
+        header = ev["cluster"] if ev["cluster"] == "c0" and "node" in ev else None
+        add(key_of(ev), json.dumps(ev).encode(), broker, header)
         if rng.random() < 0.02:
-            add(key_of(ev), json.dumps(ev).encode(), broker)  # a duplicate delivery
+            add(key_of(ev), json.dumps(ev).encode(), broker, header)  # a duplicate delivery
         if rng.random() < 0.01:
-            add(rng.choice(["junk", key_of(ev)]), rng.choice(JUNK), broker)
+            add(rng.choice(["junk", key_of(ev)]), rng.choice(JUNK), broker, header)
     return out
 
 
@@ -188,7 +207,7 @@ def test_job_batches_are_invariant_to_batch_splits_and_bucket_count() -> None:
     # one partition is the file order: replay of the same messages gives the same directives
     engine = Engine(policy)
     directives = []
-    for p, o, k, v in msgs:
+    for p, o, k, v, *_ in msgs:
         directives += [json.loads(json.dumps(out.value)) for out in engine.process(v, Position("ev", p, o, k))
                        if out.channel == "directives"]
     assert [d for _, d in whole["dir"]] == directives
@@ -211,6 +230,62 @@ def test_router_groups_by_cluster_and_keeps_dead_letters_apart() -> None:
     assert [(r.offset, r.log_ms, r.payload["type"]) for r in groups["c1"]] == [(0, 1, "topology"), (1, 2, "heartbeat")]
     (partition, offset, wall, dead), = groups[""]
     assert (partition, offset, wall, dead.code) == (0, 2, -1, "not_json")
+
+
+def test_a_record_named_by_its_header_is_parsed_by_its_operator_as_the_router_would() -> None:
+    """``route_records`` hands a record whose header names its cluster through unread; ``admit`` (the
+    operator's half) gives the very records and dead letters ``route`` gives, and refuses an event
+    whose header names another cluster than its own."""
+    policy = Policy(max_message_bytes=400)
+    hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2,
+          "mvcc_now": 5}
+    pause = {"v": 1, "type": "pause", "cluster": "c1", "wall_ms": 3, "action_id": "a1", "reason": "x"}
+    values = [json.dumps(hb).encode(), json.dumps({**hb, "cluster": "default"} | {"seq": 2}).encode(),
+              json.dumps(pause).encode(), *JUNK, b"x" * 401]
+    for origin, topic, kafka in ((EVENTS, "ev", 3), (CONTROL, "ctl", 0)):
+        rows = [(kafka, offset, b"k", value, 10 + offset if offset % 2 else None) for offset, value in enumerate(values)]
+        parsed = sorted((item for group in route(rows, topic, policy, origin=origin).values() for item in group),
+                        key=lambda r: r.offset)
+        named = route_records([(*r, "c1") for r in rows], topic, policy, origin=origin)
+        assert list(named) == ["c1"] and named["c1"].routed == []
+        assert [r.value for r in named["c1"].raw] == values
+        admitted = admit("c1", unpack_group(pack_group(named["c1"])).raw, {EVENTS: "ev", CONTROL: "ctl"}, policy)
+        mismatch = next(i for i, v in enumerate(values) if b'"default"' in v)
+        (dead,) = [admitted[mismatch]]
+        assert isinstance(dead.payload, DeadLetterPayload) and dead.payload.code == "invalid_field"
+        assert dead.payload.reason == ("invalid header safepoint-cluster: it names cluster 'c1', the event's cluster "
+                                       "is 'default'")
+        assert dead.payload.value["topic"] == topic and dead.payload.value["partition"] == kafka
+        assert [r for i, r in enumerate(admitted) if i != mismatch] == [r for i, r in enumerate(parsed) if i != mismatch]
+        assert any(MISROUTED in r.payload for r in admitted if isinstance(r.payload, dict)), "misrouted marked as before"
+    # no header, an empty one or one not UTF-8: the router parses the record itself
+    assert header_cluster(None) is None and header_cluster([("other", b"c1")]) is None
+    assert header_cluster([(CLUSTER_HEADER, b"")]) is None and header_cluster([(CLUSTER_HEADER, b"\xff")]) is None
+    assert header_cluster([("x", None), (CLUSTER_HEADER, "c\u00e9".encode())]) == "c\u00e9"
+    mixed = route_records([(0, 0, b"k", values[0], None, None), (0, 1, b"k", values[0], None, "c1"),
+                           (0, 2, b"k", b"{bad", None, None)], "ev", policy)
+    assert {c: (len(g.routed), len(g.raw)) for c, g in mixed.items()} == {"c1": (1, 1), "": (1, 0)}
+
+
+@pytest.mark.parametrize("source", ["python", "arrow"])
+def test_the_job_with_headers_gives_replays_outputs_from_either_source(source: str) -> None:
+    """Cluster c0's node events name it in a header (c1's do not): the job's outputs are replay's,
+    routed as the Python source routes or as the router after Spark's kafka source does."""
+    msgs = messages(5)
+    assert 0 < sum(1 for m in msgs if header_of(m) is not None) < len(msgs)
+    splits = sorted(random.Random(5).sample(range(1, len(msgs)), 6))
+    policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100)
+    expected, accounting, _engine = replay_in_job_order(msgs, splits, policy)
+    job = LocalJob(policy.to_dict(), TOPICS, accounting_topic="acct", source=source)
+    written: list[tuple[str, str | None, str]] = []
+    start = 0
+    for end in [*splits, len(msgs)]:
+        written += job.run_batch(msgs[start:end])
+        start = end
+    got = by_topic(written)
+    got.pop("st")
+    assert got == expected
+    assert job.accounting == accounting
 
 
 def _types(payload: Any) -> dict[str, type]:
@@ -236,10 +311,12 @@ def test_packed_records_come_back_as_they_were_routed() -> None:
     for name, values in cases.items():
         rows = [(0, offset, b"k", value, None) for offset, value in enumerate(values)]
         items = [item for group in route(rows, "ev", Policy()).values() for item in group]
-        blob = pack_routed(items)
+        raw = [Raw(1, 0, None, b"k", b"\xff"), Raw(1, 1, 7, None, None)]
+        blob = pack_group(Group(items, raw))
         formats[name] = "pickle" if blob[:1] == b"\x80" else "msgpack"
-        back = unpack_routed(blob)
-        assert back == items, name
+        back, back_raw = unpack_group(blob)
+        assert back == items and back_raw == raw, name
+        assert all(type(r) is Raw for r in back_raw)
         assert [(type(r.payload), _types(r.payload)) for r in back] == [(type(r.payload), _types(r.payload)) for r in items]
     assert formats == {"plain, and a dead letter": "msgpack", "not UTF-8": "msgpack", "fraction": "pickle",
                        "wide integer": "pickle"}

@@ -1,9 +1,13 @@
 """One micro-batch as the job runs it: pure Python, no Spark.
 
-1. ``route`` (before the shuffle, one task per Kafka partition) parses and validates each message
-   once and groups the batch's messages by cluster, each as a ``Routed`` record: where it came
-   from, its log time (``core/clock.py``: the record's broker time, set on the event as ``log_ms``)
-   and the validated event, or its dead letter (those go to cluster ``""``).
+1. ``route`` (before the shuffle, one task per Kafka partition) groups the batch's messages by
+   cluster. A message whose record names its cluster in the ``safepoint-cluster`` header
+   (``CLUSTER_HEADER``: what the node clients send) goes through as it came, a ``Raw`` record, and
+   is parsed once, by its cluster's operator (``admit``). One without the header (an older client,
+   a cluster event, a control event) is parsed and validated here, as a ``Routed`` record: where it
+   came from, its log time (``core/clock.py``: the record's broker time, set on the event as
+   ``log_ms``) and the validated event, or its dead letter (those go to cluster ``""``). Either
+   way a message gives the same outcome and, if it is refused, the same dead letter.
 2. ``run_batch`` (the one stateful operator, keyed by cluster) puts one cluster's messages in log
    order (``merge_log_order``) and runs ``engine.step`` on each, as ``replay`` does: the cluster's
    state, and each node's from its bucket (``BucketNodes``: a bucket is read when the batch first
@@ -20,7 +24,7 @@ from __future__ import annotations
 import heapq
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, NamedTuple, cast
@@ -30,8 +34,9 @@ from safepoint.core.engine import APPLIED, DEADLETTERED, Outcome, Tally, step
 from safepoint.core.event_records import Event
 from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
 from safepoint.core.gaps import GAP_PARTITION, Gap
+from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.core.node import NodeState
-from safepoint.core.origin import EVENTS, MISROUTED, is_control, kafka_partition, misrouted, routed_partition
+from safepoint.core.origin import CONTROL, EVENTS, MISROUTED, is_control, kafka_partition, misrouted, routed_partition
 from safepoint.core.outputs import DEADLETTER, Output, dead_letter
 from safepoint.core.policy import Policy
 from safepoint.core.recovery import StartPlan
@@ -42,11 +47,17 @@ __all__ = [
     "METRICS",
     "BatchResult",
     "BucketNodes",
+    "CLUSTER_HEADER",
+    "Group",
+    "Raw",
+    "admit",
+    "header_cluster",
     "DeadLetterPayload",
     "Emitted",
     "Routed",
     "bucket_of",
     "route",
+    "route_records",
     "BatchRun",
     "run_batch",
     "merge_log_order",
@@ -85,11 +96,50 @@ class Routed(NamedTuple):
     payload: Event | DeadLetterPayload | dict[str, Any]
 
 
-# msgspec (streaming/stored.py unpack_routed) decodes a Routed record by its fields' annotations: the
+# msgspec (streaming/stored.py unpack_group) decodes a Routed record by its fields' annotations: the
 # compiled core (core/compiled.py) keeps a union's annotation only as ``type``, and msgspec decodes no
 # union of several TypedDicts; an event record is the map itself, so the payload is read as a map
 # (an event, or a gap's) or a dead letter
 Routed.__annotations__["payload"] = dict[str, Any] | DeadLetterPayload
+
+
+
+class Raw(NamedTuple):
+    """A message handed to its cluster's operator as it came (its record named the cluster in
+    ``CLUSTER_HEADER``): its routed partition, offset, the record's broker time (None: the topic
+    keeps the producers' times), key and value. ``admit`` parses it."""
+
+    partition: int
+    offset: int
+    broker_ms: int | None
+    key: bytes | None
+    value: bytes | None
+
+
+class Group(NamedTuple):
+    """One cluster's messages of a micro-batch from the router: the ones it parsed (and the source's
+    gaps) and the ones it handed through unread."""
+
+    routed: list[Routed]
+    raw: list[Raw]
+
+
+# as Routed's above: the compiled core keeps a union's annotation only as ``type``
+Raw.__annotations__.update(broker_ms=int | None, key=bytes | None, value=bytes | None)
+
+
+def header_cluster(headers: Iterable[tuple[str, bytes | None]] | None) -> str | None:
+    """The cluster a record's headers name (``CLUSTER_HEADER``), or None: no such header, an empty
+    one, or one that is not UTF-8 (the value decides, parsed before the shuffle)."""
+    if not headers:
+        return None
+    for name, value in headers:
+        if name == CLUSTER_HEADER and value:
+            try:
+                return value.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+    return None
 
 
 def bucket_of(node: str, buckets: int) -> int:
@@ -109,23 +159,67 @@ def route(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None]
     heads = [Routed(GAP_PARTITION, g.id, -1, g.to_json()) for g in gaps]
     limit = policy.max_message_bytes
     for partition, offset, key, value, broker_ms in rows:
-        event = parse(value, limit)
-        routed = routed_partition(origin, partition)
-        if isinstance(event, Rejected):
-            out = dead_letter(event.error, value, key, topic, partition, offset)
-            item = Routed(routed, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))
-            cluster = ""
-        else:
-            log = event["log_ms"] = event["wall_ms"] if broker_ms is None else broker_ms
-            misrouted(event, origin, value, key, topic, partition, offset)
-            item = Routed(routed, offset, log, event)
-            cluster = event["cluster"]
+        cluster, item = _parsed(routed_partition(origin, partition), offset, key, value, broker_ms, topic, limit, origin)
         group = groups.get(cluster)
         if group is None:
             groups[cluster] = [*heads, item] if heads and cluster else [item]
         else:
             group.append(item)
     return groups
+
+
+def route_records(rows: Iterable[tuple[int, int, bytes | None, bytes | None, int | None, str | None]], topic: str,
+                  policy: Policy, gaps: Iterable[Gap] = (), origin: str = EVENTS) -> dict[str, Group]:
+    """``route`` for messages with the cluster their record's header names (the sixth field;
+    ``header_cluster``): those go through unread, as ``Raw`` records of the named cluster's group, the
+    others are parsed as ``route`` parses them. Each cluster's group has the gaps' records first."""
+    groups: dict[str, Group] = {}
+    heads = [Routed(GAP_PARTITION, g.id, -1, g.to_json()) for g in gaps]
+    limit = policy.max_message_bytes
+    for partition, offset, key, value, broker_ms, named in rows:
+        routed = routed_partition(origin, partition)
+        if named is not None:
+            group = groups.get(named)
+            if group is None:
+                group = groups[named] = Group(list(heads), [])
+            group.raw.append(Raw(routed, offset, broker_ms, key, value))
+            continue
+        cluster, item = _parsed(routed, offset, key, value, broker_ms, topic, limit, origin)
+        group = groups.get(cluster)
+        if group is None:
+            group = groups[cluster] = Group([*heads, item] if heads and cluster else [item], [])
+        else:
+            group.routed.append(item)
+    return groups
+
+
+def _parsed(routed: int, offset: int, key: bytes | None, value: bytes | None, broker_ms: int | None, topic: str,
+            limit: int, origin: str, cluster: str | None = None) -> tuple[str, Routed]:
+    """One message parsed and validated: its cluster ("" for a dead letter) and its record. With
+    ``cluster`` (the one its record's header named), an event of another cluster is refused."""
+    event = parse(value, limit)
+    if not isinstance(event, Rejected) and cluster is not None and event["cluster"] != cluster:
+        event = Rejected(f"invalid header {CLUSTER_HEADER}: it names cluster {cluster!r}, the event's cluster is "
+                         f"{event['cluster']!r}")
+    if isinstance(event, Rejected):
+        out = dead_letter(event.error, value, key, topic, kafka_partition(routed), offset)
+        return "", Routed(routed, offset, -1, DeadLetterPayload(out.key, out.value, event.error, event.code))
+    log = event["log_ms"] = event["wall_ms"] if broker_ms is None else broker_ms
+    misrouted(event, origin, value, key, topic, kafka_partition(routed), offset)
+    return event["cluster"], Routed(routed, offset, log, event)
+
+
+def admit(cluster: str, raw: Iterable[Raw], topics: Mapping[str, str], policy: Policy) -> list[Routed]:
+    """The operator's half of ``route_records``: ``cluster``'s messages that came unread, parsed and
+    validated as ``route`` would have (the same records, the same dead letters), an event whose
+    header named another cluster than its own refused. ``topics``: each origin's topic name (the
+    dead letters name it); ``policy``: the one whose ``max_message_bytes`` the router applies."""
+    limit = policy.max_message_bytes
+    out: list[Routed] = []
+    for partition, offset, broker_ms, key, value in raw:
+        origin = CONTROL if is_control(partition) else EVENTS
+        out.append(_parsed(partition, offset, key, value, broker_ms, topics[origin], limit, origin, cluster)[1])
+    return out
 
 
 BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("log_ms"))

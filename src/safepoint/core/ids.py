@@ -9,7 +9,11 @@ parts are joined with ``/``. ``split_id`` undoes it.
 
 from __future__ import annotations
 
-__all__ = ["escape", "hold_key", "join_id", "split_id", "unescape"]
+__all__ = ["CLUSTER_HEADER", "escape", "hold_key", "join_id", "split_id", "unescape"]
+
+CLUSTER_HEADER = "safepoint-cluster"
+"""The Kafka record header in which a publisher names its event's cluster (the cluster id in UTF-8):
+the job groups the record by it without reading the value (the contract's "Topics")."""
 
 
 def escape(part: str) -> str:

@@ -29,6 +29,8 @@ import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.KafkaException;
 import org.apache.kafka.common.errors.ApiException;
+import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -40,6 +42,11 @@ import org.slf4j.LoggerFactory;
 public final class Reporter implements AutoCloseable {
     /** The topic nodes publish their events to. */
     public static final String DEFAULT_EVENTS_TOPIC = "safepoint.events";
+    /**
+     * The Kafka record header in which every event this client publishes names its cluster (UTF-8):
+     * the job groups the record by it without reading the value.
+     */
+    public static final String CLUSTER_HEADER = "safepoint-cluster";
     /** A snapshot part's size: half the broker's default message limit. */
     public static final int DEFAULT_SNAPSHOT_PART_BYTES = 500_000;
     /** The least part size a reporter takes. */
@@ -304,7 +311,8 @@ public final class Reporter implements AutoCloseable {
         Slot current = slot;
         Delivery d = new Delivery(current);
         try {
-            current.producer.send(new ProducerRecord<>(cfg.topic, node.getBytes(StandardCharsets.UTF_8), value), d);
+            current.producer.send(new ProducerRecord<>(cfg.topic, null, node.getBytes(StandardCharsets.UTF_8), value,
+                    clusterHeader(cluster)), d);
         } catch (ApiException e) {
             throw new SafepointException("safepoint: the " + kind + " event was not published: " + e, e);
         } catch (KafkaException | IllegalStateException e) {
@@ -980,5 +988,10 @@ public final class Reporter implements AutoCloseable {
             }
         }
         return b.toString();
+    }
+
+    /** A record's headers naming {@code cluster} ({@link #CLUSTER_HEADER}). */
+    static List<Header> clusterHeader(String cluster) {
+        return List.of(new RecordHeader(CLUSTER_HEADER, cluster.getBytes(StandardCharsets.UTF_8)));
     }
 }

@@ -167,7 +167,8 @@ public final class ServiceHold implements AutoCloseable {
         }
         byte[] value = Json.canonical(event);
         try {
-            producer.send(new ProducerRecord<>(cfg.topic, cluster.getBytes(StandardCharsets.UTF_8), value))
+            producer.send(new ProducerRecord<>(cfg.topic, null, cluster.getBytes(StandardCharsets.UTF_8), value,
+                    Reporter.clusterHeader(cluster)))
                     .get(timeout.toMillis(), TimeUnit.MILLISECONDS);
         } catch (ExecutionException e) {
             throw new SafepointException("safepoint: the " + kind + " event was not acknowledged: " + e.getCause(),

@@ -71,6 +71,12 @@ class ReporterTest {
             assertEquals("commit", ev.get(4).get("outcome"));
             assertEquals(new String(producers.get(0).history().get(0).key(), java.nio.charset.StandardCharsets.UTF_8),
                     "n1");
+            for (ProducerRecord<byte[], byte[]> rec : producers.get(0).history()) { // each names its cluster
+                org.apache.kafka.common.header.Header[] hs = rec.headers().toArray();
+                assertEquals(1, hs.length);
+                assertEquals(Reporter.CLUSTER_HEADER, hs[0].key());
+                assertEquals("c1", new String(hs[0].value(), java.nio.charset.StandardCharsets.UTF_8));
+            }
         }
     }
 
