@@ -56,7 +56,7 @@ from bench_machine import broker_rewrite, cores_together  # noqa: E402
 from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
 from bench_report import build_report, evaluate_targets, findings, plot_latency  # noqa: E402
 from bench_runs import Child, run_spark_tp, source_ignores_max_offsets  # noqa: E402
-from bench_workers import worker_plain, worker_spark_lat, worker_spark_tp  # noqa: E402
+from bench_workers import worker_plain, worker_spark_floor, worker_spark_lat, worker_spark_tp  # noqa: E402
 from bench_workload import build_workload, make_topics, open_holds, produce_all, raw_consume  # noqa: E402
 
 from safepoint.settings import Settings  # noqa: E402
@@ -92,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--status-off", default="local[2]",
                    help="masters that get one more throughput run with the status off (status_topic empty), comma-separated")
     p.add_argument("--latency-master", default="local[2]")
+    p.add_argument("--latency-status", choices=("on", "off"), default="on",
+                   help="off: the latency runs with the status off (status_topic empty), to measure what it costs a batch")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of event time sent before pacing (first batch, excluded)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="most seconds to wait for the job to catch up after pacing")
     p.add_argument("--timeout", type=float, default=600.0, help="most seconds for one Spark run")
@@ -101,7 +103,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "under safepoint against its own auto-compaction, bench_etcd.py; alone, it runs without the backlog), "
                         "clients (not by default: one reporter of each node client publishing, bench_clients.py; alone, "
                         "the same) and mariadb (not by default: InnoDB's history list with a forgotten session, the agent "
-                        "killing it against not, bench_mariadb.py; alone, the same)")
+                        "killing it against not, bench_mariadb.py; alone, the same) and floor (not by default: Spark's own "
+                        "batch time for the job's plan with nothing of safepoint's in it, bench_floor.py; alone, the same)")
     p.add_argument("--etcd-window", type=float, default=45.0, help="seconds the etcd phase samples each run")
     p.add_argument("--etcd-reader-every", type=float, default=15.0, help="seconds between two slow lists of the etcd phase")
     p.add_argument("--etcd-reader-seconds", type=float, default=6.0, help="how long one slow list of the etcd phase lasts")
@@ -183,22 +186,27 @@ def extra_sections(res: dict[str, Any]) -> str:
         from bench_mariadb import mariadb_lines
 
         md += "\n\n" + "\n".join(mariadb_lines(res["mariadb"]))
+    if "floor" in res:
+        from bench_floor import floor_lines
+
+        md += "\n\n" + "\n".join(floor_lines(res["floor"], res.get("latency")))
     return md
 
 
 def standalone_report(res: dict[str, Any]) -> str:
     """The report of a run of the clients, etcd or mariadb phase alone."""
     m = res["machine"]
-    names = " and ".join(p for p in ("clients", "etcd", "mariadb") if p in res)
+    names = " and ".join(p for p in ("clients", "etcd", "mariadb", "floor") if p in res)
     return (f"# safepoint benchmark {res['timestamp']}: {names} phase\n\nMachine: {m['cpus']} CPUs, load average at "
             f"start {m['loadavg_start']}, at end {m['loadavg_end']}. Total run {res['total_s']:.0f} s." + extra_sections(res))
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("_plain", "_spark_tp", "_spark_lat"):
+    if argv and argv[0] in ("_plain", "_spark_tp", "_spark_lat", "_spark_floor"):
         spec = json.loads(argv[1])
-        return {"_plain": worker_plain, "_spark_tp": worker_spark_tp, "_spark_lat": worker_spark_lat}[argv[0]](spec)
+        return {"_plain": worker_plain, "_spark_tp": worker_spark_tp, "_spark_lat": worker_spark_lat,
+                "_spark_floor": worker_spark_floor}[argv[0]](spec)
     args = parse_args(argv)
     phases = set(args.phases.split(","))
     rates = [float(r) for r in args.rate.split(",") if r.strip()]
@@ -228,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
 
         (work / "mariadb").mkdir(parents=True, exist_ok=True)
         res["mariadb"] = mariadb_phase(work / "mariadb", args)
-    if phases <= {"etcd", "clients", "mariadb"}:  # alone: no backlog to build, no targets
+    if "floor" in phases:
+        from bench_floor import floor_phase
+
+        res["floor"] = floor_phase(work, args)
+    if phases <= {"etcd", "clients", "mariadb", "floor"}:  # alone: no backlog to build, no targets
         res["machine"]["loadavg_end"], res["total_s"] = _loadavg(), time.monotonic() - t_start
         md = standalone_report(res)
         (out_dir / f"bench-{stamp}.json").write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")

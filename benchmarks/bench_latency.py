@@ -61,6 +61,7 @@ def run_latency(args: argparse.Namespace, work: Path, bootstrap: str, wl: Worklo
         "shuffle_partitions": args.shuffle_partitions, "max_offsets": args.max_offsets, "trigger_ms": args.trigger_ms,
         "node_buckets": args.node_buckets, "spark_conf": dict(kv.split("=", 1) for kv in args.spark_conf),
         "source_format": getattr(args, "source", "python"),
+        "status": getattr(args, "latency_status", "on") == "on",
     }
     child = Child("_spark_lat", spec, work / f"{tag}.log", stdin=True)
     progress: list[dict[str, Any]] = []

@@ -395,3 +395,53 @@ def worker_spark_lat(spec: dict[str, Any]) -> int:
             query.stop()
         spark.stop()
     return 0
+
+
+def worker_spark_floor(spec: dict[str, Any]) -> int:
+    """Spark's own floor for the job's plan shape: Spark's ``rate`` source (``rowsPerSecond``), one
+    key, a Python ``transformWithState`` that reads and writes one ``ValueState`` per batch and
+    returns one row, a ``noop`` sink; the job's session settings (RocksDB with changelog
+    checkpointing, its shuffle partitions, its trigger) and nothing of safepoint's. Prints each
+    batch's progress for ``seconds`` after ``warmup_s``."""
+    from pyspark.sql import Row
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from safepoint.streaming.session import build_session
+
+    settings = _job_settings(spec)
+    spark = build_session(settings.spark_master, settings.shuffle_partitions, app="safepoint-bench-floor",
+                          **settings.jvm(), extra=_session_extra(settings, spec))
+
+    class Floor(StatefulProcessor):  # defined here: pickled by value for the workers
+        def init(self, handle: Any) -> None:
+            self.count = handle.getValueState("count", StructType([StructField("n", LongType(), False)]))
+
+        def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:  # noqa: N802, N803
+            n = sum(1 for _ in rows)
+            have = self.count.get()
+            self.count.update(((have[0] if have is not None else 0) + n,))
+            yield Row(key=key[0], n=n)
+
+        def close(self) -> None:
+            pass
+
+    out = StructType([StructField("key", StringType(), False), StructField("n", LongType(), False)])
+    rows = (spark.readStream.format("rate").option("rowsPerSecond", str(spec["rate"])).load()
+            .select(F.lit("default").alias("cluster"), F.col("value")))
+    query = (rows.groupBy("cluster").transformWithState(statefulProcessor=Floor(), outputStructType=out,
+                                                        outputMode="Append", timeMode="None")
+             .writeStream.format("noop").option("checkpointLocation", settings.checkpoint)
+             .trigger(processingTime=f"{settings.trigger_ms} milliseconds").start())
+    try:
+        time.sleep(spec["warmup_s"])
+        first = max((_to_dict(p).get("batchId") or 0 for p in query.recentProgress), default=0)
+        time.sleep(spec["seconds"])
+        batches = [_progress_row(d) for d in (_to_dict(p) for p in query.recentProgress)
+                   if (d.get("batchId") or 0) > first]
+    finally:
+        query.stop()
+        spark.stop()
+    Path(spec["result"]).write_text(json.dumps({"batches": batches}), encoding="utf-8")
+    return 0
