@@ -42,13 +42,15 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from safepoint.core.batch import header_cluster
 from safepoint.core.event_records import NodeEvent
 from safepoint.core.events import Rejected, is_node_event, parse
+from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.core.policy import Policy
 
 __all__ = ["Finding", "NodeCheck", "announced_retention", "read_node", "CHECKS"]
 
-CHECKS = ("invalid", "key", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "two_processes", "heartbeat_sparse",
+CHECKS = ("invalid", "key", "header", "seq_repeat", "seq_back", "seq_gap", "incarnation_back", "two_processes", "heartbeat_sparse",
           "close_unknown", "unpublished_hold", "leader_never_publishes", "snapshot_parts")
 
 
@@ -111,8 +113,9 @@ class NodeCheck:
         else:
             f.count += 1
 
-    def feed(self, key: bytes | None, value: bytes | None, partition: int, offset: int) -> None:
-        """One message of the events topic (any node's: others are skipped)."""
+    def feed(self, key: bytes | None, value: bytes | None, partition: int, offset: int,
+             headers: list[tuple[str, bytes | None]] | None = None) -> None:
+        """One message of the events topic (any node's: others are skipped), with its record's headers."""
         where = f"partition {partition} offset {offset}"
         expected = self.next_offset.get(partition)
         if expected is not None and offset > expected:
@@ -130,6 +133,10 @@ class NodeCheck:
         self.events += 1
         if key != self.node.encode():
             self._found("key", f"events keyed {key!r}, not by the node id {self.node!r}: their order is not kept", where)
+        named = header_cluster(headers)
+        if named is not None and named != event["cluster"]:
+            self._found("header", f"the record's {CLUSTER_HEADER} header names cluster {named!r}, the event's cluster is "
+                                  f"{event['cluster']!r}: the job dead-letters it", where)
         if self._order(event, where):
             self._holds(event, where)
 
@@ -256,7 +263,7 @@ class NodeCheck:
 
 
 def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginning: bool,
-              node: str) -> Iterator[tuple[bytes | None, bytes | None, int, int]]:
+              node: str) -> Iterator[tuple[bytes | None, bytes | None, int, int, list[tuple[str, bytes | None]] | None]]:
     """The events topic's messages that may be the node's, for ``duration_s`` (from the current end,
     or from the beginning), without a consumer group: the job's reading is not disturbed."""
     from safepoint.connectors.kafka.follow import TopicFollower
@@ -276,7 +283,7 @@ def read_node(conf: dict[str, Any], topic: str, duration_s: float, from_beginnin
             for m in follower.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
                 key, value = m.key(), m.value()
                 if key == node.encode() or (value is not None and needle in value):
-                    yield key, value, m.partition() or 0, m.offset() or 0
+                    yield key, value, m.partition() or 0, m.offset() or 0, m.headers()
     finally:
         follower.close()
 

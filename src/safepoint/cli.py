@@ -404,9 +404,9 @@ def cmd_check_node(args: argparse.Namespace) -> int:
         if announced is not None:
             policy = dataclasses.replace(policy, retention=announced)
     check = NodeCheck(args.cluster, args.node, policy, from_first_event=args.from_beginning)
-    for key, value, partition, offset in read_node(settings.librdkafka(), settings.events_topic, args.duration,
-                                                   args.from_beginning, args.node):
-        check.feed(key, value, partition, offset)
+    for key, value, partition, offset, headers in read_node(settings.librdkafka(), settings.events_topic, args.duration,
+                                                            args.from_beginning, args.node):
+        check.feed(key, value, partition, offset, headers)
     report = check.report()
     if args.json:
         print(json.dumps(report, indent=2))

@@ -15,10 +15,11 @@ from core_helpers import NodeClient
 LEASE = 10_000
 
 
-def run(messages: list[tuple[bytes | None, Any]], first: bool = True, retention: int = 100) -> NodeCheck:
+def run(messages: list[tuple[Any, ...]], first: bool = True, retention: int = 100) -> NodeCheck:
+    """Each message (key, value) or (key, value, the record's headers)."""
     check = NodeCheck("default", "n1", Policy(node_lease_ms=LEASE, retention=retention), from_first_event=first)
-    for i, (key, value) in enumerate(messages):
-        check.feed(key, value if isinstance(value, bytes) else json.dumps(value).encode(), 0, i)
+    for i, (key, value, *headers) in enumerate(messages):
+        check.feed(key, value if isinstance(value, bytes) else json.dumps(value).encode(), 0, i, *headers)
     return check
 
 
@@ -36,17 +37,19 @@ def names(check: NodeCheck) -> list[str]:
 
 
 def test_a_conforming_node_has_no_findings_and_other_nodes_are_skipped() -> None:
-    _n, msgs = good()
+    n, msgs = good()
     other = NodeClient("n2")
     msgs.append((b"n2", other.close("zz", 2_100)))
+    msgs.append((b"n1", n.hb(2_100, 1_300), [("safepoint-cluster", b"default")]))  # the header a client sends
     check = run(msgs)
-    assert check.findings() == [] and check.events == 8
+    assert check.findings() == [] and check.events == 9
     assert check.report()["conforms"] is True
 
 
 @pytest.mark.parametrize(("mutate", "expected"), [
     (lambda n, m: m.append((b"n1", b"{not json")), "invalid"),
     (lambda n, m: m.append((b"other", n.hb(2_100, 1_300))), "key"),
+    (lambda n, m: m.append((b"n1", n.hb(2_100, 1_300), [("safepoint-cluster", b"c9")])), "header"),
     (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "seq": n.seq - 1})), "seq_repeat"),
     (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "seq": 2})), "seq_back"),
     (lambda n, m: m.append((b"n1", {**n.hb(2_100, 1_300), "seq": n.seq + 5})), "seq_gap"),

@@ -1,13 +1,14 @@
 """One micro-batch as the job runs it: pure Python, no Spark.
 
-1. ``route`` (before the shuffle, one task per Kafka partition) groups the batch's messages by
-   cluster. A message whose record names its cluster in the ``safepoint-cluster`` header
+1. ``route_records`` (before the shuffle, one task per Kafka partition) groups the batch's messages
+   by cluster. A message whose record names its cluster in the ``safepoint-cluster`` header
    (``CLUSTER_HEADER``: what the node clients send) goes through as it came, a ``Raw`` record, and
    is parsed once, by its cluster's operator (``admit``). One without the header (an older client,
-   a cluster event, a control event) is parsed and validated here, as a ``Routed`` record: where it
-   came from, its log time (``core/clock.py``: the record's broker time, set on the event as
-   ``log_ms``) and the validated event, or its dead letter (those go to cluster ``""``). Either
-   way a message gives the same outcome and, if it is refused, the same dead letter.
+   a cluster event from a tool of its own) is parsed and validated here, as ``route`` does, into a
+   ``Routed`` record: where it came from, its log time (``core/clock.py``: the record's broker time,
+   set on the event as ``log_ms``) and the validated event, or its dead letter (those go to cluster
+   ``""``). Either way a message gives the same outcome and, if it is refused, the same dead letter;
+   only an event whose header names another cluster than its own is refused for that.
 2. ``run_batch`` (the one stateful operator, keyed by cluster) puts one cluster's messages in log
    order (``merge_log_order``) and runs ``engine.step`` on each, as ``replay`` does: the cluster's
    state, and each node's from its bucket (``BucketNodes``: a bucket is read when the batch first
@@ -101,7 +102,6 @@ class Routed(NamedTuple):
 # union of several TypedDicts; an event record is the map itself, so the payload is read as a map
 # (an event, or a gap's) or a dead letter
 Routed.__annotations__["payload"] = dict[str, Any] | DeadLetterPayload
-
 
 
 class Raw(NamedTuple):
