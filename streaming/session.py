@@ -119,6 +119,13 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
         # the codec from the offset log (test_checkpoint_checks.py).
         "spark.sql.streaming.stateStore.compression.codec": "zstd",
         "spark.sql.streaming.stateStore.rocksdb.compression": "zstd",
+        # The changelog files at zstd's level 9, not Spark's 1 (it sets the level of every zstd
+        # stream Spark writes; shuffles keep lz4): a batch writes each touched bucket whole, tens of
+        # kB, so the level costs a few ms a batch at most. The benchmark's checkpoint state/ at the
+        # end of its backlog (`safepoint bench --phases spark --masters local[2] --status-off ""
+        # --spark-conf spark.io.compression.zstd.level=N`): 125 kB at 1, 120 at 3, 109 at 9 (113,
+        # 108, 99 B per open hold). Any level reads back alike, so a checkpoint keeps working.
+        "spark.io.compression.zstd.level": "9",
         # A RocksDB snapshot of the state every 50 batches instead of 10: with changelog
         # checkpointing each batch writes only its changes, and a snapshot (a checkpoint of the
         # whole store, uploaded by the maintenance thread) competes with the batches for 2 cores.
