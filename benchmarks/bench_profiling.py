@@ -82,7 +82,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
     """
     from bench_workload import record_headers
 
-    from safepoint.core.batch import Group, admit, header_cluster, route_records, run_batch
+    from safepoint.core.batch import admit, header_cluster, route_records, run_batch
     from safepoint.core.policy import Policy
     from safepoint.streaming.stored import (
         decode_cluster,
@@ -90,7 +90,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         pack_group,
         stored_buckets,
         stored_nodes,
-        unpack_group,
+        unpack_groups,
     )
 
     policy = Policy()
@@ -122,11 +122,7 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
                     blobs.setdefault(cluster, []).append(pack_group(group))
             t1 = time.perf_counter()  # the operator's half: unpack, parse what came unread, run the batch
             for cluster, packed in blobs.items():
-                group = Group([], [])
-                for blob in packed:
-                    back = unpack_group(blob)
-                    group.routed.extend(back.routed)
-                    group.raw.extend(back.raw)
+                group = unpack_groups(packed)
                 items = group.routed + admit(cluster, group.raw, topics, policy)
                 stored = clusters.get(cluster)
                 bucket_nodes = stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b)))

@@ -22,7 +22,7 @@ from pyspark.sql import Row
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from safepoint.core.batch import METRICS, BatchRun, Emitted, Group, Raw, Routed, admit, header_cluster, route_records
+from safepoint.core.batch import METRICS, BatchRun, Emitted, Group, admit, header_cluster, route_records
 from safepoint.core.codec import encode
 from safepoint.core.gaps import Gap
 from safepoint.core.origin import CONTROL, EVENTS
@@ -38,7 +38,7 @@ from safepoint.streaming.stored import (
     pack_group,
     stored_buckets,
     stored_nodes,
-    unpack_group,
+    unpack_groups,
 )
 
 __all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
@@ -66,13 +66,7 @@ _NO_COUNTS = dict.fromkeys(METRICS, 0)
 
 def unpack(rows: Iterator[Row]) -> Group:
     """The records of one cluster's packed rows."""
-    routed: list[Routed] = []
-    raw: list[Raw] = []
-    for row in rows:
-        group = unpack_group(row["blob"])
-        routed.extend(group.routed)
-        raw.extend(group.raw)
-    return Group(routed, raw)
+    return unpack_groups(row["blob"] for row in rows)
 
 
 def origins(events_topic: str, control_topic: str | None) -> dict[str, str]:
@@ -101,15 +95,21 @@ class Router:
             self._policy = Policies.from_dict(self.policy).default  # a message's size limit: before its cluster is known
         return self._policy, [Gap.of(g) for g in self.gaps]
 
+    def _origin(self, topic: str) -> str:
+        """``topic``'s origin; a topic the router was not given is refused."""
+        origin = self.origins.get(topic)
+        if origin is None:
+            msg = f"the router reads {', '.join(self.origins)}, not {topic}"
+            raise ValueError(msg)
+        return origin
+
     def pack(self, topic: str, rows: list[tuple[int, int, bytes | None, bytes | None, int | None, str | None]]) -> Any:
         """One chunk of ``topic``'s rows (partition, offset, key, value, broker time, the cluster its
         header names) as packed rows: cluster, blob."""
         policy, gaps = self._ready()
-        if topic not in self.origins:
-            msg = f"the router reads {', '.join(self.origins)}, not {topic}"
-            raise ValueError(msg)
+        origin = self._origin(topic)
         with paused():
-            groups = route_records(rows, topic, policy, gaps, self.origins[topic])
+            groups = route_records(rows, topic, policy, gaps, origin)
             return _packed(groups)
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -129,11 +129,9 @@ class Router:
                 groups: dict[str, Group] = {}
                 seen = list(dict.fromkeys(topics))
                 for topic in seen:
-                    if topic not in self.origins:
-                        msg = f"the router reads {', '.join(self.origins)}, not {topic}"
-                        raise ValueError(msg)
+                    origin = self._origin(topic)
                     these = rows if len(seen) == 1 else [r for r, t in zip(rows, topics, strict=True) if t == topic]
-                    for cluster, group in route_records(these, topic, policy, gaps, self.origins[topic]).items():
+                    for cluster, group in route_records(these, topic, policy, gaps, origin).items():
                         have = groups.get(cluster)
                         if have is None:
                             groups[cluster] = group

@@ -41,6 +41,7 @@ __all__ = [
     "stored_buckets",
     "stored_nodes",
     "unpack_group",
+    "unpack_groups",
 ]
 
 BUCKET_STATE_VERSION = 4
@@ -72,6 +73,18 @@ def unpack_group(blob: bytes) -> Group:
         routed, raw = pickle.loads(blob)  # noqa: S301 - packed by this query's router
         return Group(routed, raw)
     return Group(*_UNPACK_GROUP.decode(blob))
+
+
+def unpack_groups(blobs: Iterable[bytes]) -> Group:
+    """One cluster's ``Group`` of a micro-batch from the values ``pack_group`` made of its parts (one
+    per read task and chunk)."""
+    routed: list[Routed] = []
+    raw: list[Raw] = []
+    for blob in blobs:
+        group = unpack_group(blob)
+        routed.extend(group.routed)
+        raw.extend(group.raw)
+    return Group(routed, raw)
 
 
 def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes:

@@ -37,17 +37,23 @@ def produce(bootstrap: str, topic: str, messages: list[tuple[Any, ...]]) -> None
     assert p.flush(30) == 0
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
-    """Every message of a topic up to its end now, in offset order per partition, values parsed as
-    JSON (the project's own reader, ``connectors/follow.read_to_end``; what it read when
-    ``timeout_s`` pass without progress)."""
+def read_messages(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[Any]:
+    """Every record of a topic up to its end now, as the consumer gives them (the project's own
+    reader, ``connectors/follow.read_to_end``; what it read when ``timeout_s`` pass without progress)."""
     from safepoint.connectors.kafka.follow import read_to_end
 
-    out: dict[int, list[dict[str, Any]]] = {}
+    out: list[Any] = []
     try:
-        for m in read_to_end({"bootstrap.servers": bootstrap}, topic, timeout_s, client_id=unique("read")):
-            out.setdefault(m.partition(), []).append({"key": m.key().decode() if m.key() else None,
-                                                      **json.loads(m.value())})
+        out.extend(read_to_end({"bootstrap.servers": bootstrap}, topic, timeout_s, client_id=unique("read")))
     except TimeoutError:
         pass
+    return out
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """Every message of a topic up to its end now (``read_messages``), in offset order per partition,
+    values parsed as JSON, each with its record's key."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for m in read_messages(bootstrap, topic, timeout_s):
+        out.setdefault(m.partition(), []).append({"key": m.key().decode() if m.key() else None, **json.loads(m.value())})
     return [x for p in sorted(out) for x in out[p]]

@@ -23,12 +23,11 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from safepoint.connectors.kafka.follow import read_to_end
 from safepoint.connectors.kafka.topics import ensure_topics
 from safepoint.core.signing import public_key_of, sign_directive, sign_node
 from safepoint.devtools.driver_node import Lines
 
-from kafka_util import unique
+from kafka_util import read_messages, unique
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = ROOT / "schemas" / "vectors"
@@ -131,7 +130,7 @@ def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: f
     finally:
         if proc.poll() is None:
             proc.kill()
-    for message in _messages(bootstrap, events_topic):
+    for message in read_messages(bootstrap, events_topic):
         ran.records.append({"key": message.key().decode() if message.key() is not None else None,
                             "headers": {k: v.decode() for k, v in message.headers() or []}})
         event = json.loads(message.value())
@@ -144,17 +143,6 @@ def run(command: list[str], bootstrap: str, vector: dict[str, Any], timeout_s: f
                 entry.pop(f, None)
         ran.events.append(event)
     return ran
-
-
-def _messages(bootstrap: str, topic: str) -> list[Any]:
-    """Every message of the (one-partition) topic up to its end now (``kafka_util.read_topic``'s read,
-    the records whole)."""
-    out: list[Any] = []
-    try:
-        out.extend(read_to_end({"bootstrap.servers": bootstrap}, topic, 10.0, client_id=unique("read")))
-    except TimeoutError:
-        pass
-    return out
 
 
 def _signed_by(event: dict[str, Any], sig: str, key: str) -> bool:
