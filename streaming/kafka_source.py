@@ -392,11 +392,16 @@ class KafkaStreamReader(DataSourceStreamReader):
         consumer = _consumer(self.options)
         marks = {}
         for name, control in self.topics():
-            md = consumer.list_topics(name, timeout=30)
-            topic = md.topics.get(name)
-            if topic is None or topic.error is not None:
-                msg = f"topic {name} is not available: {topic.error if topic else 'missing'}"
-                raise RuntimeError(msg)
+            deadline = time.monotonic() + LEADER_WAIT_S
+            while True:  # a broker stopping or starting may answer without the topic for a moment: waited out
+                md = consumer.list_topics(name, timeout=30)
+                topic = md.topics.get(name)
+                if topic is not None and topic.error is None:
+                    break
+                if time.monotonic() >= deadline:
+                    msg = f"topic {name} is not available: {topic.error if topic else 'missing'}"
+                    raise RuntimeError(msg)
+                time.sleep(0.2)
             for p in sorted(topic.partitions):  # a leader moving (a broker died) is waited out
                 marks[partition_key(p, control)] = watermarks(consumer, name, p, LEADER_WAIT_S)
         return marks

@@ -452,11 +452,12 @@ def set_paused(consumer: Any, topic: str, positions: Mapping[int, int], paused: 
 
 LEADER_MOVING = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART",
                            "FENCED_LEADER_EPOCH", "UNKNOWN_LEADER_EPOCH", "OFFSET_NOT_AVAILABLE", "REPLICA_NOT_AVAILABLE",
-                           "_TRANSPORT", "_TIMED_OUT", "_DESTROY_BROKER"})
+                           "_TRANSPORT", "_TIMED_OUT", "_DESTROY_BROKER", "_UNKNOWN_PARTITION"})
 """The errors of an offsets request while a partition's leader moves (a broker died, an election, a
 topic just made whose leaders the broker has not taken up yet; ``_DESTROY_BROKER``: librdkafka dropped
-the dead broker's connection under the request): asked again until the deadline, as is any error
-librdkafka calls retriable."""
+the dead broker's connection under the request; ``_UNKNOWN_PARTITION``: the metadata of a broker
+shutting down, Apache Kafka's last answer before a clean stop, left the partition out of librdkafka's
+view): asked again until the deadline, as is any error librdkafka calls retriable."""
 
 
 def watermarks(consumer: Any, topic: str, partition: int, timeout_s: float = 5.0) -> tuple[int, int]:
