@@ -42,8 +42,9 @@ echo "setup: $("$PY" --version), java $(java_major)"
 # tests: scripts/images.sh, scripts/engine.sh), etcd-server, etcd-client (the etcd agent's tests and example) and
 # postgresql (the PostgreSQL agent's tests and example: servers run as the postgres user, on loopback)
 # and mariadb-server (the MariaDB agent's: servers of their own as the mysql user; Debian's service
-# is not used)
+# is not used), gcc (the Go client's race detector needs cgo; the core's mypyc build a C compiler)
 missing=()
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 command -v kcat >/dev/null 2>&1 || command -v kafkacat >/dev/null 2>&1 || missing+=(kcat)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)

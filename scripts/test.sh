@@ -61,8 +61,8 @@ echo "== mypy (strict, project packages)"
 ./scripts/typecheck.sh
 # The node clients in Go and Java: their own checks and unit tests (setup built them; the tests below
 # run their drivers against the brokers)
-echo "== go vet, go test (clients/go)"
-(cd clients/go && go vet ./... && go test -count=1 ./...)
+echo "== go vet, go test -race (clients/go)"
+(cd clients/go && go vet ./... && go test -race -count=1 ./...)
 echo "== mvn test (clients/java)"
 mvn -q -B -Dstyle.color=never -f clients/java/pom.xml test 2>&1 | sed 's/\x1b\[[0-9;]*m//g'  # Maven's colour resets
 if ! wait "$classes"; then

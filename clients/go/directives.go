@@ -17,7 +17,8 @@ type Directive struct {
 	Retention       *int64
 	NamespaceSafeTS *int64
 	Namespaces      map[string]int64
-	Raw             Event
+	// Raw is the record's value as the job wrote it (a copy: the fields above are what the client read)
+	Raw json.RawMessage
 }
 
 // ExpireDirective is a forced expiry of one reader (ReaderID) or transaction (TxID) on Node.
@@ -26,7 +27,7 @@ type ExpireDirective struct {
 	Seq                                         int64
 	ClusterWallMS                               *int64
 	Generation                                  string
-	Raw                                         Event
+	Raw                                         json.RawMessage // the record's value, a copy
 }
 
 func num(v any) (int64, bool) {
@@ -56,7 +57,7 @@ func str(v any) string {
 	return s
 }
 
-func parseDirective(obj Event) (Directive, error) {
+func parseDirective(obj Event, value []byte) (Directive, error) {
 	seq, ok1 := num(obj["seq"])
 	safe, ok2 := num(obj["safe_ts"])
 	wall, _ := num(obj["cluster_wall_ms"])
@@ -65,7 +66,7 @@ func parseDirective(obj Event) (Directive, error) {
 	}
 	d := Directive{Cluster: str(obj["cluster"]), Seq: seq, SafeTS: safe, CatalogFloor: optNum(obj["catalog_floor"]),
 		ClusterWallMS: wall, Generation: str(obj["generation"]), Retention: optNum(obj["retention"]),
-		NamespaceSafeTS: optNum(obj["namespace_safe_ts"]), Raw: obj}
+		NamespaceSafeTS: optNum(obj["namespace_safe_ts"]), Raw: append(json.RawMessage(nil), value...)}
 	if ns, ok := obj["namespaces"].(map[string]any); ok {
 		d.Namespaces = map[string]int64{}
 		for k, v := range ns {
@@ -77,14 +78,15 @@ func parseDirective(obj Event) (Directive, error) {
 	return d, nil
 }
 
-func parseExpire(obj Event) (ExpireDirective, error) {
+func parseExpire(obj Event, value []byte) (ExpireDirective, error) {
 	seq, ok := num(obj["seq"])
 	if !ok || str(obj["node"]) == "" || (str(obj["mode"]) != "graceful" && str(obj["mode"]) != "hard") {
 		return ExpireDirective{}, fmt.Errorf("an expire directive needs a seq, a node and a mode graceful or hard")
 	}
 	return ExpireDirective{Cluster: str(obj["cluster"]), Node: str(obj["node"]), ReaderID: str(obj["reader_id"]),
 		TxID: str(obj["tx_id"]), Reason: str(obj["reason"]), Mode: str(obj["mode"]), Seq: seq,
-		ClusterWallMS: optNum(obj["cluster_wall_ms"]), Generation: str(obj["generation"]), Raw: obj}, nil
+		ClusterWallMS: optNum(obj["cluster_wall_ms"]), Generation: str(obj["generation"]),
+		Raw: append(json.RawMessage(nil), value...)}, nil
 }
 
 // Bound is what a hold of namespace may compact up to (SafeTS for no namespace, or a cluster without
@@ -113,12 +115,12 @@ func CompactUpTo(d Directive, oldestLocalHold *int64, namespace string) int64 {
 // reporter does this). It returns the handle, or nil when the directive is a no-op: another node, an id not
 // open here, a directive older than the handle, a prepared transaction, or a repeat.
 func (r *Reporter) Expire(ctx context.Context, d ExpireDirective) Handle {
-	kind, id := "reader", d.ReaderID
+	kind, id := KindReader, d.ReaderID
 	if id == "" {
-		kind, id = "tx", d.TxID
+		kind, id = KindTx, d.TxID
 	}
 	r.mu.Lock()
-	if d.Cluster != r.Cluster || d.Node != r.Node {
+	if d.Cluster != r.cluster || d.Node != r.node {
 		r.stats.ExpiriesIgnored++
 		r.mu.Unlock()
 		return nil
@@ -126,7 +128,7 @@ func (r *Reporter) Expire(ctx context.Context, d ExpireDirective) Handle {
 	var h *hold
 	var handle Handle
 	prepared := false
-	if kind == "reader" {
+	if kind == KindReader {
 		if x, ok := r.readers[id]; ok {
 			h, handle = &x.hold, x
 		}
@@ -153,7 +155,7 @@ func (r *Reporter) Expire(ctx context.Context, d ExpireDirective) Handle {
 	r.log.Warn("safepoint: expired by the safe-point service", "kind", kind, "id", id, "mode", d.Mode,
 		"reason", d.Reason, "seq", d.Seq)
 	if callback != nil {
-		callback(handle, d)
+		r.expireCallback(ctx, callback, handle, d)
 	}
 	if d.Mode == "hard" {
 		r.mu.Lock()
@@ -163,20 +165,32 @@ func (r *Reporter) Expire(ctx context.Context, d ExpireDirective) Handle {
 	return handle
 }
 
+// expireCallback calls an ExpireFunc; a panic in it is logged and counted, and the expiry goes on.
+func (r *Reporter) expireCallback(ctx context.Context, f ExpireFunc, h Handle, d ExpireDirective) {
+	defer func() {
+		if p := recover(); p != nil {
+			r.panics.Add(1)
+			r.log.Error("safepoint: the on-expire callback panicked; the expiry goes on", "kind", h.Kind(), "id", h.ID(),
+				"panic", p)
+		}
+	}()
+	f(ctx, h, d)
+}
+
 // releaseExpired releases an expired handle still open: reader_close, or tx_end abort; call with r.mu held.
-func (r *Reporter) releaseExpired(ctx context.Context, h *hold, kind string) {
+func (r *Reporter) releaseExpired(ctx context.Context, h *hold, kind HoldKind) {
 	if h.state != "open" && h.state != "prepared" {
 		return
 	}
 	h.state = "expired"
-	if kind == "reader" {
-		r.closeHold(ctx, "reader", h.id, nil)
+	if kind == KindReader {
+		r.closeHold(ctx, KindReader, h.id, nil)
 	} else {
-		r.closeHold(ctx, "tx", h.id, Event{"outcome": "abort"})
+		r.closeHold(ctx, KindTx, h.id, Event{"outcome": string(Abort)})
 	}
 }
 
-func (r *Reporter) enforceExpiry(ctx context.Context, h *hold, kind string) error {
+func (r *Reporter) enforceExpiry(ctx context.Context, h *hold, kind HoldKind) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if h.expiry == nil {
@@ -186,21 +200,24 @@ func (r *Reporter) enforceExpiry(ctx context.Context, h *hold, kind string) erro
 }
 
 // enforceLocked is an operation boundary of an expired hold: released, and its *ExpiredError; r.mu held.
-func (r *Reporter) enforceLocked(ctx context.Context, h *hold, kind string) error {
+func (r *Reporter) enforceLocked(ctx context.Context, h *hold, kind HoldKind) error {
 	r.releaseExpired(ctx, h, kind)
 	return &ExpiredError{Kind: kind, ID: h.id, Mode: h.expiry.Mode, Reason: h.expiry.Reason, Seq: h.expiry.Seq}
 }
 
-// Find is the open reader (kind "reader") or transaction ("tx") of this reporter with that id, or nil.
-func (r *Reporter) Find(kind, id string) Handle {
+// Find is the open reader (KindReader) or transaction (KindTx) of this reporter with that id, or nil.
+func (r *Reporter) Find(kind HoldKind, id string) Handle {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if kind == "reader" {
+	switch kind {
+	case KindReader:
 		if h, ok := r.readers[id]; ok {
 			return h
 		}
-	} else if h, ok := r.txs[id]; ok {
-		return h
+	case KindTx:
+		if h, ok := r.txs[id]; ok {
+			return h
+		}
 	}
 	return nil
 }

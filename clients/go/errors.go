@@ -27,7 +27,7 @@ func (e *RefusedError) Error() string {
 // is returned at the handle's operation boundaries (Check, Prepare, a commit); the operation may be
 // retried with a fresh snapshot.
 type ExpiredError struct {
-	Kind   string // "reader" or "tx"
+	Kind   HoldKind
 	ID     string
 	Mode   string // "graceful" or "hard"
 	Reason string

@@ -21,10 +21,28 @@ type HoldOptions struct {
 	OnExpire ExpireFunc
 }
 
+// HoldKind is what a Handle is: KindReader or KindTx.
+type HoldKind string
+
+// The kinds of Handle.
+const (
+	KindReader HoldKind = "reader"
+	KindTx     HoldKind = "tx"
+)
+
+// TxOutcome is how a transaction ends (Transaction.End): Commit or Abort.
+type TxOutcome string
+
+// The outcomes of a transaction.
+const (
+	Commit TxOutcome = "commit"
+	Abort  TxOutcome = "abort"
+)
+
 // Handle is a Reader or a Transaction.
 type Handle interface {
-	// Kind is "reader" or "tx".
-	Kind() string
+	// Kind is KindReader or KindTx.
+	Kind() HoldKind
 	// ID is the reader_id or tx_id.
 	ID() string
 	// TS is the read_ts or begin_ts.
@@ -69,8 +87,8 @@ func (h *hold) optional(event Event) {
 // Reader is one snapshot reader: opened by Reporter.Reader (reader_open), closed by Close (reader_close).
 type Reader struct{ hold }
 
-// Kind is "reader".
-func (h *Reader) Kind() string { return "reader" }
+// Kind is KindReader.
+func (h *Reader) Kind() HoldKind { return KindReader }
 
 // ID is the reader_id.
 func (h *Reader) ID() string { return h.id }
@@ -95,8 +113,8 @@ type Transaction struct {
 	participants []string
 }
 
-// Kind is "tx".
-func (h *Transaction) Kind() string { return "tx" }
+// Kind is KindTx.
+func (h *Transaction) Kind() HoldKind { return KindTx }
 
 // ID is the tx_id.
 func (h *Transaction) ID() string { return h.id }
@@ -126,7 +144,11 @@ func (r *Reporter) newHold(o HoldOptions, prefix string) (hold, error) {
 	if err := checkID(prefix+"_id", id); err != nil {
 		return hold{}, err
 	}
-	h := hold{r: r, id: id, label: o.Label, groups: o.Groups, namespace: o.Namespace, onExpire: o.OnExpire, state: "new"}
+	var groups []string // a copy: the caller's slice may change
+	if o.Groups != nil {
+		groups = append([]string{}, o.Groups...)
+	}
+	h := hold{r: r, id: id, label: o.Label, groups: groups, namespace: o.Namespace, onExpire: o.OnExpire, state: "new"}
 	if o.TS != nil {
 		h.ts = *o.TS
 	}
@@ -144,9 +166,9 @@ func (r *Reporter) Reader(ctx context.Context, o HoldOptions) (*Reader, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.readers[reader.id]; ok {
-		return nil, fmt.Errorf("safepoint: reader id %q is already open on node %s; ids must be unique", reader.id, r.Node)
+		return nil, fmt.Errorf("safepoint: reader id %q is already open on node %s; ids must be unique", reader.id, r.node)
 	}
-	if err := r.open(ctx, &reader.hold, o.TS == nil, "reader"); err != nil {
+	if err := r.open(ctx, &reader.hold, o.TS == nil, KindReader); err != nil {
 		return nil, err
 	}
 	r.readers[reader.id] = reader
@@ -164,9 +186,9 @@ func (r *Reporter) Begin(ctx context.Context, o HoldOptions) (*Transaction, erro
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, ok := r.txs[tx.id]; ok {
-		return nil, fmt.Errorf("safepoint: transaction id %q is already open on node %s; ids must be unique", tx.id, r.Node)
+		return nil, fmt.Errorf("safepoint: transaction id %q is already open on node %s; ids must be unique", tx.id, r.node)
 	}
-	if err := r.open(ctx, &tx.hold, o.TS == nil, "tx"); err != nil {
+	if err := r.open(ctx, &tx.hold, o.TS == nil, KindTx); err != nil {
 		return nil, err
 	}
 	r.txs[tx.id] = tx
@@ -174,14 +196,14 @@ func (r *Reporter) Begin(ctx context.Context, o HoldOptions) (*Transaction, erro
 }
 
 // open publishes a hold's open (or defers it); call with r.mu held.
-func (r *Reporter) open(ctx context.Context, h *hold, atClock bool, kind string) error {
+func (r *Reporter) open(ctx context.Context, h *hold, atClock bool, kind HoldKind) error {
 	if r.closed {
 		return ErrClosed
 	}
 	if atClock {
 		h.ts = r.clock()
 	}
-	what := map[string]string{"reader": "reader", "tx": "transaction"}[kind]
+	what := map[HoldKind]string{KindReader: "reader", KindTx: "transaction"}[kind]
 	if bound, whose, ok := r.boundOf(h.namespace); ok && h.ts < bound {
 		return &RefusedError{Kind: what, ID: h.id, TS: h.ts, Bound: bound, Whose: whose}
 	}
@@ -224,10 +246,10 @@ func (r *Reporter) boundOf(namespace string) (int64, string, bool) {
 	return own, whose, true
 }
 
-func (r *Reporter) publishOpen(ctx context.Context, h *hold, kind string) error {
+func (r *Reporter) publishOpen(ctx context.Context, h *hold, kind HoldKind) error {
 	event := Event{}
 	name := "reader_open"
-	if kind == "reader" {
+	if kind == KindReader {
 		event["reader_id"], event["read_ts"] = h.id, h.ts
 	} else {
 		event["tx_id"], event["begin_ts"] = h.id, h.ts
@@ -252,17 +274,17 @@ func (r *Reporter) publishOpen(ctx context.Context, h *hold, kind string) error 
 func (r *Reporter) publishWaiting(ctx context.Context, below *int64) error {
 	type waiting struct {
 		h    *hold
-		kind string
+		kind HoldKind
 	}
 	var ws []waiting
 	for _, h := range r.readers {
 		if !h.published && (below == nil || h.ts < *below) {
-			ws = append(ws, waiting{&h.hold, "reader"})
+			ws = append(ws, waiting{&h.hold, KindReader})
 		}
 	}
 	for _, h := range r.txs {
 		if !h.published && (below == nil || h.ts < *below) {
-			ws = append(ws, waiting{&h.hold, "tx"})
+			ws = append(ws, waiting{&h.hold, KindTx})
 		}
 	}
 	sort.Slice(ws, func(i, j int) bool {
@@ -284,9 +306,9 @@ func (r *Reporter) publishWaiting(ctx context.Context, below *int64) error {
 }
 
 // closeHold forgets a hold and publishes its end (when its open was published); call with r.mu held.
-func (r *Reporter) closeHold(ctx context.Context, kind, id string, extra Event) {
+func (r *Reporter) closeHold(ctx context.Context, kind HoldKind, id string, extra Event) {
 	var h *hold
-	if kind == "reader" {
+	if kind == KindReader {
 		if x, ok := r.readers[id]; ok {
 			h = &x.hold
 			delete(r.readers, id)
@@ -300,7 +322,7 @@ func (r *Reporter) closeHold(ctx context.Context, kind, id string, extra Event) 
 	}
 	event := Event{"reader_id": id}
 	name := "reader_close"
-	if kind == "tx" {
+	if kind == KindTx {
 		event, name = Event{"tx_id": id}, "tx_end"
 	}
 	for k, v := range extra {
@@ -321,15 +343,17 @@ func (h *Reader) Close(ctx context.Context) error {
 		return nil
 	}
 	h.state = "closed"
-	r.closeHold(ctx, "reader", h.id, nil)
+	r.closeHold(ctx, KindReader, h.id, nil)
 	return nil
 }
 
 // Check is an operation boundary: after an expiry it releases the reader and returns an *ExpiredError.
-func (h *Reader) Check(ctx context.Context) error { return h.r.enforceExpiry(ctx, &h.hold, "reader") }
+func (h *Reader) Check(ctx context.Context) error { return h.r.enforceExpiry(ctx, &h.hold, KindReader) }
 
 // Check is an operation boundary: after an expiry it aborts the transaction and returns an *ExpiredError.
-func (h *Transaction) Check(ctx context.Context) error { return h.r.enforceExpiry(ctx, &h.hold, "tx") }
+func (h *Transaction) Check(ctx context.Context) error {
+	return h.r.enforceExpiry(ctx, &h.hold, KindTx)
+}
 
 // Prepare publishes tx_prepare (two-phase commit, in doubt until End). An expired transaction is aborted
 // and an *ExpiredError returned instead.
@@ -341,7 +365,7 @@ func (h *Transaction) Prepare(ctx context.Context, coordinator string, participa
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if h.expiry != nil {
-		return r.enforceLocked(ctx, &h.hold, "tx")
+		return r.enforceLocked(ctx, &h.hold, KindTx)
 	}
 	if h.state != "open" {
 		return fmt.Errorf("safepoint: transaction %s cannot be prepared: it is %s", h.id, h.state)
@@ -350,14 +374,11 @@ func (h *Transaction) Prepare(ctx context.Context, coordinator string, participa
 		return ErrClosed
 	}
 	if !h.published {
-		if err := r.publishOpen(ctx, &h.hold, "tx"); err != nil {
+		if err := r.publishOpen(ctx, &h.hold, KindTx); err != nil {
 			return err
 		}
 	}
-	parts := participants
-	if parts == nil {
-		parts = []string{}
-	}
+	parts := append([]string{}, participants...) // a copy: the caller's slice may change
 	if _, err := r.send(ctx, "tx_prepare", Event{"tx_id": h.id, "coordinator": coordinator, "participants": parts}); err != nil {
 		return err
 	}
@@ -365,26 +386,26 @@ func (h *Transaction) Prepare(ctx context.Context, coordinator string, participa
 	return nil
 }
 
-// End publishes tx_end with the decision ("commit" or "abort"). On an expired transaction a commit is
+// End publishes tx_end with the decision (Commit or Abort). On an expired transaction a commit is
 // published as an abort and an *ExpiredError returned.
-func (h *Transaction) End(ctx context.Context, outcome string) error {
-	if outcome != "commit" && outcome != "abort" {
-		return fmt.Errorf("safepoint: outcome must be commit or abort, got %q", outcome)
+func (h *Transaction) End(ctx context.Context, outcome TxOutcome) error {
+	if outcome != Commit && outcome != Abort {
+		return fmt.Errorf("safepoint: outcome must be Commit or Abort, got %q", outcome)
 	}
 	r := h.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if h.expiry != nil {
-		if outcome == "commit" {
-			return r.enforceLocked(ctx, &h.hold, "tx")
+		if outcome == Commit {
+			return r.enforceLocked(ctx, &h.hold, KindTx)
 		}
-		r.releaseExpired(ctx, &h.hold, "tx")
+		r.releaseExpired(ctx, &h.hold, KindTx)
 		return nil
 	}
 	if h.state != "open" && h.state != "prepared" {
 		return nil
 	}
 	h.state = "ended"
-	r.closeHold(ctx, "tx", h.id, Event{"outcome": outcome})
+	r.closeHold(ctx, KindTx, h.id, Event{"outcome": string(outcome)})
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -22,7 +23,7 @@ const refusedLogEvery = time.Minute
 // ListenerStats are a listener's counters since it was made.
 type ListenerStats struct {
 	Received, Delivered, Repeats, Superseded, OtherClusters, Invalid, ExpiresDelivered, SnapshotRequests int64
-	Unsigned, BadSignatures, Generations, HeldBack                                                       int64
+	Unsigned, BadSignatures, Generations, HeldBack, CallbackPanics                                       int64
 }
 
 type listenerConfig struct {
@@ -30,54 +31,49 @@ type listenerConfig struct {
 	reporter    *Reporter
 	node        string
 	keys        []ed25519.PublicKey
-	onDirective func(Directive) error
-	onExpire    func(ExpireDirective)
-	kafka       []kgo.Opt
-	logger      *slog.Logger
+	onDirective func(context.Context, Directive) error
+	onExpire    func(context.Context, ExpireDirective)
 	backoff     time.Duration
+	common
 }
-
-// ListenerOption sets one of a DirectiveListener's settings.
-type ListenerOption func(*listenerConfig)
 
 // WithDirectivesTopic sets the directives topic (default safepoint.directives).
 func WithDirectivesTopic(topic string) ListenerOption {
-	return func(c *listenerConfig) { c.topic = topic }
+	return listenerOpt(func(c *listenerConfig) { c.topic = topic })
 }
 
 // WithReporter feeds every new safe point to the reporter (readers below it are refused), hands it the
 // node's expiries and answers the job's snapshot requests with its snapshot.
-func WithReporter(r *Reporter) ListenerOption { return func(c *listenerConfig) { c.reporter = r } }
+func WithReporter(r *Reporter) ListenerOption {
+	return listenerOpt(func(c *listenerConfig) { c.reporter = r })
+}
 
 // WithDirectiveKeys makes the listener act on no directive that none of keys signed (the job's public
 // keys, ParseDirectiveKeys): each is counted, logged at most once a minute, and the newest valid
 // directive stays in force.
 func WithDirectiveKeys(keys []ed25519.PublicKey) ListenerOption {
-	return func(c *listenerConfig) { c.keys = keys }
+	copied := append([]ed25519.PublicKey(nil), keys...)
+	return listenerOpt(func(c *listenerConfig) { c.keys = copied })
 }
 
-// WithOnDirective is called, from the listener's goroutine, with each directive whose seq advances; an
-// error is retried every second until it succeeds or a newer directive supersedes it.
-func WithOnDirective(f func(Directive) error) ListenerOption {
-	return func(c *listenerConfig) { c.onDirective = f }
+// WithOnDirective is called, from the listener's goroutine (Start) with its ctx, cancelled by Close, with
+// each directive whose seq advances; an error is retried every second until it succeeds or a newer
+// directive supersedes it. A panic is recovered, logged and counted (ListenerStats.CallbackPanics) and
+// retried as an error is.
+func WithOnDirective(f func(context.Context, Directive) error) ListenerOption {
+	return listenerOpt(func(c *listenerConfig) { c.onDirective = f })
 }
 
-// WithOnExpireDirective is called with each expiry of the node (after the reporter's handle, if any).
-func WithOnExpireDirective(f func(ExpireDirective)) ListenerOption {
-	return func(c *listenerConfig) { c.onExpire = f }
+// WithOnExpireDirective is called with each expiry of the node (after the reporter's handle, if any), in
+// the goroutine that reads the directives (the listener's, or Poll's caller) with its ctx. A panic is
+// recovered, logged and counted, and the records after it are handled as if it had returned.
+func WithOnExpireDirective(f func(context.Context, ExpireDirective)) ListenerOption {
+	return listenerOpt(func(c *listenerConfig) { c.onExpire = f })
 }
 
 // WithListenerNode limits expiries to this node (default: the reporter's).
-func WithListenerNode(node string) ListenerOption { return func(c *listenerConfig) { c.node = node } }
-
-// WithListenerKafkaOptions adds franz-go options (TLS, SASL) to the consumer.
-func WithListenerKafkaOptions(opts ...kgo.Opt) ListenerOption {
-	return func(c *listenerConfig) { c.kafka = append(c.kafka, opts...) }
-}
-
-// WithListenerLogger sets the logger.
-func WithListenerLogger(l *slog.Logger) ListenerOption {
-	return func(c *listenerConfig) { c.logger = l }
+func WithListenerNode(node string) ListenerOption {
+	return listenerOpt(func(c *listenerConfig) { c.node = node })
 }
 
 // DirectiveListener follows one cluster's directives: it reads the compacted directives topic from its
@@ -85,7 +81,7 @@ func WithListenerLogger(l *slog.Logger) ListenerOption {
 // seq advances; a directive of a new generation of the job (which started on empty state and numbers
 // from 1 again) is taken once its safe_ts is not below the one delivered.
 type DirectiveListener struct {
-	Cluster string
+	cluster string
 
 	cfg    listenerConfig
 	client *kgo.Client
@@ -110,41 +106,62 @@ type DirectiveListener struct {
 	refusedLogged       time.Time
 	stats               ListenerStats
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	started bool
+	closed  bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	closing *closer
 }
+
+// Cluster is the cluster whose directives the listener follows.
+func (l *DirectiveListener) Cluster() string { return l.cluster }
 
 // NewDirectiveListener makes the listener of cluster's directives on the brokers of bootstrap.
 func NewDirectiveListener(bootstrap, cluster string, opts ...ListenerOption) (*DirectiveListener, error) {
 	cfg := listenerConfig{topic: DefaultDirectivesTopic, backoff: time.Second}
 	for _, o := range opts {
-		o(&cfg)
+		o.applyListener(&cfg)
 	}
+	cfg.defaults()
 	if cfg.node == "" && cfg.reporter != nil {
-		cfg.node = cfg.reporter.Node
+		cfg.node = cfg.reporter.node
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
+	if err := checkOwned(cfg.kafka, consumerOwned); err != nil {
+		return nil, err
 	}
-	kopts := append([]kgo.Opt{kgo.SeedBrokers(strings.Split(bootstrap, ",")...), kgo.ConsumeTopics(cfg.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200 * time.Millisecond)}, cfg.kafka...)
+	kopts := append(append([]kgo.Opt{kgo.SeedBrokers(strings.Split(bootstrap, ",")...)}, cfg.kafka...),
+		kgo.ConsumeTopics(cfg.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(200*time.Millisecond))
 	client, err := kgo.NewClient(kopts...)
 	if err != nil {
 		return nil, err
 	}
-	return &DirectiveListener{Cluster: cluster, cfg: cfg, client: client, admin: kadm.NewClient(client),
-		log: cfg.logger.With("cluster", cluster), read: map[int32]int64{}}, nil
+	return &DirectiveListener{cluster: cluster, cfg: cfg, client: client, admin: kadm.NewClient(client),
+		log: cfg.logger.With("cluster", cluster), read: map[int32]int64{}, done: make(chan struct{}), closing: newCloser()}, nil
 }
 
+// ErrStarted is returned by a second Start of a listener or a service hold.
+var ErrStarted = errors.New("safepoint: already started")
+
 // Start runs the listener in a goroutine of its own, calling the WithOnDirective callback, until Close.
-func (l *DirectiveListener) Start() *DirectiveListener {
+// A second Start returns ErrStarted, a Start after Close ErrClosed.
+func (l *DirectiveListener) Start() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.closed:
+		return ErrClosed
+	case l.started:
+		return ErrStarted
+	}
+	l.started = true
 	ctx, cancel := context.WithCancel(context.Background())
-	l.cancel, l.done = cancel, make(chan struct{})
+	l.cancel = cancel
 	go func() {
 		defer close(l.done)
 		l.run(ctx)
 	}()
-	return l
+	return nil
 }
 
 func (l *DirectiveListener) run(ctx context.Context) {
@@ -163,13 +180,24 @@ func (l *DirectiveListener) run(ctx context.Context) {
 			pending = nil
 			continue
 		}
-		if err := l.cfg.onDirective(*pending); err != nil {
+		if err := l.deliver(ctx, *pending); err != nil {
 			l.log.Error("safepoint: on-directive failed; retrying", "seq", pending.Seq, "err", err)
 			sleep(ctx, l.cfg.backoff)
 			continue
 		}
 		pending = nil
 	}
+}
+
+// deliver calls the WithOnDirective callback; a panic in it is an error.
+func (l *DirectiveListener) deliver(ctx context.Context, d Directive) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			l.count(func(s *ListenerStats) { s.CallbackPanics++ })
+			err = fmt.Errorf("the on-directive callback panicked: %v", p)
+		}
+	}()
+	return l.cfg.onDirective(ctx, d)
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -179,13 +207,30 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Close stops the listener and its consumer.
-func (l *DirectiveListener) Close() {
-	if l.cancel != nil {
+// Close stops the listener (waiting for its goroutine, within ctx or the close timeout) and its consumer.
+// Safe to call more than once and from several goroutines.
+func (l *DirectiveListener) Close(ctx context.Context) error {
+	return l.closing.close(ctx, "listener", l.close)
+}
+
+func (l *DirectiveListener) close(ctx context.Context) error {
+	l.mu.Lock()
+	l.closed = true
+	started := l.started
+	l.mu.Unlock()
+	var err error
+	if started {
 		l.cancel()
-		<-l.done
+		bound, cancel := bounded(ctx, l.cfg.closeTimeout)
+		defer cancel()
+		select {
+		case <-l.done:
+		case <-bound.Done():
+			err = fmt.Errorf("safepoint: the listener's goroutine did not end (is a callback stuck?): %w", bound.Err())
+		}
 	}
 	l.client.Close()
+	return err
 }
 
 // Poll returns the next directive of the cluster whose seq advances, or nil after wait. Expiries and
@@ -289,7 +334,7 @@ func (l *DirectiveListener) handle(ctx context.Context, rec *kgo.Record) *Direct
 	if err != nil {
 		return l.invalid(rec, "not a JSON object")
 	}
-	if str(obj["cluster"]) != l.Cluster {
+	if str(obj["cluster"]) != l.cluster {
 		l.count(func(s *ListenerStats) { s.OtherClusters++ })
 		return nil
 	}
@@ -304,7 +349,7 @@ func (l *DirectiveListener) handle(ctx context.Context, rec *kgo.Record) *Direct
 	case "members":
 		return nil
 	case "compaction":
-		d, err := parseDirective(obj)
+		d, err := parseDirective(obj, rec.Value)
 		if err != nil {
 			return l.invalid(rec, err.Error())
 		}
@@ -321,7 +366,7 @@ func (l *DirectiveListener) handle(ctx context.Context, rec *kgo.Record) *Direct
 	l.mu.Unlock()
 	switch kind {
 	case "expire":
-		e, err := parseExpire(obj)
+		e, err := parseExpire(obj, rec.Value)
 		if err != nil {
 			return l.invalid(rec, err.Error())
 		}
@@ -428,13 +473,13 @@ func (l *DirectiveListener) expire(ctx context.Context, e ExpireDirective) {
 		return
 	}
 	r := l.cfg.reporter
-	if r != nil && (e.Node != r.Node || e.Cluster != r.Cluster) {
+	if r != nil && (e.Node != r.node || e.Cluster != r.cluster) {
 		r = nil
 	}
 	if r != nil && !caughtUp {
-		kind, id := "reader", e.ReaderID
+		kind, id := KindReader, e.ReaderID
 		if id == "" {
-			kind, id = "tx", e.TxID
+			kind, id = KindTx, e.TxID
 		}
 		if r.Find(kind, id) == nil {
 			return // of the backlog: it names a hold of an earlier process
@@ -445,8 +490,19 @@ func (l *DirectiveListener) expire(ctx context.Context, e ExpireDirective) {
 		r.Expire(ctx, e)
 	}
 	if l.cfg.onExpire != nil {
-		l.cfg.onExpire(e)
+		l.expireCallback(ctx, e)
 	}
+}
+
+func (l *DirectiveListener) expireCallback(ctx context.Context, e ExpireDirective) {
+	defer func() {
+		if p := recover(); p != nil {
+			l.count(func(s *ListenerStats) { s.CallbackPanics++ })
+			l.log.Error("safepoint: the on-expire callback panicked; the directives after it are handled",
+				"seq", e.Seq, "panic", p)
+		}
+	}()
+	l.cfg.onExpire(ctx, e)
 }
 
 func (l *DirectiveListener) snapshotRequest(ctx context.Context, obj Event) {

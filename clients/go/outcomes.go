@@ -3,6 +3,7 @@ package safepoint
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -34,6 +35,8 @@ func newOutcomes(ctx context.Context, seeds []string, topic, cluster string, ext
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := bounded(ctx, DefaultCloseTimeout) // a ctx without a deadline: still bounded
+	defer cancel()
 	ends, err := kadm.NewClient(probe).ListEndOffsets(ctx, topic)
 	probe.Close()
 	if err != nil {
@@ -51,9 +54,8 @@ func newOutcomes(ctx context.Context, seeds []string, topic, cluster string, ext
 	if listErr != nil || len(at) == 0 {
 		return nil, fmt.Errorf("the status topic %s cannot be read: %v", topic, listErr)
 	}
-	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: at}), kgo.FetchMaxWait(250 * time.Millisecond)},
-		extra...)...)
+	client, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, extra...),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: at}), kgo.FetchMaxWait(250*time.Millisecond))...)
 	if err != nil {
 		return nil, err
 	}
@@ -63,12 +65,21 @@ func newOutcomes(ctx context.Context, seeds []string, topic, cluster string, ext
 func (o *outcomes) watch(actionID string) { o.watched[actionID] = true }
 
 // poll reads what the status topic has (waiting up to wait for it) and returns the outcomes of watched
-// actions that are new or changed.
-func (o *outcomes) poll(ctx context.Context, wait time.Duration) []Outcome {
+// actions that are new or changed, whether any record was read, and the error of a fetch that failed.
+func (o *outcomes) poll(ctx context.Context, wait time.Duration) ([]Outcome, bool, error) {
 	pollCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var changed []Outcome
-	o.client.PollFetches(pollCtx).EachRecord(func(rec *kgo.Record) {
+	fetches := o.client.PollFetches(pollCtx)
+	var failed error
+	fetches.EachError(func(topic string, partition int32, err error) {
+		if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+			failed = fmt.Errorf("reading %s[%d]: %w", topic, partition, err)
+		}
+	})
+	read := false
+	fetches.EachRecord(func(rec *kgo.Record) {
+		read = true
 		if string(rec.Key) != string(o.key) || rec.Value == nil {
 			return
 		}
@@ -102,7 +113,7 @@ func (o *outcomes) poll(ctx context.Context, wait time.Duration) []Outcome {
 			changed = append(changed, out)
 		}
 	})
-	return changed
+	return changed, read, failed
 }
 
 // wait is the outcome of actionID, waiting up to timeout for the job to report it (false: not in time).
@@ -110,7 +121,8 @@ func (o *outcomes) wait(ctx context.Context, actionID string, timeout time.Durat
 	o.watch(actionID)
 	deadline := time.Now().Add(timeout)
 	for {
-		for _, out := range o.poll(ctx, min(500*time.Millisecond, time.Until(deadline))) {
+		got, _, _ := o.poll(ctx, min(500*time.Millisecond, time.Until(deadline))) // an error: waited out as no outcome
+		for _, out := range got {
 			if out.ID == actionID {
 				return out, true
 			}

@@ -47,7 +47,10 @@ type Group struct {
 }
 
 // ExpireFunc is called when the job expires one of the node's readers or transactions: cancel its work.
-type ExpireFunc func(h Handle, d ExpireDirective)
+// It runs in the goroutine that handed the directive on (the DirectiveListener's, or Reporter.Expire's
+// caller), with that goroutine's ctx; a panic in it is recovered, logged and counted
+// (ReporterStats.CallbackPanics), and the expiry still takes effect.
+type ExpireFunc func(ctx context.Context, h Handle, d ExpireDirective)
 
 type reporterConfig struct {
 	cluster           string
@@ -62,63 +65,66 @@ type reporterConfig struct {
 	snapshotPartBytes int
 	onExpire          ExpireFunc
 	wallClock         func() int64
-	kafka             []kgo.Opt
-	logger            *slog.Logger
+	bufferLimit       int // the producer's MaxBufferedRecords (maxBufferedRecords; tests make it small)
+	common
 }
-
-// ReporterOption sets one of a Reporter's settings.
-type ReporterOption func(*reporterConfig)
 
 // WithCluster sets the node's cluster (default "default").
 func WithCluster(cluster string) ReporterOption {
-	return func(c *reporterConfig) { c.cluster = cluster }
+	return reporterOpt(func(c *reporterConfig) { c.cluster = cluster })
 }
 
 // WithEventsTopic sets the events topic (default safepoint.events).
-func WithEventsTopic(topic string) ReporterOption { return func(c *reporterConfig) { c.topic = topic } }
+func WithEventsTopic(topic string) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.topic = topic })
+}
 
 // WithIncarnation sets the process's incarnation (default: the wall clock in ms at start, or one more
 // than the last one WithStateDir kept).
 func WithIncarnation(n int64) ReporterOption {
-	return func(c *reporterConfig) { c.incarnation, c.incarnationSet = n, true }
+	return reporterOpt(func(c *reporterConfig) { c.incarnation, c.incarnationSet = n, true })
 }
 
 // WithStateDir keeps the incarnation in dir, so that it grows across restarts whatever the clock does.
-func WithStateDir(dir string) ReporterOption { return func(c *reporterConfig) { c.stateDir = dir } }
+func WithStateDir(dir string) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.stateDir = dir })
+}
 
 // WithHeartbeat sets the heartbeat interval (default 1 s; 0: heartbeats only when Heartbeat is called).
 func WithHeartbeat(every time.Duration) ReporterOption {
-	return func(c *reporterConfig) { c.heartbeat = every }
+	return reporterOpt(func(c *reporterConfig) { c.heartbeat = every })
 }
 
 // WithFigures gives what each heartbeat carries besides the node's clock.
-func WithFigures(f func() Figures) ReporterOption { return func(c *reporterConfig) { c.figures = f } }
+func WithFigures(f func() Figures) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.figures = f })
+}
 
 // WithRetention turns on lazy registration: a hold is published only once it can hold history back
 // (below mvcc_now - retention of a heartbeat, prepared, or in a snapshot). At most the job's retention.
-func WithRetention(r int64) ReporterOption { return func(c *reporterConfig) { c.retention = &r } }
+func WithRetention(r int64) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.retention = &r })
+}
 
 // WithNodeKey signs every event with the node's own key (safepoint node-key CLUSTER NODE).
-func WithNodeKey(key string) ReporterOption { return func(c *reporterConfig) { c.nodeKey = key } }
+func WithNodeKey(key string) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.nodeKey = key })
+}
 
 // WithSnapshotPartBytes sets the size a snapshot's part may reach (default 500,000; at least 10,000).
 func WithSnapshotPartBytes(n int) ReporterOption {
-	return func(c *reporterConfig) { c.snapshotPartBytes = n }
+	return reporterOpt(func(c *reporterConfig) { c.snapshotPartBytes = n })
 }
 
 // WithOnExpire sets the callback of an expiry that reaches a handle without one of its own.
-func WithOnExpire(f ExpireFunc) ReporterOption { return func(c *reporterConfig) { c.onExpire = f } }
-
-// WithWallClock replaces the wall clock in ms (tests).
-func WithWallClock(f func() int64) ReporterOption { return func(c *reporterConfig) { c.wallClock = f } }
-
-// WithKafkaOptions adds franz-go options (TLS, SASL) to the producer.
-func WithKafkaOptions(opts ...kgo.Opt) ReporterOption {
-	return func(c *reporterConfig) { c.kafka = append(c.kafka, opts...) }
+func WithOnExpire(f ExpireFunc) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.onExpire = f })
 }
 
-// WithLogger sets the logger (default slog's).
-func WithLogger(l *slog.Logger) ReporterOption { return func(c *reporterConfig) { c.logger = l } }
+// WithWallClock replaces the wall clock in ms (tests).
+func WithWallClock(f func() int64) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.wallClock = f })
+}
 
 // CRC32Partitioner places a record by the CRC-32 of its key, as librdkafka's default partitioner does,
 // so a node's events land on the partition the Python client puts them on.
@@ -127,11 +133,12 @@ func CRC32Partitioner() kgo.Partitioner {
 }
 
 // Reporter publishes one database node's events: its readers, transactions, heartbeats and snapshots.
-// Safe for concurrent use; events reach the partition in seq order.
+// Safe for concurrent use; events reach the partition in seq order. Every call that waits is bounded:
+// by its ctx, and a call that waits for room in a full send queue by 30 s at most; Close by its ctx or
+// the close timeout.
 type Reporter struct {
-	Node        string
-	Cluster     string
-	Incarnation int64
+	node, cluster string
+	incarnation   int64
 
 	cfg      reporterConfig
 	clock    func() int64
@@ -147,15 +154,18 @@ type Reporter struct {
 	nsBase   *int64
 	nsBounds map[string]int64
 	lazy     lazyRegistration
-	// needSnap and rebuild are set by delivery callbacks, which never take r.mu: a Produce blocked on a
-	// full buffer holds it
+	// needSnap and rebuild are set by delivery callbacks, which never take r.mu: a call waiting for room
+	// holds it
 	needSnap                     atomic.Bool
 	rebuild                      atomic.Bool
 	closed                       bool
-	stop                         chan struct{}
-	done                         chan struct{}
-	stats                        ReporterStats // but Delivered and DeliveryFailures, counted in delivered, lock-free
+	bg                           context.Context // the heartbeats'; cancelled by Close
+	stopBG                       context.CancelFunc
+	done                         chan struct{} // closed when the heartbeat goroutine ended
+	closing                      *closer
+	stats                        ReporterStats // but Delivered, DeliveryFailures and CallbackPanics, lock-free
 	nDelivered, deliveryFailures atomic.Int64
+	panics                       atomic.Int64
 	// holdOrder numbers the holds as they open: a snapshot lists them in that order
 	holdOrder int64
 }
@@ -163,16 +173,28 @@ type Reporter struct {
 // ReporterStats are a reporter's counters since it was made.
 type ReporterStats struct {
 	Sent, Delivered, DeliveryFailures, ProducerRestarts, RepairSnapshots, Expired, ExpiriesIgnored int64
+	CallbackPanics                                                                                 int64
 }
+
+// Node is the node's id.
+func (r *Reporter) Node() string { return r.node }
+
+// Cluster is the node's cluster.
+func (r *Reporter) Cluster() string { return r.cluster }
+
+// Incarnation is this process's incarnation.
+func (r *Reporter) Incarnation() int64 { return r.incarnation }
 
 // NewReporter makes the reporter of node, publishing to the brokers of bootstrap ("host:port,..."),
 // with clock the node's current MVCC time. With a heartbeat interval it starts heartbeating now.
 func NewReporter(bootstrap, node string, clock func() int64, opts ...ReporterOption) (*Reporter, error) {
 	cfg := reporterConfig{cluster: "default", topic: DefaultEventsTopic, heartbeat: time.Second,
-		snapshotPartBytes: DefaultSnapshotPartBytes, wallClock: func() int64 { return time.Now().UnixMilli() }}
+		snapshotPartBytes: DefaultSnapshotPartBytes, wallClock: func() int64 { return time.Now().UnixMilli() },
+		bufferLimit: maxBufferedRecords}
 	for _, o := range opts {
-		o(&cfg)
+		o.applyReporter(&cfg)
 	}
+	cfg.defaults()
 	if err := checkID("node", node); err != nil {
 		return nil, err
 	}
@@ -183,8 +205,8 @@ func NewReporter(bootstrap, node string, clock func() int64, opts ...ReporterOpt
 	if cfg.retention != nil && *cfg.retention < 0 {
 		return nil, fmt.Errorf("safepoint: retention must be >= 0, got %d", *cfg.retention)
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
+	if err := checkOwned(cfg.kafka, producerOwned); err != nil {
+		return nil, err
 	}
 	incarnation := cfg.incarnation
 	if !cfg.incarnationSet {
@@ -193,11 +215,13 @@ func NewReporter(bootstrap, node string, clock func() int64, opts ...ReporterOpt
 			return nil, err
 		}
 	}
-	r := &Reporter{Node: node, Cluster: cfg.cluster, Incarnation: incarnation, cfg: cfg, clock: clock,
+	bg, stopBG := context.WithCancel(context.Background())
+	r := &Reporter{node: node, cluster: cfg.cluster, incarnation: incarnation, cfg: cfg, clock: clock,
 		seeds: strings.Split(bootstrap, ","), log: cfg.logger.With("node", node), readers: map[string]*Reader{},
 		txs: map[string]*Transaction{}, lazy: lazyRegistration{retention: cfg.retention, eager: cfg.retention == nil},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		bg: bg, stopBG: stopBG, done: make(chan struct{}), closing: newCloser()}
 	if err := r.newClient(); err != nil {
+		stopBG()
 		return nil, err
 	}
 	if cfg.heartbeat > 0 {
@@ -209,13 +233,14 @@ func NewReporter(bootstrap, node string, clock func() int64, opts ...ReporterOpt
 }
 
 func (r *Reporter) newClient() error {
+	// the user's options first, the client's own last (checkOwned refused any that sets one of them):
 	// idempotent with acks from all in-sync replicas (franz-go's defaults, said again); a record not
 	// delivered in 5 minutes fails (librdkafka's message.timeout.ms, as the Python client has it)
-	opts := append([]kgo.Opt{kgo.SeedBrokers(r.seeds...), kgo.DefaultProduceTopic(r.cfg.topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(5 * time.Millisecond),
-		kgo.RecordDeliveryTimeout(deliveryTimeout), kgo.MaxBufferedRecords(maxBufferedRecords),
+	opts := append(append([]kgo.Opt{kgo.SeedBrokers(r.seeds...)}, r.cfg.kafka...),
+		kgo.DefaultProduceTopic(r.cfg.topic), kgo.RequiredAcks(kgo.AllISRAcks()), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.RecordDeliveryTimeout(deliveryTimeout), kgo.MaxBufferedRecords(r.cfg.bufferLimit),
 		kgo.AllowAutoTopicCreation(), // where the broker allows it, as librdkafka's producer does
-		kgo.RecordPartitioner(CRC32Partitioner())}, r.cfg.kafka...)
+		kgo.RecordPartitioner(CRC32Partitioner()))
 	client, err := kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("safepoint: cannot make the producer for %v: %w", r.seeds, err)
@@ -229,14 +254,14 @@ func (r *Reporter) heartbeats() {
 	ticker := time.NewTicker(r.cfg.heartbeat)
 	defer ticker.Stop()
 	for {
-		if err := r.Heartbeat(context.Background()); err != nil {
-			if errors.Is(err, ErrClosed) {
+		if err := r.Heartbeat(r.bg); err != nil {
+			if errors.Is(err, ErrClosed) || r.bg.Err() != nil {
 				return
 			}
 			r.log.Warn("safepoint: heartbeat failed; retrying", "every", r.cfg.heartbeat, "err", err)
 		}
 		select {
-		case <-r.stop:
+		case <-r.bg.Done():
 			return
 		case <-ticker.C:
 		}
@@ -264,8 +289,8 @@ func (r *Reporter) send(ctx context.Context, kind string, fields Event) (int64, 
 		return 0, err
 	}
 	seq, wall := r.seq, r.cfg.wallClock()
-	event := Event{"v": 1, "type": kind, "cluster": r.Cluster, "wall_ms": wall, "node": r.Node,
-		"incarnation": r.Incarnation, "seq": seq}
+	event := Event{"v": 1, "type": kind, "cluster": r.cluster, "wall_ms": wall, "node": r.node,
+		"incarnation": r.incarnation, "seq": seq}
 	for k, v := range fields {
 		event[k] = v
 	}
@@ -282,26 +307,32 @@ func (r *Reporter) send(ctx context.Context, kind string, fields Event) (int64, 
 	}
 	r.seq, r.lastWall = seq+1, wall
 	r.stats.Sent++
-	// the record outlives the caller's ctx: it is the reporter's to deliver or to count as failed
-	r.client.Produce(context.Background(), &kgo.Record{Key: []byte(r.Node), Value: value, Headers: clusterHeader(r.Cluster)},
-		r.delivered)
+	// the record outlives the caller's ctx: it is the reporter's to deliver or to count as failed. TryProduce
+	// never blocks (room waited for the one buffer limit that can fill): a record it cannot take fails at
+	// once, as any failed delivery, and a snapshot repairs it
+	r.client.TryProduce(context.Background(), &kgo.Record{Key: []byte(r.node), Value: value,
+		Headers: clusterHeader(r.cluster)}, r.delivered)
 	return seq, nil
 }
 
 // room waits until the producer's buffer has room for one more record; call with r.mu held.
 func (r *Reporter) room(ctx context.Context) error {
-	if r.client.BufferedProduceRecords() < maxBufferedRecords {
+	limit := int64(r.cfg.bufferLimit)
+	if r.client.BufferedProduceRecords() < limit {
 		return nil
 	}
-	deadline := time.Now().Add(produceTimeout)
-	for r.client.BufferedProduceRecords() >= maxBufferedRecords {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("safepoint: the reporter's send queue stayed full for %s; is the broker up?", produceTimeout)
-		}
+	deadline := time.NewTimer(produceTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for r.client.BufferedProduceRecords() >= limit {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("safepoint: gave up waiting for room in the reporter's send queue: %w", ctx.Err())
-		case <-time.After(5 * time.Millisecond):
+		case <-deadline.C:
+			return fmt.Errorf("safepoint: the reporter's send queue stayed full (%d events) for %s; is the broker up?",
+				limit, produceTimeout)
+		case <-tick.C:
 		}
 	}
 	return nil
@@ -315,6 +346,12 @@ func (r *Reporter) delivered(_ *kgo.Record, err error) {
 	}
 	r.deliveryFailures.Add(1)
 	first := r.needSnap.CompareAndSwap(false, true) // said once until the repair snapshot goes out
+	if errors.Is(err, kgo.ErrMaxBuffered) {
+		if first { // the producer is sound: the snapshot alone repairs it
+			r.log.Warn("safepoint: the send queue was full; a snapshot will repair the job's view", "err", err)
+		}
+		return
+	}
 	if !errors.Is(err, kgo.ErrClientClosed) && !errors.Is(err, context.Canceled) {
 		r.rebuild.Store(true) // the idempotent producer's sequence is lost: a new producer, then a snapshot
 		if first {
@@ -526,11 +563,12 @@ func (r *Reporter) Stats() ReporterStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	s := r.stats
-	s.Delivered, s.DeliveryFailures = r.nDelivered.Load(), r.deliveryFailures.Load()
+	s.Delivered, s.DeliveryFailures, s.CallbackPanics = r.nDelivered.Load(), r.deliveryFailures.Load(), r.panics.Load()
 	return s
 }
 
-// Flush waits until every event is delivered (a repair snapshot first, where one is due).
+// Flush waits until every event is delivered (a repair snapshot first, where one is due), or until ctx
+// ends: then an error that says how many events were still on their way.
 func (r *Reporter) Flush(ctx context.Context) error {
 	r.mu.Lock()
 	if err := r.repair(ctx); err != nil {
@@ -539,31 +577,45 @@ func (r *Reporter) Flush(ctx context.Context) error {
 	}
 	client := r.client
 	r.mu.Unlock()
-	return client.Flush(ctx)
+	if err := client.Flush(ctx); err != nil {
+		return fmt.Errorf("safepoint: %d events not yet delivered: %w", client.BufferedProduceRecords(), err)
+	}
+	return nil
 }
 
-// Close stops the heartbeats, flushes and closes the producer. Readers and transactions still open are
-// not closed: the next incarnation of the node drops them.
+// Close stops the heartbeats, flushes and closes the producer, within ctx or, when ctx has no deadline,
+// the close timeout (WithCloseTimeout, default 30 s); what was not delivered by then is said in the error
+// (the job's node lease then ends the node's holds). Safe to call more than once and from several
+// goroutines: each waits for the first (or its own ctx) and returns its error. Readers and transactions
+// still open are not closed: the next incarnation of the node drops them.
 func (r *Reporter) Close(ctx context.Context) error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil
-	}
-	r.mu.Unlock()
+	return r.closing.close(ctx, "reporter", r.close)
+}
+
+// close is Close's work, bounded by ctx or the close timeout.
+func (r *Reporter) close(ctx context.Context) error {
+	ctx, cancel := bounded(ctx, r.cfg.closeTimeout)
+	defer cancel()
+	r.stopBG() // a heartbeat waiting for room gives up now
 	select {
-	case <-r.stop:
-	default:
-		close(r.stop)
+	case <-r.done:
+	case <-ctx.Done():
 	}
-	<-r.done
 	err := r.Flush(ctx)
 	r.mu.Lock()
 	r.closed = true
 	client := r.client
 	r.mu.Unlock()
-	client.Close()
+	client.Close() // fails what is still buffered (counted as delivery failures)
 	return err
+}
+
+// bounded is ctx, with a deadline of d from now when it has none of its own.
+func bounded(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 func checkID(name, value string) error {

@@ -105,7 +105,7 @@ func listenerFor(t *testing.T, keys string) *DirectiveListener {
 		}
 		cfg.keys = parsed
 	}
-	return &DirectiveListener{Cluster: "c1", cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	return &DirectiveListener{cluster: "c1", cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		read: map[int32]int64{}, caughtUp: true}
 }
 
@@ -192,7 +192,7 @@ func TestSignedListenerRefusesUnsignedAndForged(t *testing.T) {
 func TestExpiriesOfAnotherNodeOrRepeatedAreNotHanded(t *testing.T) {
 	var handed []string
 	l := listenerFor(t, "")
-	l.cfg.onExpire = func(e ExpireDirective) { handed = append(handed, e.ReaderID) }
+	l.cfg.onExpire = func(_ context.Context, e ExpireDirective) { handed = append(handed, e.ReaderID) }
 	expire := func(offset int64, node, reader string, seq int) *kgo.Record {
 		return record(offset, fmt.Sprintf(`{"v":1,"type":"expire","cluster":"c1","node":%q,"reader_id":%q,`+
 			`"reason":"pressure","mode":"hard","seq":%d,"generation":"g1"}`, node, reader, seq))

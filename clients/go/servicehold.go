@@ -4,8 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -20,64 +20,70 @@ type holdConfig struct {
 	topic          string
 	statusTopic    string
 	outcomeTimeout time.Duration
-	onLost         func(Outcome)
+	onLost         func(context.Context, Outcome)
 	label          string
 	controlKey     string
 	ownerToken     string
 	renewEvery     time.Duration
-	kafka          []kgo.Opt
-	logger         *slog.Logger
 	wallClock      func() int64
+	common
 }
 
-// HoldOption sets one of a ServiceHold's settings.
-type HoldOption func(*holdConfig)
-
 // WithControlTopic sets the control topic (default safepoint.control).
-func WithControlTopic(topic string) HoldOption { return func(c *holdConfig) { c.topic = topic } }
+func WithControlTopic(topic string) HoldOption {
+	return holdOpt(func(c *holdConfig) { c.topic = topic })
+}
 
 // WithStatusTopic follows the job's outcomes of the hold's actions on this status topic (default
 // safepoint.status; "" follows none: Start then returns once the broker has the hold).
-func WithStatusTopic(topic string) HoldOption { return func(c *holdConfig) { c.statusTopic = topic } }
+func WithStatusTopic(topic string) HoldOption {
+	return holdOpt(func(c *holdConfig) { c.statusTopic = topic })
+}
 
 // WithOutcomeTimeout sets how long Start waits for the job's outcome (default 30 s; past it the hold is
 // renewed meanwhile, and the wait logged).
 func WithOutcomeTimeout(d time.Duration) HoldOption {
-	return func(c *holdConfig) { c.outcomeTimeout = d }
+	return holdOpt(func(c *holdConfig) { c.outcomeTimeout = d })
 }
 
-// WithOnLost is called (from the renewing goroutine) when the job refuses or expires the hold after Start.
-func WithOnLost(f func(Outcome)) HoldOption { return func(c *holdConfig) { c.onLost = f } }
-
-// WithHoldLogger sets the logger (default slog.Default()).
-func WithHoldLogger(l *slog.Logger) HoldOption { return func(c *holdConfig) { c.logger = l } }
+// WithOnLost is called, from the hold's renewing goroutine with its ctx (cancelled by Close), once: when
+// the job refuses or expires the hold after Start, or when the status topic could not be read for a whole
+// TTL (Outcome "unknown", Reason "status_unreadable": the job may have expired the hold unseen). A panic in
+// it is recovered, logged and counted (HoldStats.CallbackPanics); the renewing goes on.
+func WithOnLost(f func(context.Context, Outcome)) HoldOption {
+	return holdOpt(func(c *holdConfig) { c.onLost = f })
+}
 
 // WithHoldLabel says what the hold is for (shown in the status).
-func WithHoldLabel(label string) HoldOption { return func(c *holdConfig) { c.label = label } }
+func WithHoldLabel(label string) HoldOption { return holdOpt(func(c *holdConfig) { c.label = label }) }
 
 // WithControlKey signs the hold's control events with the cluster's control key.
-func WithControlKey(key string) HoldOption { return func(c *holdConfig) { c.controlKey = key } }
+func WithControlKey(key string) HoldOption {
+	return holdOpt(func(c *holdConfig) { c.controlKey = key })
+}
 
 // WithOwnerToken makes the hold this token's (a process that takes over a hold after a restart passes
 // the token back); default: a new random token.
-func WithOwnerToken(token string) HoldOption { return func(c *holdConfig) { c.ownerToken = token } }
+func WithOwnerToken(token string) HoldOption {
+	return holdOpt(func(c *holdConfig) { c.ownerToken = token })
+}
 
 // WithRenewEvery sets how often the hold is renewed (default a third of its TTL).
-func WithRenewEvery(d time.Duration) HoldOption { return func(c *holdConfig) { c.renewEvery = d } }
-
-// WithHoldKafkaOptions adds franz-go options (TLS, SASL).
-func WithHoldKafkaOptions(opts ...kgo.Opt) HoldOption {
-	return func(c *holdConfig) { c.kafka = append(c.kafka, opts...) }
+func WithRenewEvery(d time.Duration) HoldOption {
+	return holdOpt(func(c *holdConfig) { c.renewEvery = d })
 }
+
+// renewTimeout bounds one renewal: the next one tries again.
+const renewTimeout = 15 * time.Second
 
 // ServiceHold pins a cluster's history at TS by name (a backup's, a changefeed's): set by Start, renewed
 // in the background before its TTL runs out, released by Close. Only its owner (its token) renews, moves
 // and releases it. Start waits for the job's outcome on the status topic: a hold below what the job may
 // already have compacted is refused (HoldRefusedError); Check and WithOnLost say when the job refuses or
-// expires it later.
+// expires it later. Every call is bounded: by its ctx, or when ctx has no deadline by the close timeout
+// (WithCloseTimeout, default 30 s).
 type ServiceHold struct {
-	Cluster, Holder string
-	OwnerToken      string
+	cluster, holder, ownerToken string
 
 	mu       sync.Mutex
 	polling  sync.Mutex
@@ -90,58 +96,79 @@ type ServiceHold struct {
 	mine     []string
 	last     *Outcome
 	lost     *Outcome
-	stop     chan struct{}
+	told     bool      // onLost was called (or is being called) with lost
+	failing  time.Time // when the status topic's reads began to fail
+	lastFail time.Time
+	failErr  error
+	bg       context.Context // the renewer's; cancelled by Close
+	stopBG   context.CancelFunc
 	done     chan struct{}
-	renewals int64
-	failures int64
-	closed   bool
-	started  bool
+	stats    HoldStats
+	state    string // new, starting, started, closed
+
+	closing *closer
 }
 
-// HoldStats counts a hold's renewals and the renewals that failed (retried at the next one).
-type HoldStats struct{ Renewals, Failures int64 }
+// HoldStats counts a hold's renewals, the renewals that failed (retried at the next one), the status
+// reads that failed, and the panics of its callback.
+type HoldStats struct{ Renewals, Failures, StatusReadFailures, CallbackPanics int64 }
+
+// Cluster is the hold's cluster.
+func (h *ServiceHold) Cluster() string { return h.cluster }
+
+// Holder is the hold's name.
+func (h *ServiceHold) Holder() string { return h.holder }
+
+// OwnerToken is the secret that makes this process the hold's owner (pass it back with WithOwnerToken to
+// take the hold over after a restart).
+func (h *ServiceHold) OwnerToken() string { return h.ownerToken }
 
 // NewServiceHold makes the hold of holder on cluster at ts for ttl; Start sets it.
 func NewServiceHold(bootstrap, cluster, holder string, ts int64, ttl time.Duration, opts ...HoldOption) (*ServiceHold, error) {
 	cfg := holdConfig{topic: DefaultControlTopic, statusTopic: DefaultStatusTopic, outcomeTimeout: 30 * time.Second,
 		renewEvery: ttl / 3, wallClock: func() int64 { return time.Now().UnixMilli() }}
 	for _, o := range opts {
-		o(&cfg)
+		o.applyHold(&cfg)
 	}
+	cfg.defaults()
 	if ttl < time.Millisecond {
 		return nil, fmt.Errorf("safepoint: a hold's TTL must be at least 1 ms, got %v", ttl)
+	}
+	if err := checkOwned(cfg.kafka, producerOwned, consumerOwned); err != nil {
+		return nil, err
 	}
 	if cfg.ownerToken == "" {
 		b := make([]byte, 16)
 		_, _ = rand.Read(b)
 		cfg.ownerToken = hex.EncodeToString(b)
 	}
-	if cfg.logger == nil {
-		cfg.logger = slog.Default()
-	}
 	seeds := strings.Split(bootstrap, ",")
-	client, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.DefaultProduceTopic(cfg.topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(CRC32Partitioner()), kgo.AllowAutoTopicCreation()},
-		cfg.kafka...)...)
+	client, err := kgo.NewClient(append(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, cfg.kafka...),
+		kgo.DefaultProduceTopic(cfg.topic), kgo.RequiredAcks(kgo.AllISRAcks()), kgo.RecordPartitioner(CRC32Partitioner()),
+		kgo.RecordDeliveryTimeout(deliveryTimeout), kgo.AllowAutoTopicCreation())...)
 	if err != nil {
 		return nil, err
 	}
-	return &ServiceHold{Cluster: cluster, Holder: holder, OwnerToken: cfg.ownerToken, ts: ts, ttlMS: ttl.Milliseconds(),
-		cfg: cfg, seeds: seeds, client: client, stop: make(chan struct{}), done: make(chan struct{})}, nil
+	bg, stopBG := context.WithCancel(context.Background())
+	return &ServiceHold{cluster: cluster, holder: holder, ownerToken: cfg.ownerToken, ts: ts, ttlMS: ttl.Milliseconds(),
+		cfg: cfg, seeds: seeds, client: client, bg: bg, stopBG: stopBG, done: make(chan struct{}), state: "new",
+		closing: newCloser()}, nil
 }
 
+// publish sends one of the hold's control events and waits for the broker's acknowledgement, within ctx
+// or the close timeout.
 func (h *ServiceHold) publish(ctx context.Context, kind string) (string, error) {
 	h.mu.Lock()
 	actionID := newActionID()
-	event := Event{"v": 1, "type": kind, "cluster": h.Cluster, "wall_ms": h.cfg.wallClock(), "action_id": actionID,
-		"holder": h.Holder}
+	event := Event{"v": 1, "type": kind, "cluster": h.cluster, "wall_ms": h.cfg.wallClock(), "action_id": actionID,
+		"holder": h.holder}
 	if kind == "service_hold" {
-		event["ts"], event["ttl_ms"], event["owner"] = h.ts, h.ttlMS, OwnerDigest(h.OwnerToken)
+		event["ts"], event["ttl_ms"], event["owner"] = h.ts, h.ttlMS, OwnerDigest(h.ownerToken)
 		if h.cfg.label != "" {
 			event["label"] = h.cfg.label
 		}
 	} else {
-		event["owner_token"] = h.OwnerToken
+		event["owner_token"] = h.ownerToken
 	}
 	if kind == "service_hold" { // the newest actions' outcomes are watched
 		h.mine = append(h.mine, actionID)
@@ -161,9 +188,19 @@ func (h *ServiceHold) publish(ctx context.Context, kind string) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	res := h.client.ProduceSync(ctx, &kgo.Record{Key: []byte(h.Cluster), Value: value, Headers: clusterHeader(h.Cluster)})
-	if err := res.FirstErr(); err != nil {
-		return "", fmt.Errorf("safepoint: the %s event was not acknowledged: %w", kind, err)
+	ctx, cancel := bounded(ctx, h.cfg.closeTimeout)
+	defer cancel()
+	// not ProduceSync: franz-go waits out a record already handed to a broker whatever its ctx says
+	acked := make(chan error, 1)
+	h.client.TryProduce(context.Background(), &kgo.Record{Key: []byte(h.cluster), Value: value,
+		Headers: clusterHeader(h.cluster)}, func(_ *kgo.Record, err error) { acked <- err })
+	select {
+	case err := <-acked:
+		if err != nil {
+			return "", fmt.Errorf("safepoint: the %s event was not acknowledged: %w", kind, err)
+		}
+	case <-ctx.Done():
+		return "", fmt.Errorf("safepoint: the %s event was not acknowledged in time: %w", kind, ctx.Err())
 	}
 	return actionID, nil
 }
@@ -175,53 +212,87 @@ func newActionID() string {
 }
 
 // Start sets the hold and waits for the job's outcome (HoldRefusedError when refused; past the outcome
-// timeout, or without a status topic, once the broker has it), then renews it in the background.
+// timeout, or without a status topic, once the broker has it), then renews it in the background. A
+// second Start returns ErrStarted, a Start after Close ErrClosed; a Start that failed may be tried again.
 func (h *ServiceHold) Start(ctx context.Context) error {
-	if h.cfg.statusTopic != "" {
-		o, err := newOutcomes(ctx, h.seeds, h.cfg.statusTopic, h.Cluster, h.cfg.kafka) // before publishing
+	h.mu.Lock()
+	switch h.state {
+	case "closed":
+		h.mu.Unlock()
+		return ErrClosed
+	case "starting", "started":
+		h.mu.Unlock()
+		return ErrStarted
+	}
+	h.state = "starting"
+	h.mu.Unlock()
+	err := h.start(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.state == "closed": // closed while it started
+		if err == nil {
+			err = ErrClosed
+		}
+	case err == nil:
+		h.state = "started"
+		go h.renew()
+	default:
+		var refused *HoldRefusedError
+		if errors.As(err, &refused) {
+			h.state = "closed"
+		} else {
+			h.state = "new"
+		}
+	}
+	return err
+}
+
+func (h *ServiceHold) start(ctx context.Context) error {
+	if h.cfg.statusTopic != "" && !h.following() {
+		o, err := newOutcomes(ctx, h.seeds, h.cfg.statusTopic, h.cluster, h.cfg.kafka) // before publishing
 		if err != nil {
 			h.cfg.logger.Warn("safepoint: the job's outcomes cannot be followed; publishing without them",
-				"holder", h.Holder, "why", err)
+				"holder", h.holder, "why", err)
 		} else {
+			h.polling.Lock()
 			h.outcomes = o
+			h.polling.Unlock()
 		}
 	}
 	actionID, err := h.publish(ctx, "service_hold")
 	if err != nil {
-		h.closeOutcomes()
 		return err
 	}
-	if h.outcomes != nil {
-		h.polling.Lock()
-		outcome, ok := h.outcomes.wait(ctx, actionID, h.cfg.outcomeTimeout)
-		h.polling.Unlock()
-		switch {
-		case !ok:
-			h.cfg.logger.Warn("safepoint: no outcome from the job in time (is it running?); renewing meanwhile",
-				"holder", h.Holder, "waited", h.cfg.outcomeTimeout)
-		case lost(outcome):
-			h.closeOutcomes()
-			h.mu.Lock()
-			h.closed, h.last = true, &outcome
-			h.mu.Unlock()
-			h.client.Close()
-			return &HoldRefusedError{Outcome: outcome}
-		default:
-			h.mu.Lock()
-			h.last = &outcome
-			h.mu.Unlock()
-		}
+	if !h.following() {
+		return nil
 	}
-	h.mu.Lock()
-	h.started = true
-	h.mu.Unlock()
-	go h.renew()
+	h.polling.Lock()
+	outcome, ok := h.outcomes.wait(ctx, actionID, h.cfg.outcomeTimeout)
+	h.polling.Unlock()
+	switch {
+	case !ok:
+		h.cfg.logger.Warn("safepoint: no outcome from the job in time (is it running?); renewing meanwhile",
+			"holder", h.holder, "waited", h.cfg.outcomeTimeout)
+	case lost(outcome):
+		h.closeOutcomes()
+		h.mu.Lock()
+		h.last = &outcome
+		h.mu.Unlock()
+		h.client.Close()
+		return &HoldRefusedError{Outcome: outcome}
+	default:
+		h.mu.Lock()
+		h.last = &outcome
+		h.mu.Unlock()
+	}
 	return nil
 }
 
 // watchOutcomes reads the outcomes of the hold's newest actions (waiting up to wait); a refusal or an
-// expiry ends the hold's protection: kept, logged and handed to the WithOnLost callback once.
-func (h *ServiceHold) watchOutcomes(wait time.Duration) {
+// expiry ends the hold's protection: kept and logged (the renewer hands it to WithOnLost). A status topic
+// that cannot be read is logged once per episode, counted, and after a whole TTL taken as the hold lost.
+func (h *ServiceHold) watchOutcomes(ctx context.Context, wait time.Duration) {
 	h.polling.Lock()
 	if h.outcomes == nil {
 		h.polling.Unlock()
@@ -232,68 +303,116 @@ func (h *ServiceHold) watchOutcomes(wait time.Duration) {
 		h.outcomes.watch(id)
 	}
 	h.mu.Unlock()
-	changed := h.outcomes.poll(context.Background(), wait)
+	changed, read, err := h.outcomes.poll(ctx, wait)
 	h.polling.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.statusRead(read, err)
 	for _, o := range changed {
 		if o.Type != "service_hold" {
 			continue
 		}
-		h.mu.Lock()
 		h.last = &o
-		first := lost(o) && h.lost == nil
-		if first {
+		if lost(o) && h.lost == nil {
 			h.lost = &o
-		}
-		h.mu.Unlock()
-		if first {
-			h.cfg.logger.Error("safepoint: service hold lost", "holder", h.Holder, "outcome", o.Outcome, "detail", o.Detail)
-			if h.cfg.onLost != nil {
-				h.cfg.onLost(o)
-			}
+			h.cfg.logger.Error("safepoint: service hold lost", "holder", h.holder, "outcome", o.Outcome, "detail", o.Detail)
 		}
 	}
+}
+
+// statusQuiet ends an episode of a status topic that could not be read: so long without a failed fetch
+// (franz-go retries a failed partition after a backoff, and a poll between returns nothing at all).
+const statusQuiet = 5 * time.Second
+
+// statusRead keeps what a read of the status topic gave (read: records came; err: a fetch failed); call
+// with h.mu held.
+func (h *ServiceHold) statusRead(read bool, err error) {
+	now := time.Now()
+	if err == nil {
+		if h.failErr != nil && (read || now.Sub(h.lastFail) >= statusQuiet) {
+			h.cfg.logger.Info("safepoint: the status topic is read again", "holder", h.holder)
+			h.failing, h.failErr = time.Time{}, nil
+		}
+		return
+	}
+	h.stats.StatusReadFailures++
+	if h.failErr == nil {
+		h.failing = now
+		h.cfg.logger.Warn("safepoint: the status topic cannot be read; the job's outcomes of the hold are unknown",
+			"holder", h.holder, "topic", h.cfg.statusTopic, "err", err)
+	}
+	h.failErr, h.lastFail = err, now
+	ttl := time.Duration(h.ttlMS) * time.Millisecond
+	if h.lost == nil && now.Sub(h.failing) >= ttl {
+		h.lost = &Outcome{Type: "service_hold", Holder: h.holder, Outcome: "unknown", Reason: "status_unreadable",
+			Detail: fmt.Sprintf("the status topic %s could not be read for %s, the hold's TTL (%v): the job may have "+
+				"expired the hold", h.cfg.statusTopic, now.Sub(h.failing).Round(time.Millisecond), err)}
+		h.cfg.logger.Error("safepoint: service hold lost", "holder", h.holder, "outcome", "unknown", "detail", h.lost.Detail)
+	}
+}
+
+// tell hands a lost hold to WithOnLost, once; the renewer calls it.
+func (h *ServiceHold) tell(ctx context.Context) {
+	h.mu.Lock()
+	if h.lost == nil || h.told || h.cfg.onLost == nil {
+		h.mu.Unlock()
+		return
+	}
+	h.told = true
+	o := *h.lost
+	h.mu.Unlock()
+	defer func() {
+		if p := recover(); p != nil {
+			h.mu.Lock()
+			h.stats.CallbackPanics++
+			h.mu.Unlock()
+			h.cfg.logger.Error("safepoint: the on-lost callback panicked", "holder", h.holder, "panic", p)
+		}
+	}()
+	h.cfg.onLost(ctx, o)
 }
 
 func (h *ServiceHold) renew() {
 	defer close(h.done)
+	ctx := h.bg
 	next := time.Now().Add(h.cfg.renewEvery)
 	for {
 		step := min(time.Second, time.Until(next))
 		if h.following() && step > 0 {
-			h.watchOutcomes(step)
+			h.watchOutcomes(ctx, step)
 		} else if step > 0 {
-			select {
-			case <-h.stop:
-				return
-			case <-time.After(step):
-			}
+			sleep(ctx, step)
 		}
-		select {
-		case <-h.stop:
+		if ctx.Err() != nil {
 			return
-		default:
 		}
+		h.tell(ctx)
 		if time.Now().Before(next) {
 			continue
 		}
 		next = time.Now().Add(h.cfg.renewEvery)
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		_, err := h.publish(ctx, "service_hold")
+		rctx, cancel := context.WithTimeout(ctx, renewTimeout)
+		_, err := h.publish(rctx, "service_hold")
 		cancel()
+		if ctx.Err() != nil {
+			return
+		}
 		h.mu.Lock()
 		if err != nil {
-			h.failures++ // the TTL is the margin for a broker away for a while: tried again next time
-			h.cfg.logger.Warn("safepoint: renewal of a service hold failed", "holder", h.Holder, "err", err)
+			h.stats.Failures++ // the TTL is the margin for a broker away for a while: tried again next time
+			h.cfg.logger.Warn("safepoint: renewal of a service hold failed", "holder", h.holder, "err", err)
 		} else {
-			h.renewals++
+			h.stats.Renewals++
 		}
 		h.mu.Unlock()
 	}
 }
 
-// Check returns HoldLostError if the job refused or expired this hold since it was set.
+// Check returns HoldLostError if the job refused or expired this hold since it was set, or its status
+// could not be read for a TTL. It reads the status topic briefly in the calling goroutine; the WithOnLost
+// callback is the renewer's to call, never Check's.
 func (h *ServiceHold) Check() error {
-	h.watchOutcomes(10 * time.Millisecond)
+	h.watchOutcomes(context.Background(), 10*time.Millisecond)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.lost != nil {
@@ -312,16 +431,20 @@ func (h *ServiceHold) LastOutcome() (Outcome, bool) {
 	return *h.last, true
 }
 
-// Stats is the hold's renewals and failed renewals so far.
+// Stats is the hold's counters so far.
 func (h *ServiceHold) Stats() HoldStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return HoldStats{Renewals: h.renewals, Failures: h.failures}
+	return h.stats
 }
 
 // Advance moves the hold to ts (it protects what is at or above it) and renews it now.
 func (h *ServiceHold) Advance(ctx context.Context, ts int64) error {
 	h.mu.Lock()
+	if h.state == "closed" {
+		h.mu.Unlock()
+		return ErrClosed
+	}
 	h.ts = ts
 	h.mu.Unlock()
 	_, err := h.publish(ctx, "service_hold")
@@ -343,21 +466,36 @@ func (h *ServiceHold) closeOutcomes() {
 	}
 }
 
-// Close stops renewing and releases the hold. Idempotent.
+// Close stops renewing and releases the hold, within ctx or, when ctx has no deadline, the close timeout
+// (WithCloseTimeout, default 30 s). A release the broker did not acknowledge in time is an error that says
+// so; the job then ends the hold when its TTL runs out after the last renewal. Safe to call more than once
+// and from several goroutines: each waits for the first (or its own ctx) and returns its error.
 func (h *ServiceHold) Close(ctx context.Context) error {
+	return h.closing.close(ctx, "service hold", h.close)
+}
+
+func (h *ServiceHold) close(ctx context.Context) error {
+	ctx, cancel := bounded(ctx, h.cfg.closeTimeout)
+	defer cancel()
 	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		return nil
-	}
-	h.closed = true
-	started := h.started
+	refused := h.state == "closed" // refused at Start: its producer is closed, nothing to release
+	started := h.state == "started"
+	h.state = "closed"
 	h.mu.Unlock()
-	close(h.stop)
+	h.stopBG()
 	if started {
-		<-h.done
+		select {
+		case <-h.done:
+		case <-ctx.Done():
+		}
 	}
-	_, err := h.publish(ctx, "service_release")
+	var err error
+	if !refused {
+		if _, perr := h.publish(ctx, "service_release"); perr != nil {
+			err = fmt.Errorf("safepoint: service hold %s could not be released (%w); the job ends it when its TTL "+
+				"(%d ms) runs out after the last renewal", h.holder, perr, h.ttlMS)
+		}
+	}
 	h.closeOutcomes()
 	h.client.Close()
 	return err

@@ -5,6 +5,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,7 +67,7 @@ func main() {
 		expired: map[string]bool{}}
 	d.newHold = func(holder string, ts int64, ttl time.Duration, label string) (*safepoint.ServiceHold, error) {
 		return safepoint.NewServiceHold(*bootstrap, *cluster, holder, ts, ttl, safepoint.WithControlTopic(*controlTopic),
-			safepoint.WithStatusTopic(*statusTopic), safepoint.WithHoldLabel(label), safepoint.WithHoldLogger(logger))
+			safepoint.WithStatusTopic(*statusTopic), safepoint.WithHoldLabel(label), safepoint.WithLogger(logger))
 	}
 	d.seen.L = &sync.Mutex{}
 	opts := []safepoint.ReporterOption{safepoint.WithCluster(*cluster), safepoint.WithIncarnation(*incarnation),
@@ -88,7 +89,7 @@ func main() {
 	}
 	d.reporter = reporter
 	lopts := []safepoint.ListenerOption{safepoint.WithDirectivesTopic(*directivesTopic), safepoint.WithReporter(reporter),
-		safepoint.WithOnDirective(d.onDirective), safepoint.WithListenerLogger(logger)}
+		safepoint.WithOnDirective(d.onDirective), safepoint.WithLogger(logger)}
 	if *directiveKey != "" {
 		keys, err := safepoint.ParseDirectiveKeys(*directiveKey)
 		if err != nil {
@@ -102,7 +103,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "safepoint-driver:", err)
 		os.Exit(1)
 	}
-	d.listener = listener.Start()
+	if err := listener.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "safepoint-driver:", err)
+		os.Exit(1)
+	}
+	d.listener = listener
 	scanner := bufio.NewScanner(os.Stdin)
 	scanner.Buffer(make([]byte, 1<<20), 1<<24)
 	for scanner.Scan() {
@@ -126,7 +131,7 @@ func (d *driver) currentFigures() safepoint.Figures {
 	return d.figures
 }
 
-func (d *driver) onExpire(h safepoint.Handle, e safepoint.ExpireDirective) {
+func (d *driver) onExpire(_ context.Context, h safepoint.Handle, e safepoint.ExpireDirective) {
 	d.say(map[string]any{"op": "expired", "ref": h.ID(), "mode": e.Mode})
 	d.seen.L.Lock()
 	d.expired[h.ID()] = true
@@ -134,9 +139,15 @@ func (d *driver) onExpire(h safepoint.Handle, e safepoint.ExpireDirective) {
 	d.seen.Broadcast()
 }
 
-func (d *driver) onDirective(dir safepoint.Directive) error {
+func (d *driver) onDirective(_ context.Context, dir safepoint.Directive) error {
+	dec := json.NewDecoder(bytes.NewReader(dir.Raw))
+	dec.UseNumber()
+	var raw safepoint.Event
+	if err := dec.Decode(&raw); err != nil {
+		return fmt.Errorf("the directive's value: %w", err)
+	}
 	d.seen.L.Lock()
-	d.directives = append(d.directives, dir.Raw)
+	d.directives = append(d.directives, raw)
 	d.seen.L.Unlock()
 	d.seen.Broadcast()
 	return nil
@@ -267,9 +278,9 @@ func (d *driver) apply(o op, raw map[string]json.RawMessage) (map[string]any, er
 		if !ok {
 			return nil, fmt.Errorf("%w %q", errUnknown, ref)
 		}
-		outcome := o.Outcome
+		outcome := safepoint.TxOutcome(o.Outcome)
 		if outcome == "" {
-			outcome = "commit"
+			outcome = safepoint.Commit
 		}
 		return nil, tx.End(ctx, outcome)
 	case "close":
@@ -440,13 +451,15 @@ func (d *driver) finish() {
 		case *safepoint.Reader:
 			_ = h.Close(ctx)
 		case *safepoint.Transaction:
-			_ = h.End(ctx, "abort")
+			_ = h.End(ctx, safepoint.Abort)
 		}
 	}
 	for _, h := range d.holds {
 		_ = h.Close(ctx)
 	}
-	d.listener.Close()
+	if err := d.listener.Close(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "safepoint-driver:", err)
+	}
 	if err := d.reporter.Close(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "safepoint-driver: flushing at the end:", err)
 	}

@@ -33,7 +33,7 @@ func main() {
 	}
 }
 
-func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) error {
+func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) (err error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	// The node's MVCC clock: here milliseconds since the epoch; a database passes its own.
@@ -43,16 +43,20 @@ func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) er
 
 	reporter, err := safepoint.NewReporter(bootstrap, node, clock, safepoint.WithCluster(cluster),
 		safepoint.WithStateDir(os.TempDir()), // the incarnation survives a restart
-		safepoint.WithOnExpire(func(h safepoint.Handle, d safepoint.ExpireDirective) {
+		safepoint.WithOnExpire(func(_ context.Context, h safepoint.Handle, d safepoint.ExpireDirective) {
 			slog.Warn("the job expired a hold; it ends at its next operation boundary", "id", h.ID(), "mode", d.Mode)
 		}))
 	if err != nil {
 		return err
 	}
-	defer reporter.Close(context.Background())
+	defer func() { // Close is bounded: 30 s when its ctx has no deadline
+		if cerr := reporter.Close(context.Background()); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
 
 	opts := []safepoint.ListenerOption{safepoint.WithReporter(reporter),
-		safepoint.WithOnDirective(func(d safepoint.Directive) error {
+		safepoint.WithOnDirective(func(_ context.Context, d safepoint.Directive) error {
 			oldest := oldestHold()
 			upTo := safepoint.CompactUpTo(d, oldest, "")
 			slog.Info("directive", "seq", d.Seq, "safe_ts", d.SafeTS, "compact_up_to", upTo)
@@ -69,8 +73,14 @@ func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) er
 	if err != nil {
 		return err
 	}
-	listener.Start()
-	defer listener.Close()
+	if err := listener.Start(); err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := listener.Close(context.Background()); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
 
 	report, err := reporter.Reader(ctx, safepoint.HoldOptions{Label: "nightly report"})
 	if err != nil {
@@ -95,7 +105,7 @@ func run(bootstrap, cluster, node, directiveKey string, runFor time.Duration) er
 		if err != nil {
 			return err
 		}
-		if err := tx.End(ctx, "commit"); err != nil {
+		if err := tx.End(ctx, safepoint.Commit); err != nil {
 			return err
 		}
 		if report != nil && n%10 == 0 { // the report's operation boundary
