@@ -63,8 +63,8 @@ echo "== mypy (strict, project packages)"
 # run their drivers against the brokers)
 echo "== go vet, go test -race (clients/go)"
 (cd clients/go && go vet ./... && go test -race -count=1 ./...)
-echo "== mvn test (clients/java)"
-mvn -q -B -Dstyle.color=never -f clients/java/pom.xml test 2>&1 | sed 's/\x1b\[[0-9;]*m//g'  # Maven's colour resets
+echo "== mvn verify (clients/java)"
+mvn -q -B -Dstyle.color=never -f clients/java/pom.xml verify 2>&1 | sed 's/\x1b\[[0-9;]*m//g'  # Maven's colour resets
 if ! wait "$classes"; then
   echo "test: the Spark class-data archive could not be built (.venv/spark-classes.log); Spark starts without it" >&2
 fi

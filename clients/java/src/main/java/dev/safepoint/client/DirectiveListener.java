@@ -3,9 +3,11 @@ package dev.safepoint.client;
 import java.security.PublicKey;
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.EnumMap;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.OptionalLong;
 import java.util.Properties;
 import java.util.function.Consumer;
 import org.apache.kafka.clients.consumer.CloseOptions;
@@ -38,7 +40,7 @@ public final class DirectiveListener implements AutoCloseable {
     /** The cluster followed. */
     public final String cluster;
 
-    final Builder cfg;
+    final Config cfg;
     private KafkaConsumer<byte[], byte[]> consumer;
     private final Object mu = new Object();
     Map<Integer, Long> ends;
@@ -57,18 +59,29 @@ public final class DirectiveListener implements AutoCloseable {
     private long lastBandSeq;
     private long refusedLogged = Long.MIN_VALUE;
     private long lastAssignTry = Long.MIN_VALUE;
-    private final long[] stats = new long[Stat.values().length];
+    /** The counters, guarded by mu. */
+    private final EnumMap<Stat, Long> stats = new EnumMap<>(Stat.class);
     private volatile boolean stopping;
     private Thread thread;
+    private boolean started;
+    private boolean closed;
 
     /** A listener's counters. */
     enum Stat { RECEIVED, DELIVERED, REPEATS, SUPERSEDED, OTHER_CLUSTERS, INVALID, EXPIRES_DELIVERED,
-        SNAPSHOT_REQUESTS, UNSIGNED, BAD_SIGNATURES, GENERATIONS, HELD_BACK }
+        SNAPSHOT_REQUESTS, UNSIGNED, BAD_SIGNATURES, GENERATIONS, HELD_BACK, CALLBACK_FAILURES }
 
-    /** A listener's counters since it was made. */
+    /**
+     * A listener's counters since it was made; callbackFailures counts the callbacks that threw (each logged: an
+     * onDirective is retried, an onExpire's records after it are handled).
+     */
     public record Stats(long received, long delivered, long repeats, long superseded, long otherClusters,
                         long invalid, long expiresDelivered, long snapshotRequests, long unsigned, long badSignatures,
-                        long generations, long heldBack) {}
+                        long generations, long heldBack, long callbackFailures) {}
+
+    /** A listener's settings, copied from its builder when it is built. */
+    record Config(String bootstrap, String cluster, String topic, Reporter reporter, String node, List<PublicKey> keys,
+                  DirectiveCallback onDirective, Consumer<ExpireDirective> onExpire, Duration backoff,
+                  Properties kafka) {}
 
     /** A directive callback; an exception is retried every second until it succeeds or a newer directive supersedes it. */
     @FunctionalInterface
@@ -118,39 +131,64 @@ public final class DirectiveListener implements AutoCloseable {
             keys = hex == null ? List.of() : Signing.parseDirectiveKeys(hex);
             return this;
         }
-        /** Called, from the listener's thread, with each directive whose seq advances. */
+        /**
+         * Called, from the listener's thread ({@link #start}), with each directive whose seq advances; an exception is
+         * logged, counted and retried every second until it succeeds or a newer directive supersedes it.
+         */
         public Builder onDirective(DirectiveCallback f) { onDirective = f; return this; }
-        /** Called with each expiry of the node (after the reporter's handle, if any). */
+        /**
+         * Called with each expiry of the node (after the reporter's handle, if any), in the thread reading the
+         * directives (the listener's, or {@link #poll}'s caller); an exception is logged and counted, and the records
+         * after it are handled.
+         */
         public Builder onExpire(Consumer<ExpireDirective> f) { onExpire = f; return this; }
-        /** A consumer setting of kafka-clients (TLS, SASL...). */
-        public Builder kafka(String key, Object value) { kafka.put(key, value); return this; }
+        /**
+         * A consumer setting of kafka-clients (TLS, SASL, client id, timeouts). What it reads and from where (the
+         * bootstrap, a group, offsets, commits, deserializers) is the client's own: an IllegalArgumentException names
+         * one.
+         */
+        public Builder kafka(String key, Object value) {
+            KafkaSettings.put(kafka, key, value, KafkaSettings.CONSUMER_OWNED);
+            return this;
+        }
 
         public DirectiveListener build() {
             return new DirectiveListener(this, true);
         }
     }
 
-    DirectiveListener(Builder cfg, boolean connect) {
-        this.cluster = cfg.cluster;
-        this.cfg = cfg;
-        if (cfg.node.isEmpty() && cfg.reporter != null) {
-            cfg.node = cfg.reporter.node;
-        }
+    DirectiveListener(Builder b, boolean connect) {
+        this.cluster = b.cluster;
+        this.cfg = new Config(b.bootstrap, b.cluster, b.topic, b.reporter,
+                b.node.isEmpty() && b.reporter != null ? b.reporter.node : b.node, List.copyOf(b.keys), b.onDirective,
+                b.onExpire, b.backoff, KafkaSettings.copy(b.kafka));
         if (connect) {
             Properties p = new Properties();
-            p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, cfg.bootstrap);
+            p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, cfg.bootstrap());
             p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
             p.put(ConsumerConfig.AUTO_OFFSET_RESET_CONFIG, "earliest");
             p.put(ConsumerConfig.FETCH_MAX_WAIT_MS_CONFIG, "200");
             p.put(ConsumerConfig.ALLOW_AUTO_CREATE_TOPICS_CONFIG, "false");
-            p.put(ConsumerConfig.CLIENT_ID_CONFIG, "safepoint-listener-" + cfg.cluster);
-            p.putAll(cfg.kafka);
+            p.put(ConsumerConfig.CLIENT_ID_CONFIG, "safepoint-listener-" + cfg.cluster());
+            p.putAll(cfg.kafka());
             consumer = new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer());
         }
     }
 
-    /** Runs the listener in a thread of its own, calling the onDirective callback, until {@link #close}. */
+    /**
+     * Runs the listener in a thread of its own, calling the onDirective callback, until {@link #close}. A second
+     * start, or a start after close, is an IllegalStateException.
+     */
     public DirectiveListener start() {
+        synchronized (mu) {
+            if (closed) {
+                throw new IllegalStateException("safepoint: the listener is closed");
+            }
+            if (started) {
+                throw new IllegalStateException("safepoint: the listener is already started");
+            }
+            started = true;
+        }
         thread = new Thread(this::run, "safepoint-directives-" + cluster);
         thread.setDaemon(true);
         thread.start();
@@ -170,22 +208,23 @@ public final class DirectiveListener implements AutoCloseable {
                     break;
                 }
                 LOG.warn("safepoint: directive listener: {}", e.toString());
-                pause(cfg.backoff);
+                pause(cfg.backoff());
                 continue;
             }
             if (d != null) {
                 pending = d;
             }
-            if (pending == null || cfg.onDirective == null) {
+            if (pending == null || cfg.onDirective() == null) {
                 pending = null;
                 continue;
             }
             try {
-                cfg.onDirective.onDirective(pending);
+                cfg.onDirective().onDirective(pending);
                 pending = null;
             } catch (Exception e) {
+                count(Stat.CALLBACK_FAILURES);
                 LOG.error("safepoint: on-directive failed for seq {}; retrying: {}", pending.seq(), e.toString());
-                pause(cfg.backoff);
+                pause(cfg.backoff());
             }
         }
     }
@@ -199,21 +238,39 @@ public final class DirectiveListener implements AutoCloseable {
         }
     }
 
-    /** Stops the listener and its consumer. */
+    /** close(10 s). */
     @Override
     public void close() {
+        close(Duration.ofSeconds(10));
+    }
+
+    /**
+     * Stops the listener, waiting up to timeout for its thread (a callback that does not return is left to it), and
+     * closes its consumer. Safe to call more than once and from several threads.
+     */
+    public void close(Duration timeout) {
+        long deadline = System.nanoTime() + timeout.toNanos();
+        synchronized (mu) {
+            if (closed) {
+                return;
+            }
+            closed = true;
+        }
         stopping = true;
         if (thread != null) {
             consumer.wakeup();
             try {
-                thread.join(10_000);
+                thread.join(Math.max(1, timeout.toMillis()));
             } catch (InterruptedException e) {
                 Thread.currentThread().interrupt();
+            }
+            if (thread.isAlive()) {
+                LOG.warn("safepoint: the listener's thread did not end in {} (is a callback stuck?)", timeout);
             }
         }
         if (consumer != null) {
             try {
-                consumer.close(CloseOptions.timeout(Duration.ofSeconds(5)));
+                consumer.close(CloseOptions.timeout(Duration.ofNanos(Math.max(0, deadline - System.nanoTime()))));
             } catch (RuntimeException e) {
                 LOG.debug("safepoint: closing the directives consumer: {}", e.toString());
             }
@@ -261,11 +318,11 @@ public final class DirectiveListener implements AutoCloseable {
             return false;
         }
         lastAssignTry = now;
-        List<PartitionInfo> infos = consumer.partitionsFor(cfg.topic, Duration.ofSeconds(10));
+        List<PartitionInfo> infos = consumer.partitionsFor(cfg.topic(), Duration.ofSeconds(10));
         List<TopicPartition> tps = new ArrayList<>();
         if (infos != null) {
             for (PartitionInfo i : infos) {
-                tps.add(new TopicPartition(cfg.topic, i.partition()));
+                tps.add(new TopicPartition(cfg.topic(), i.partition()));
             }
         }
         if (tps.isEmpty()) {
@@ -329,7 +386,7 @@ public final class DirectiveListener implements AutoCloseable {
     /** Reads one record; a compaction directive to deliver, or null. */
     Directive handle(int partition, long offset, byte[] value) {
         synchronized (mu) {
-            stats[Stat.RECEIVED.ordinal()]++;
+            bump(Stat.RECEIVED);
             if (offset + 1 > read.getOrDefault(partition, 0L)) {
                 read.put(partition, offset + 1);
             }
@@ -347,8 +404,8 @@ public final class DirectiveListener implements AutoCloseable {
             count(Stat.OTHER_CLUSTERS);
             return null;
         }
-        if (!cfg.keys.isEmpty()) {
-            String why = Signing.verifyDirective(obj, cfg.keys);
+        if (!cfg.keys().isEmpty()) {
+            String why = Signing.verifyDirective(obj, cfg.keys());
             if (!why.isEmpty()) {
                 refused(partition, offset, obj, why);
                 return null;
@@ -404,7 +461,7 @@ public final class DirectiveListener implements AutoCloseable {
                     if (s > lastExpireSeq) {
                         lastExpireSeq = s;
                     }
-                    if (Json.str(obj.get("node")).equals(cfg.node) && s > lastBandSeq) {
+                    if (Json.str(obj.get("node")).equals(cfg.node()) && s > lastBandSeq) {
                         lastBandSeq = s; // (no admission control in this client: a band changes nothing here)
                     }
                 }
@@ -432,30 +489,30 @@ public final class DirectiveListener implements AutoCloseable {
             if (!caughtUp) {
                 if (newerInBacklog(d, backlogBest)) {
                     if (backlogBest != null) {
-                        stats[Stat.SUPERSEDED.ordinal()]++;
+                        bump(Stat.SUPERSEDED);
                     }
                     backlogBest = d;
                 } else {
-                    stats[Stat.REPEATS.ordinal()]++;
+                    bump(Stat.REPEATS);
                 }
                 return null;
             }
             if (last != null && !d.generation().equals(generation)) {
                 if (d.generation().isEmpty()) { // a job that gives no generation (an older version's): stale here
-                    stats[Stat.REPEATS.ordinal()]++;
+                    bump(Stat.REPEATS);
                     return null;
                 }
                 if (safeTs != null && d.safeTs() < safeTs) {
-                    stats[Stat.HELD_BACK.ordinal()]++;
+                    bump(Stat.HELD_BACK);
                     return null;
                 }
                 LOG.warn("safepoint: the job's generation changed (it started on empty state) from {} to {} at seq {};"
                         + " taking its directives", generation, d.generation(), d.seq());
-                stats[Stat.GENERATIONS.ordinal()]++;
+                bump(Stat.GENERATIONS);
                 lastSeq = 0;
             }
             if (d.seq() <= lastSeq) {
-                stats[Stat.REPEATS.ordinal()]++;
+                bump(Stat.REPEATS);
                 return null;
             }
         }
@@ -475,9 +532,9 @@ public final class DirectiveListener implements AutoCloseable {
                         + "safe_ts {}, kept {})", d.seq(), d.safeTs(), safeTs);
             }
             safe = safeTs;
-            stats[Stat.DELIVERED.ordinal()]++;
+            bump(Stat.DELIVERED);
         }
-        Reporter r = cfg.reporter;
+        Reporter r = cfg.reporter();
         if (r != null) {
             try {
                 r.observeSafeTs(safe, d.retention(), d.namespaceSafeTs(), d.namespaces());
@@ -492,23 +549,23 @@ public final class DirectiveListener implements AutoCloseable {
         boolean upToDate;
         synchronized (mu) {
             if (e.seq() <= lastExpireSeq) {
-                stats[Stat.REPEATS.ordinal()]++;
+                bump(Stat.REPEATS);
                 return;
             }
             lastExpireSeq = e.seq();
             upToDate = caughtUp;
         }
-        if (!cfg.node.isEmpty() && !e.node().equals(cfg.node)) {
+        if (!cfg.node().isEmpty() && !e.node().equals(cfg.node())) {
             return;
         }
-        Reporter r = cfg.reporter;
+        Reporter r = cfg.reporter();
         if (r != null && (!e.node().equals(r.node) || !e.cluster().equals(r.cluster))) {
             r = null;
         }
         if (r != null && !upToDate) {
-            String kind = e.readerId().isEmpty() ? "tx" : "reader";
+            HoldKind kind = e.readerId().isEmpty() ? HoldKind.TX : HoldKind.READER;
             String id = e.readerId().isEmpty() ? e.txId() : e.readerId();
-            if (r.find(kind, id) == null) {
+            if (r.find(kind, id).isEmpty()) {
                 return; // of the backlog: it names a hold of an earlier process
             }
         }
@@ -516,8 +573,14 @@ public final class DirectiveListener implements AutoCloseable {
         if (r != null) {
             r.expire(e);
         }
-        if (cfg.onExpire != null) {
-            cfg.onExpire.accept(e);
+        if (cfg.onExpire() != null) {
+            try {
+                cfg.onExpire().accept(e);
+            } catch (RuntimeException ex) {
+                count(Stat.CALLBACK_FAILURES);
+                LOG.error("safepoint: the on-expire callback threw for seq {}; the directives after it are handled: {}",
+                        e.seq(), ex.toString());
+            }
         }
     }
 
@@ -528,7 +591,7 @@ public final class DirectiveListener implements AutoCloseable {
             if (s > lastExpireSeq) {
                 lastExpireSeq = s;
             }
-            String target = cfg.node;
+            String target = cfg.node();
             if (target.isEmpty() || !Json.str(obj.get("node")).equals(target)) {
                 return;
             }
@@ -541,9 +604,9 @@ public final class DirectiveListener implements AutoCloseable {
     }
 
     private void answerSnapshotRequest() {
-        Reporter r = cfg.reporter;
+        Reporter r = cfg.reporter();
         if (r == null) {
-            LOG.info("safepoint: the job asks node {} for a snapshot; publish one (no reporter given)", cfg.node);
+            LOG.info("safepoint: the job asks node {} for a snapshot; publish one (no reporter given)", cfg.node());
             return;
         }
         try {
@@ -557,14 +620,14 @@ public final class DirectiveListener implements AutoCloseable {
 
     private void refused(int partition, long offset, Map<String, Object> obj, String why) {
         synchronized (mu) {
-            stats[(why.equals("unsigned") ? Stat.UNSIGNED : Stat.BAD_SIGNATURES).ordinal()]++;
+            bump(why.equals("unsigned") ? Stat.UNSIGNED : Stat.BAD_SIGNATURES);
             long now = System.currentTimeMillis();
             if (refusedLogged == Long.MIN_VALUE || now - refusedLogged >= REFUSED_LOG_EVERY_MS) {
                 refusedLogged = now;
                 LOG.warn("safepoint: refused a directive not signed by the job's key ({}: type {}, partition {}, "
                         + "offset {}; unsigned {}, bad signatures {}); the newest valid directive stays in force", why,
-                        Json.str(obj.get("type")), partition, offset, stats[Stat.UNSIGNED.ordinal()],
-                        stats[Stat.BAD_SIGNATURES.ordinal()]);
+                        Json.str(obj.get("type")), partition, offset, stats.getOrDefault(Stat.UNSIGNED, 0L),
+                        stats.getOrDefault(Stat.BAD_SIGNATURES, 0L));
             }
         }
     }
@@ -578,22 +641,33 @@ public final class DirectiveListener implements AutoCloseable {
 
     private void count(Stat s) {
         synchronized (mu) {
-            stats[s.ordinal()]++;
+            bump(s);
         }
+    }
+
+    /** One more of s; mu held. */
+    private void bump(Stat s) {
+        stats.merge(s, 1L, Long::sum);
     }
 
     /** The listener's counters. */
     public Stats stats() {
         synchronized (mu) {
-            long[] s = stats;
-            return new Stats(s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11]);
+            return new Stats(n(Stat.RECEIVED), n(Stat.DELIVERED), n(Stat.REPEATS), n(Stat.SUPERSEDED),
+                    n(Stat.OTHER_CLUSTERS), n(Stat.INVALID), n(Stat.EXPIRES_DELIVERED), n(Stat.SNAPSHOT_REQUESTS),
+                    n(Stat.UNSIGNED), n(Stat.BAD_SIGNATURES), n(Stat.GENERATIONS), n(Stat.HELD_BACK),
+                    n(Stat.CALLBACK_FAILURES));
         }
     }
 
-    /** The newest safe point delivered (null before the first). */
-    public Long safeTs() {
+    private long n(Stat s) {
+        return stats.getOrDefault(s, 0L);
+    }
+
+    /** The newest safe point delivered (empty before the first). */
+    public OptionalLong safeTs() {
         synchronized (mu) {
-            return safeTs;
+            return safeTs == null ? OptionalLong.empty() : OptionalLong.of(safeTs);
         }
     }
 

@@ -5,14 +5,14 @@ package dev.safepoint.client;
  * operation boundaries (check, prepare, a commit); the operation may be retried with a fresh snapshot.
  */
 public class ExpiredException extends SafepointException {
-    private final String kind;
+    private final HoldKind kind;
     private final String id;
     private final String mode;
     private final String reason;
     private final long seq;
 
-    public ExpiredException(String kind, String id, String mode, String reason, long seq) {
-        super("safepoint: " + kind + " " + id + " was expired by the safe-point service (" + mode
+    public ExpiredException(HoldKind kind, String id, String mode, String reason, long seq) {
+        super("safepoint: " + kind.wire() + " " + id + " was expired by the safe-point service (" + mode
                 + " expiry, directive seq " + seq + "): " + reason + "; retry with a fresh snapshot");
         this.kind = kind;
         this.id = id;
@@ -21,8 +21,8 @@ public class ExpiredException extends SafepointException {
         this.seq = seq;
     }
 
-    /** "reader" or "tx". */
-    public String kind() { return kind; }
+    /** A reader's or a transaction's. */
+    public HoldKind kind() { return kind; }
     public String id() { return id; }
     /** "graceful" or "hard". */
     public String mode() { return mode; }

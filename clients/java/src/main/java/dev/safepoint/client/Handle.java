@@ -2,8 +2,8 @@ package dev.safepoint.client;
 
 /** A {@link Reader} or a {@link Transaction}. */
 public interface Handle {
-    /** "reader" or "tx". */
-    String kind();
+    /** {@link HoldKind#READER} or {@link HoldKind#TX}. */
+    HoldKind kind();
 
     /** The reader_id or tx_id. */
     String id();

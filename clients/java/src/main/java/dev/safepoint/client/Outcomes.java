@@ -10,7 +10,9 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
+import java.util.function.Function;
 import org.apache.kafka.clients.consumer.CloseOptions;
+import org.apache.kafka.clients.consumer.Consumer;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
@@ -23,10 +25,15 @@ final class Outcomes implements AutoCloseable {
     /** The topic the job writes each cluster's status to, with its control actions' outcomes. */
     static final String DEFAULT_STATUS_TOPIC = "safepoint.status";
 
-    private final KafkaConsumer<byte[], byte[]> consumer;
+    /** The consumer of a hold's outcomes, from its settings. */
+    static final Function<Properties, Consumer<byte[], byte[]>> KAFKA =
+            p -> new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+
+    private final Consumer<byte[], byte[]> consumer;
     private final byte[] key;
     private final Set<String> watched = new HashSet<>();
     private final Map<String, String> seen = new HashMap<>();
+    private boolean lastRead;
 
     /** An id part as the job keys records: % and / escaped. */
     static String escapeId(String part) {
@@ -37,7 +44,8 @@ final class Outcomes implements AutoCloseable {
      * Positions a consumer at the status topic's end now (before the action is published, so that its outcome
      * cannot be missed); an exception says why outcomes cannot be followed.
      */
-    Outcomes(String bootstrap, String topic, String cluster, Properties extra) {
+    Outcomes(String bootstrap, String topic, String cluster, Properties extra,
+             Function<Properties, Consumer<byte[], byte[]>> consumers) {
         Properties p = new Properties();
         p.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
@@ -45,7 +53,7 @@ final class Outcomes implements AutoCloseable {
         p.put(ConsumerConfig.ALLOW_AUTO_CREATE_TOPICS_CONFIG, "false");
         p.put(ConsumerConfig.CLIENT_ID_CONFIG, "safepoint-outcomes-" + cluster);
         p.putAll(extra);
-        consumer = new KafkaConsumer<>(p, new ByteArrayDeserializer(), new ByteArrayDeserializer());
+        consumer = consumers.apply(p);
         try {
             List<PartitionInfo> infos = consumer.partitionsFor(topic, Duration.ofSeconds(10));
             List<TopicPartition> tps = new ArrayList<>();
@@ -77,7 +85,9 @@ final class Outcomes implements AutoCloseable {
     /** Reads what the status topic has (waiting up to wait) and returns the watched actions' new or changed outcomes. */
     List<Outcome> poll(Duration wait) {
         List<Outcome> changed = new ArrayList<>();
+        lastRead = false;
         for (ConsumerRecord<byte[], byte[]> rec : consumer.poll(wait)) {
+            lastRead = true;
             if (rec.key() == null || !Arrays.equals(rec.key(), key) || rec.value() == null) {
                 continue;
             }
@@ -105,6 +115,11 @@ final class Outcomes implements AutoCloseable {
             }
         }
         return changed;
+    }
+
+    /** Whether the last poll read any record of the topic. */
+    boolean lastPollRead() {
+        return lastRead;
     }
 
     /** The outcome of actionId, waiting up to timeout for the job to report it (null: not in time). */

@@ -8,7 +8,7 @@ public final class Reader extends Hold implements AutoCloseable {
         super(r, id, o);
     }
 
-    @Override public String kind() { return "reader"; }
+    @Override public HoldKind kind() { return HoldKind.READER; }
 
     @Override
     Map<String, Object> entry() {

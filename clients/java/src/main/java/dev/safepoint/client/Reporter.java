@@ -14,7 +14,12 @@ import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
+import java.util.OptionalLong;
 import java.util.Properties;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
@@ -68,55 +73,43 @@ public final class Reporter implements AutoCloseable {
     /** This process's incarnation. */
     public final long incarnation;
 
-    private final Builder cfg;
+    private final ReporterConfig cfg;
     private final LongSupplier clock;
     private final ReentrantLock mu = new ReentrantLock();
-    private Slot slot;
-    private long seq;
-    private long lastWall;
+    private final Sender sender;
     private final Map<String, Reader> readers = new HashMap<>();
     private final Map<String, Transaction> txs = new HashMap<>();
     private Long safeTs;
     private Long nsBase;
     private Map<String, Long> nsBounds = Map.of();
     private final LazyRegistration lazy;
-    // set by delivery callbacks, which never take mu: a send blocked on a full buffer holds it
-    private final AtomicBoolean needSnap = new AtomicBoolean();
-    private final AtomicBoolean rebuild = new AtomicBoolean();
-    private final AtomicLong delivered = new AtomicLong();
-    private final AtomicLong deliveryFailures = new AtomicLong();
-    private boolean closed;
-    private final CountDownLatch stop = new CountDownLatch(1);
-    private Thread heartbeats;
-    private long sent;
-    private long producerRestarts;
+    /** Set by close before it takes the lock: a call that comes after it is refused. */
+    private volatile boolean closed;
+    private ScheduledExecutorService heartbeats;
+    private final CompletableFuture<Void> closing = new CompletableFuture<>();
+    private final AtomicBoolean closeStarted = new AtomicBoolean();
+    private final AtomicLong callbackFailures = new AtomicLong();
     private long repairSnapshots;
     private long expired;
     private long expiriesIgnored;
     private long holdOrder;
 
-    /** A producer and whether it was retired (its records' failures then say nothing of the sequence). */
-    private static final class Slot {
-        final Producer<byte[], byte[]> producer;
-        volatile boolean retired;
-
-        Slot(Producer<byte[], byte[]> producer) {
-            this.producer = producer;
-        }
-    }
-
     /**
-     * A reporter's counters since it was made.
+     * A reporter's counters since it was made; callbackFailures counts the expiry callbacks that threw (each
+     * logged; the expiry went on).
      */
     public record Stats(long sent, long delivered, long deliveryFailures, long producerRestarts, long repairSnapshots,
-                        long expired, long expiriesIgnored) {}
+                        long expired, long expiriesIgnored, long callbackFailures) {}
 
     /** The settings of a reporter of node, publishing to bootstrap ("host:port,..."), clock its MVCC time. */
     public static Builder builder(String bootstrap, String node, LongSupplier clock) {
         return new Builder(bootstrap, node, clock);
     }
 
-    /** A reporter's settings. */
+    /**
+     * A reporter's settings. {@link #build} copies them: the builder may be used again, and changes no reporter
+     * built before.
+     */
     public static final class Builder {
         final String bootstrap;
         final String node;
@@ -164,40 +157,74 @@ public final class Reporter implements AutoCloseable {
         public Builder nodeKey(String key) { nodeKey = key == null ? "" : key; return this; }
         /** The size a snapshot's part may reach (default 500,000; at least 10,000). */
         public Builder snapshotPartBytes(int n) { snapshotPartBytes = n; return this; }
-        /** The callback of an expiry that reaches a handle without one of its own. */
+        /**
+         * The callback of an expiry that reaches a handle without one of its own. It runs in the thread that hands
+         * the directive on (the listener's); what it throws is logged and counted, and the expiry goes on.
+         */
         public Builder onExpire(ExpireCallback f) { onExpire = f; return this; }
         /** Replaces the wall clock in ms (tests). */
         public Builder wallClock(LongSupplier f) { wallClock = f; return this; }
-        /** A producer setting of kafka-clients (TLS, SASL...). */
-        public Builder kafka(String key, Object value) { kafka.put(key, value); return this; }
+        /**
+         * A producer setting of kafka-clients (TLS, SASL, client id, timeouts). The settings the client's guarantees
+         * rest on (acks, idempotence, the partitioner, the delivery and blocking bounds, retries, in-flight requests,
+         * transactions, serializers, the bootstrap) are its own: an IllegalArgumentException names one.
+         */
+        public Builder kafka(String key, Object value) {
+            KafkaSettings.put(kafka, key, value, KafkaSettings.PRODUCER_OWNED);
+            return this;
+        }
 
         /** The reporter; with a heartbeat interval it starts heartbeating now. */
         public Reporter build() {
-            return new Reporter(this);
+            Reporter r = new Reporter(new ReporterConfig(bootstrap, node, clock, cluster, topic, incarnation, stateDir,
+                    heartbeat, figures, retention, nodeKey, snapshotPartBytes, onExpire, wallClock, kafka, producers));
+            r.startHeartbeats();
+            return r;
         }
     }
 
-    private Reporter(Builder cfg) {
-        checkId("node", cfg.node);
-        if (cfg.snapshotPartBytes < MIN_SNAPSHOT_PART_BYTES) {
+    private Reporter(ReporterConfig cfg) {
+        checkId("node", cfg.node());
+        if (cfg.snapshotPartBytes() < MIN_SNAPSHOT_PART_BYTES) {
             throw new IllegalArgumentException("safepoint: snapshot part bytes must be at least "
-                    + MIN_SNAPSHOT_PART_BYTES + ", got " + cfg.snapshotPartBytes);
+                    + MIN_SNAPSHOT_PART_BYTES + ", got " + cfg.snapshotPartBytes());
         }
-        if (cfg.retention != null && cfg.retention < 0) {
-            throw new IllegalArgumentException("safepoint: retention must be >= 0, got " + cfg.retention);
+        if (cfg.retention() != null && cfg.retention() < 0) {
+            throw new IllegalArgumentException("safepoint: retention must be >= 0, got " + cfg.retention());
         }
         this.cfg = cfg;
-        this.node = cfg.node;
-        this.cluster = cfg.cluster;
-        this.clock = cfg.clock;
-        this.incarnation = cfg.incarnation != null ? cfg.incarnation
-                : defaultIncarnation(cfg.stateDir, cfg.cluster, cfg.node, cfg.wallClock.getAsLong());
-        this.lazy = new LazyRegistration(cfg.retention);
-        this.slot = newSlot();
-        if (!cfg.heartbeat.isZero() && !cfg.heartbeat.isNegative()) {
-            heartbeats = new Thread(this::heartbeats, "safepoint-heartbeat-" + node);
-            heartbeats.setDaemon(true);
-            heartbeats.start();
+        this.node = cfg.node();
+        this.cluster = cfg.cluster();
+        this.clock = cfg.clock();
+        this.incarnation = cfg.incarnation() != null ? cfg.incarnation()
+                : IncarnationStore.next(cfg.stateDir(), cfg.cluster(), cfg.node(), cfg.wallClock().getAsLong());
+        this.lazy = new LazyRegistration(cfg.retention());
+        this.sender = new Sender(cfg, incarnation);
+    }
+
+    /** The heartbeat schedule: one daemon thread, a heartbeat every interval (none while one is still sending). */
+    private void startHeartbeats() {
+        Duration every = cfg.heartbeat();
+        if (every.isZero() || every.isNegative()) {
+            return;
+        }
+        heartbeats = Executors.newSingleThreadScheduledExecutor(task -> {
+            Thread t = new Thread(task, "safepoint-heartbeat-" + node);
+            t.setDaemon(true);
+            return t;
+        });
+        heartbeats.scheduleAtFixedRate(this::beat, 0, every.toNanos(), TimeUnit.NANOSECONDS);
+    }
+
+    private void beat() {
+        try {
+            heartbeat();
+        } catch (ClosedException e) {
+            heartbeats.shutdown();
+        } catch (RuntimeException e) {
+            if (!closed) {
+                LOG.warn("safepoint: heartbeat failed; retrying every {} ms: {}", cfg.heartbeat().toMillis(), e.toString());
+            }
         }
     }
 
@@ -219,144 +246,17 @@ public final class Reporter implements AutoCloseable {
         return p;
     }
 
-    private Slot newSlot() {
-        Properties own = new Properties();
-        own.put(ProducerConfig.LINGER_MS_CONFIG, "5");
-        own.putAll(cfg.kafka);
-        Properties p = producerSettings(cfg.bootstrap, "safepoint-reporter-" + node, own);
-        try {
-            return new Slot(cfg.producers.apply(p));
-        } catch (KafkaException e) {
-            throw new SafepointException("safepoint: cannot make the producer for " + cfg.bootstrap + ": " + e, e);
-        }
-    }
-
-    private void heartbeats() {
-        long every = cfg.heartbeat.toMillis();
-        long next = System.nanoTime();
-        while (true) {
-            try {
-                heartbeat();
-            } catch (ClosedException e) {
-                return;
-            } catch (RuntimeException e) {
-                LOG.warn("safepoint: heartbeat failed; retrying every {} ms: {}", every, e.toString());
-            }
-            next += TimeUnit.MILLISECONDS.toNanos(every);
-            long wait = next - System.nanoTime();
-            if (wait < 0) {
-                next = System.nanoTime();
-                wait = 0;
-            }
-            try {
-                if (stop.await(wait, TimeUnit.NANOSECONDS)) {
-                    return;
-                }
-            } catch (InterruptedException e) {
-                return;
-            }
-        }
-    }
-
-    /** One record's delivery: counted, taking no lock (a send waiting for room holds mu). */
-    private final class Delivery implements org.apache.kafka.clients.producer.Callback {
-        final Slot of;
-        final Thread sender = Thread.currentThread();
-        volatile boolean sending = true;
-        Exception syncError;
-
-        Delivery(Slot of) {
-            this.of = of;
-        }
-
-        @Override
-        public void onCompletion(org.apache.kafka.clients.producer.RecordMetadata md, Exception err) {
-            if (sending && Thread.currentThread() == sender) {
-                syncError = err; // failed in send itself (no room, no metadata in time): nothing published
-                return;
-            }
-            if (err == null) {
-                delivered.incrementAndGet();
-                return;
-            }
-            deliveryFailures.incrementAndGet();
-            boolean first = needSnap.compareAndSet(false, true); // said once until the repair snapshot goes out
-            if (!of.retired) {
-                rebuild.set(true); // the idempotent producer's sequence is lost: a new producer, then a snapshot
-                if (first) {
-                    LOG.warn("safepoint: an event was not delivered; a snapshot will repair the job's view: {}",
-                            err.toString());
-                }
-            }
-        }
-    }
-
     /** Stamps and publishes one event; call with mu held. Returns its seq; nothing published on an exception. */
     private long send(String kind, Map<String, Object> fields) {
         if (closed) {
             throw new ClosedException();
         }
-        if (rebuild.get()) {
-            recreate();
-        }
-        long s = seq;
-        long wall = cfg.wallClock.getAsLong();
-        Map<String, Object> event = Json.obj("v", 1, "type", kind, "cluster", cluster, "wall_ms", wall, "node", node,
-                "incarnation", incarnation, "seq", s);
-        event.putAll(fields);
-        if (!cfg.nodeKey.isEmpty()) {
-            event.put("sig", Signing.signNode(event, cfg.nodeKey));
-        }
-        byte[] value = Json.canonical(event);
-        Slot current = slot;
-        Delivery d = new Delivery(current);
-        try {
-            current.producer.send(new ProducerRecord<>(cfg.topic, null, node.getBytes(StandardCharsets.UTF_8), value,
-                    clusterHeader(cluster)), d);
-        } catch (ApiException e) {
-            throw new SafepointException("safepoint: the " + kind + " event was not published: " + e, e);
-        } catch (KafkaException | IllegalStateException e) {
-            // the producer is unusable (a fatal error): a new one at the next send, then a snapshot
-            rebuild.set(true);
-            needSnap.set(true);
-            throw new SafepointException("safepoint: the " + kind + " event was not published: " + e, e);
-        } finally {
-            d.sending = false;
-        }
-        if (d.syncError != null) {
-            String hint = d.syncError instanceof org.apache.kafka.common.errors.TimeoutException
-                    ? " (the send queue stayed full, or the topic unknown, for " + MAX_BLOCK_MS / 1000
-                    + " s; is the broker up?)" : "";
-            throw new SafepointException("safepoint: the " + kind + " event was not published" + hint + ": "
-                    + d.syncError, d.syncError);
-        }
-        seq = s + 1;
-        lastWall = wall;
-        sent++;
-        return s;
-    }
-
-    /** Replaces the producer after a failure; call with mu held. */
-    private void recreate() {
-        Slot old = slot;
-        try {
-            slot = newSlot();
-        } catch (RuntimeException e) {
-            LOG.error("safepoint: cannot recreate the producer: {}", e.toString());
-            return;
-        }
-        old.retired = true;
-        rebuild.set(false);
-        needSnap.set(true);
-        producerRestarts++;
-        Thread t = new Thread(() -> old.producer.close(Duration.ofSeconds(5)), "safepoint-producer-close");
-        t.setDaemon(true);
-        t.start();
+        return sender.send(kind, fields);
     }
 
     /** Publishes one heartbeat now (the background thread does this every interval); a repair snapshot goes first. */
     public void heartbeat() {
-        Figures figures = cfg.figures != null ? cfg.figures.get() : null;
+        Figures figures = cfg.figures() != null ? cfg.figures().get() : null;
         if (figures == null) {
             figures = Figures.NONE;
         }
@@ -440,7 +340,7 @@ public final class Reporter implements AutoCloseable {
         for (Hold h : ts) {
             te.add(h.entry());
         }
-        List<List<List<Map<String, Object>>>> parts = snapshotParts(re, te, cfg.snapshotPartBytes);
+        List<List<List<Map<String, Object>>>> parts = snapshotParts(re, te, cfg.snapshotPartBytes());
         for (int k = 0; k < parts.size(); k++) {
             Map<String, Object> event = Json.obj("cut", cut, "readers", parts.get(k).get(0), "txs", parts.get(k).get(1));
             if (parts.size() > 1) {
@@ -449,7 +349,7 @@ public final class Reporter implements AutoCloseable {
             }
             send("snapshot", event);
         }
-        needSnap.set(false);
+        sender.repairDue(false);
         for (Hold h : readers.values()) {
             h.published = true;
         }
@@ -482,10 +382,8 @@ public final class Reporter implements AutoCloseable {
 
     /** Republishes the active set after a failure (a new producer first where it failed); mu held. */
     private void repair() {
-        if (rebuild.get()) {
-            recreate();
-        }
-        if (needSnap.get()) {
+        sender.rebuildIfDue();
+        if (sender.repairDue()) {
             repairSnapshots++;
             publishSnapshot();
         }
@@ -515,11 +413,11 @@ public final class Reporter implements AutoCloseable {
         }
     }
 
-    /** The newest safe point this node learnt of (null before the first). */
-    public Long safeTs() {
+    /** The newest safe point this node learnt of (empty before the first). */
+    public OptionalLong safeTs() {
         mu.lock();
         try {
-            return safeTs;
+            return safeTs == null ? OptionalLong.empty() : OptionalLong.of(safeTs);
         } finally {
             mu.unlock();
         }
@@ -529,44 +427,34 @@ public final class Reporter implements AutoCloseable {
     public Stats stats() {
         mu.lock();
         try {
-            return new Stats(sent, delivered.get(), deliveryFailures.get(), producerRestarts, repairSnapshots, expired,
-                    expiriesIgnored);
+            return new Stats(sender.sent(), sender.delivered(), sender.deliveryFailures(), sender.producerRestarts(),
+                    repairSnapshots, expired, expiriesIgnored, callbackFailures.get());
         } finally {
             mu.unlock();
         }
     }
 
-    /** Waits until every event is delivered or failed (a repair snapshot first, where one is due). */
+    /** Waits until every event is delivered or failed (a repair snapshot first, where one is due): unbounded. */
     public void flush() {
-        flushing().producer.flush();
+        flushing();
+        sender.flush();
     }
 
     /**
-     * Waits up to timeout until every event is delivered or failed (a repair snapshot first, where one is due); a
-     * SafepointException when some are still on their way.
+     * Waits up to timeout, in the calling thread, until every event is delivered or failed (a repair snapshot
+     * first, where one is due); a SafepointException saying how many are still on their way.
      */
     public void flush(Duration timeout) {
-        Slot s = flushing();
-        Thread t = new Thread(s.producer::flush, "safepoint-flush-" + node);
-        t.setDaemon(true);
-        t.start();
-        try {
-            t.join(Math.max(1, timeout.toMillis()));
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        }
-        if (t.isAlive()) {
-            throw new SafepointException("safepoint: the events were not all delivered in " + timeout);
-        }
+        flushing();
+        sender.flush(timeout);
     }
 
-    private Slot flushing() {
+    private void flushing() {
         mu.lock();
         try {
             if (!closed) {
                 repair();
             }
-            return slot;
         } finally {
             mu.unlock();
         }
@@ -579,40 +467,77 @@ public final class Reporter implements AutoCloseable {
     }
 
     /**
-     * Stops the heartbeats, delivers what was sent (waiting up to timeout) and closes the producer. Readers and
-     * transactions still open are not closed: the next incarnation of the node drops them.
+     * Stops the heartbeats, delivers what was sent and closes the producer, all within timeout: a heartbeat still
+     * waiting for the broker is stopped, and what was not delivered by then is failed and said in a
+     * SafepointException (the job's node lease then ends the node's holds). Safe to call more than once and from
+     * several threads: each waits, up to its own timeout, for the first. Readers and transactions still open are
+     * not closed: the next incarnation of the node drops them.
      */
     public void close(Duration timeout) {
-        mu.lock();
-        try {
-            if (closed) {
-                return;
-            }
-        } finally {
-            mu.unlock();
-        }
-        stop.countDown();
-        if (heartbeats != null) {
+        long deadline = System.nanoTime() + timeout.toNanos();
+        if (closeStarted.compareAndSet(false, true)) {
             try {
-                heartbeats.join();
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            }
-        }
-        Slot s;
-        mu.lock();
-        try {
-            try {
-                repair();
+                shutDown(deadline, timeout);
+                closing.complete(null);
             } catch (RuntimeException e) {
-                LOG.warn("safepoint: the repair snapshot at close failed: {}", e.toString());
+                closing.completeExceptionally(e);
+            }
+        }
+        try {
+            closing.get(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+        } catch (java.util.concurrent.ExecutionException e) {
+            throw (RuntimeException) e.getCause();
+        } catch (java.util.concurrent.TimeoutException e) {
+            throw new SafepointException("safepoint: the reporter's close did not finish in " + timeout, e);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new SafepointException("safepoint: interrupted waiting for the reporter's close", e);
+        }
+    }
+
+    private static Duration left(long deadline) {
+        return Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
+    }
+
+    private void shutDown(long deadline, Duration timeout) {
+        ScheduledExecutorService hb = heartbeats;
+        if (hb != null) {
+            hb.shutdown();
+        }
+        SafepointException undelivered = null;
+        boolean locked = false;
+        try {
+            locked = mu.tryLock(left(deadline).toNanos(), TimeUnit.NANOSECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        try {
+            if (locked) {
+                try {
+                    repair();
+                } catch (RuntimeException e) {
+                    LOG.warn("safepoint: the repair snapshot at close failed: {}", e.toString());
+                }
             }
             closed = true;
-            s = slot;
         } finally {
-            mu.unlock();
+            if (locked) {
+                mu.unlock();
+            }
         }
-        s.producer.close(timeout);
+        try {
+            sender.flush(left(deadline));
+        } catch (SafepointException e) {
+            undelivered = new SafepointException(e.getMessage() + " (the reporter's close timeout); the job's node "
+                    + "lease ends the node's holds", e);
+        }
+        if (hb != null) {
+            hb.shutdownNow(); // a heartbeat still waiting for room or metadata gives up now
+        }
+        sender.close(left(deadline));
+        if (undelivered != null) {
+            throw undelivered;
+        }
     }
 
     // -- handles
@@ -687,15 +612,15 @@ public final class Reporter implements AutoCloseable {
             h.ts = clock.getAsLong();
         }
         String what = kind.equals("reader") ? "reader" : "transaction";
-        Object[] bound = boundOf(h.namespace);
-        if (bound != null && h.ts < (Long) bound[0]) {
-            throw new RefusedException(what, h.id, h.ts, (Long) bound[0], (String) bound[1]);
+        Bound bound = boundOf(h.namespace);
+        if (bound != null && h.ts < bound.ts()) {
+            throw new RefusedException(what, h.id, h.ts, bound.ts(), bound.whose());
         }
         holdOrder++;
         h.order = holdOrder;
         h.state = "open";
         if (lazy.deferOpen(h.ts)) {
-            h.openedWall = cfg.wallClock.getAsLong();
+            h.openedWall = cfg.wallClock().getAsLong();
             return;
         }
         publishOpen(h, kind);
@@ -705,9 +630,11 @@ public final class Reporter implements AutoCloseable {
      * The newest bound a hold of namespace is protected at, and whose it is: its namespace's, or for a hold without
      * one the highest of the safe point and every namespace's bound; null when none is known.
      */
-    private Object[] boundOf(String namespace) {
+    private record Bound(long ts, String whose) {}
+
+    private Bound boundOf(String namespace) {
         if (nsBase == null) {
-            return safeTs == null ? null : new Object[] {safeTs, "the cluster's safe point"};
+            return safeTs == null ? null : new Bound(safeTs, "the cluster's safe point");
         }
         long own = nsBase;
         String whose = "a namespace's bound (a hold without a namespace pins every namespace)";
@@ -725,7 +652,7 @@ public final class Reporter implements AutoCloseable {
         if (safeTs != null && safeTs > own) {
             own = safeTs;
         }
-        return new Object[] {own, whose};
+        return new Bound(own, whose);
     }
 
     private void publishOpen(Hold h, String kind) {
@@ -746,7 +673,7 @@ public final class Reporter implements AutoCloseable {
         }
         send(name, event);
         if (h.openedWall == null) {
-            h.openedWall = lastWall;
+            h.openedWall = sender.lastWall();
         }
         h.published = true;
     }
@@ -764,9 +691,9 @@ public final class Reporter implements AutoCloseable {
                 ws.add(h);
             }
         }
-        ws.sort(Comparator.<Hold>comparingLong(h -> h.ts).thenComparing(Hold::kind).thenComparing(h -> h.id));
+        ws.sort(Comparator.<Hold>comparingLong(h -> h.ts).thenComparing(h -> h.kind().wire()).thenComparing(h -> h.id));
         for (Hold h : ws) {
-            publishOpen(h, h.kind());
+            publishOpen(h, h.kind().wire());
         }
     }
 
@@ -783,7 +710,7 @@ public final class Reporter implements AutoCloseable {
         try {
             send(kind.equals("reader") ? "reader_close" : "tx_end", event);
         } catch (RuntimeException e) {
-            needSnap.set(true);
+            sender.repairDue(true);
             LOG.error("safepoint: could not publish the end of {} {}: {}", kind, id, e.toString());
         }
     }
@@ -828,14 +755,14 @@ public final class Reporter implements AutoCloseable {
         }
     }
 
-    void end(Transaction h, String outcome) {
-        if (!"commit".equals(outcome) && !"abort".equals(outcome)) {
-            throw new IllegalArgumentException("safepoint: outcome must be commit or abort, got \"" + outcome + "\"");
+    void end(Transaction h, TxOutcome outcome) {
+        if (outcome == null) {
+            throw new IllegalArgumentException("safepoint: a transaction's outcome is COMMIT or ABORT, not null");
         }
         mu.lock();
         try {
             if (h.expiry != null) {
-                if (outcome.equals("commit")) {
+                if (outcome == TxOutcome.COMMIT) {
                     enforceLocked(h);
                 }
                 releaseExpired(h);
@@ -845,10 +772,23 @@ public final class Reporter implements AutoCloseable {
                 return;
             }
             h.state = "ended";
-            closeHold("tx", h.id, Json.obj("outcome", outcome));
+            closeHold("tx", h.id, Json.obj("outcome", outcome.wire()));
         } finally {
             mu.unlock();
         }
+    }
+
+    /** A transaction's close: aborted when still open or prepared (an expired one released). */
+    void abortIfOpen(Transaction h) {
+        mu.lock();
+        try {
+            if (closed || (!"open".equals(h.state) && !"prepared".equals(h.state))) {
+                return;
+            }
+        } finally {
+            mu.unlock();
+        }
+        end(h, TxOutcome.ABORT);
     }
 
     // -- expiries
@@ -881,7 +821,7 @@ public final class Reporter implements AutoCloseable {
             }
             h.expiry = d;
             expired++;
-            callback = h.onExpire != null ? h.onExpire : cfg.onExpire;
+            callback = h.onExpire != null ? h.onExpire : cfg.onExpire();
         } finally {
             mu.unlock();
         }
@@ -891,7 +831,8 @@ public final class Reporter implements AutoCloseable {
             try {
                 callback.onExpire(h, d);
             } catch (RuntimeException e) {
-                LOG.error("safepoint: the expiry callback failed: {}", e.toString());
+                callbackFailures.incrementAndGet();
+                LOG.error("safepoint: the expiry callback of {} {} threw; the expiry goes on: {}", kind, id, e.toString());
             }
         }
         if (d.mode().equals("hard")) {
@@ -935,59 +876,14 @@ public final class Reporter implements AutoCloseable {
         throw new ExpiredException(h.kind(), h.id, h.expiry.mode(), h.expiry.reason(), h.expiry.seq());
     }
 
-    /** The open reader (kind "reader") or transaction ("tx") with that id, or null. */
-    public Handle find(String kind, String id) {
+    /** The open reader or transaction with that id. */
+    public Optional<Handle> find(HoldKind kind, String id) {
         mu.lock();
         try {
-            return kind.equals("reader") ? readers.get(id) : txs.get(id);
+            return Optional.ofNullable(kind == HoldKind.READER ? readers.get(id) : txs.get(id));
         } finally {
             mu.unlock();
         }
-    }
-
-    // -- incarnation
-
-    /**
-     * The wall clock in ms at start, or with a state dir one more than the last one kept there (whichever is
-     * larger), kept for the next start.
-     */
-    static long defaultIncarnation(Path dir, String cluster, String node, long now) {
-        if (dir == null) {
-            return now;
-        }
-        try {
-            Files.createDirectories(dir);
-            Path path = dir.resolve(escapePath(cluster) + "." + escapePath(node) + ".incarnation");
-            long value = now;
-            try {
-                long last = Long.parseLong(Files.readString(path).strip());
-                if (last + 1 > value) {
-                    value = last + 1;
-                }
-            } catch (IOException | NumberFormatException e) {
-                // none kept yet
-            }
-            Path tmp = dir.resolve(path.getFileName() + ".tmp");
-            Files.writeString(tmp, value + "\n");
-            Files.move(tmp, path, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
-            return value;
-        } catch (IOException e) {
-            throw new SafepointException("safepoint: cannot keep the incarnation in " + dir + ": " + e, e);
-        }
-    }
-
-    /** Quotes a name as Python's urllib.parse.quote(name, safe="") does, for the state file's name. */
-    static String escapePath(String s) {
-        StringBuilder b = new StringBuilder();
-        for (byte c : s.getBytes(StandardCharsets.UTF_8)) {
-            if (c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '.'
-                    || c == '-' || c == '~') {
-                b.append((char) c);
-            } else {
-                b.append('%').append(String.format("%02X", c & 0xff));
-            }
-        }
-        return b.toString();
     }
 
     /** A record's headers naming {@code cluster} ({@link #CLUSTER_HEADER}). */

@@ -7,7 +7,7 @@ import java.util.Map;
  * One read-write transaction: begun by {@link Reporter#begin} (tx_begin), prepared (tx_prepare), ended by
  * {@link #end} (tx_end).
  */
-public final class Transaction extends Hold {
+public final class Transaction extends Hold implements AutoCloseable {
     String coordinator;
     List<String> participants;
 
@@ -15,7 +15,7 @@ public final class Transaction extends Hold {
         super(r, id, o);
     }
 
-    @Override public String kind() { return "tx"; }
+    @Override public HoldKind kind() { return HoldKind.TX; }
 
     @Override
     Map<String, Object> entry() {
@@ -47,16 +47,25 @@ public final class Transaction extends Hold {
     }
 
     /**
-     * Publishes tx_end with the decision ("commit" or "abort"). On an expired transaction a commit is published as
-     * an abort and an {@link ExpiredException} thrown.
+     * Publishes tx_end with the decision. On an expired transaction a commit is published as an abort and an
+     * {@link ExpiredException} thrown.
      */
-    public void end(String outcome) {
+    public void end(TxOutcome outcome) {
         r.end(this, outcome);
     }
 
-    /** end("commit"). */
-    public void commit() { end("commit"); }
+    /** end(COMMIT). */
+    public void commit() { end(TxOutcome.COMMIT); }
 
-    /** end("abort"). */
-    public void abort() { end("abort"); }
+    /** end(ABORT). */
+    public void abort() { end(TxOutcome.ABORT); }
+
+    /**
+     * Aborts the transaction if it was not ended (try-with-resources: a transaction left by an exception is
+     * aborted, one committed stays committed).
+     */
+    @Override
+    public void close() {
+        r.abortIfOpen(this);
+    }
 }

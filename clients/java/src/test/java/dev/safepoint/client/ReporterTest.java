@@ -58,7 +58,7 @@ class ReporterTest {
             r.heartbeat();
             Transaction tx = r.begin(HoldOptions.of().id("t-1"));
             tx.prepare("n2", List.of("n1", "n2"));
-            tx.end("commit");
+            tx.end(TxOutcome.COMMIT);
             reader.close();
             reader.close(); // idempotent
             List<Map<String, Object>> ev = events();
@@ -153,7 +153,7 @@ class ReporterTest {
             tx.prepare("n1", null);
             assertEquals(null, r.expire(new ExpireDirective("c1", "n1", "", "t-1", "p", "hard", 5, null, "g",
                     Map.of())), "a prepared transaction is never expired");
-            assertFalse(r.find("tx", "t-1") == null);
+            assertFalse(r.find(HoldKind.TX, "t-1").isEmpty());
         }
     }
 }

@@ -190,6 +190,6 @@ class RulesTest {
 
     @Test
     void escapePathAsPythonsQuote() {
-        assertEquals("c1.n%2F1%20%C3%A9", Reporter.escapePath("c1") + "." + Reporter.escapePath("n/1 é"));
+        assertEquals("c1.n%2F1%20%C3%A9", IncarnationStore.escapePath("c1") + "." + IncarnationStore.escapePath("n/1 é"));
     }
 }

@@ -15,6 +15,7 @@ import dev.safepoint.client.Reporter;
 import dev.safepoint.client.ServiceHold;
 import dev.safepoint.client.Signing;
 import dev.safepoint.client.Transaction;
+import dev.safepoint.client.TxOutcome;
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
@@ -343,7 +344,7 @@ public final class Driver {
                 if (!(pop(r) instanceof Transaction tx)) {
                     throw new UnknownException(r);
                 }
-                tx.end(outcome.isEmpty() ? "commit" : outcome);
+                tx.end(outcome.isEmpty() || outcome.equals("commit") ? TxOutcome.COMMIT : outcome.equals("abort") ? TxOutcome.ABORT : null);
                 return null;
             }
             case "close": {
@@ -536,7 +537,7 @@ public final class Driver {
                 if (h instanceof Reader reader) {
                     reader.close();
                 } else if (h instanceof Transaction tx) {
-                    tx.end("abort");
+                    tx.end(TxOutcome.ABORT);
                 }
             } catch (RuntimeException e) {
                 // expired or closed: nothing more to publish
@@ -546,7 +547,7 @@ public final class Driver {
             try {
                 h.close();
             } catch (RuntimeException e) {
-                System.err.println("safepoint-driver: releasing " + h.holder + ": " + e.getMessage());
+                System.err.println("safepoint-driver: releasing " + h.holder() + ": " + e.getMessage());
             }
         }
         listener.close();
