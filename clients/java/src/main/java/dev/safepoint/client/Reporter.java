@@ -477,7 +477,7 @@ public final class Reporter implements AutoCloseable {
         long deadline = System.nanoTime() + timeout.toNanos();
         if (closeStarted.compareAndSet(false, true)) {
             try {
-                shutDown(deadline, timeout);
+                shutDown(deadline);
                 closing.complete(null);
             } catch (RuntimeException e) {
                 closing.completeExceptionally(e);
@@ -499,40 +499,20 @@ public final class Reporter implements AutoCloseable {
         return Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
     }
 
-    private void shutDown(long deadline, Duration timeout) {
+    private void shutDown(long deadline) {
+        // No repair snapshot here: a send may wait up to max.block.ms (30 s) for a broker that is gone, past the
+        // close's bound. A repair still due is the next incarnation's (its first snapshot restates the node).
+        closed = true;
         ScheduledExecutorService hb = heartbeats;
         if (hb != null) {
-            hb.shutdown();
+            hb.shutdownNow(); // a heartbeat still waiting for room or metadata gives up now
         }
         SafepointException undelivered = null;
-        boolean locked = false;
-        try {
-            locked = mu.tryLock(left(deadline).toNanos(), TimeUnit.NANOSECONDS);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        }
-        try {
-            if (locked) {
-                try {
-                    repair();
-                } catch (RuntimeException e) {
-                    LOG.warn("safepoint: the repair snapshot at close failed: {}", e.toString());
-                }
-            }
-            closed = true;
-        } finally {
-            if (locked) {
-                mu.unlock();
-            }
-        }
         try {
             sender.flush(left(deadline));
         } catch (SafepointException e) {
             undelivered = new SafepointException(e.getMessage() + " (the reporter's close timeout); the job's node "
                     + "lease ends the node's holds", e);
-        }
-        if (hb != null) {
-            hb.shutdownNow(); // a heartbeat still waiting for room or metadata gives up now
         }
         sender.close(left(deadline));
         if (undelivered != null) {
