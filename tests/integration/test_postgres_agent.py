@@ -223,6 +223,8 @@ def test_forced_expiry_ends_the_right_backend_and_nothing_else(broker: Any, pg: 
         # backend, the same xmin), and the directives' backlog hands it over: the running backend ends
         running = Running(agent_of(pg, broker, settings, "pg1", terminate="any"))
         wait_for(lambda: not alive(pids["busy"]), 30, "the busy session to end")
+        # the backend is gone the instant pg_terminate_backend signals it; the agent counts it just after
+        wait_for(lambda: running.agent.stats.terminated == 1, 10, "the agent's count of it")
         assert alive(pids["bystander"]) and running.agent.stats.terminated == 1
     finally:
         running.stop()
