@@ -89,9 +89,8 @@ build_clients() {
   else
     echo "setup: Go not found: the Go client (clients/go, Go 1.26 or newer) is not built and its tests fail" >&2
   fi
-  local jar=""
-  for jar in clients/java/target/safepoint-client-*-driver.jar; do break; done  # unmatched: the pattern itself
-  if [ -f "$jar" ] && [ -z "$(find clients/java/src clients/java/pom.xml -newer "$jar" -print -quit)" ]; then
+  local jar=clients/java/driver/target/safepoint-driver-0.1.0.jar
+  if [ -f "$jar" ] && [ -z "$(find clients/java -path '*/target' -prune -o -type f -newer "$jar" -print -quit)" ]; then
     :  # built, and no source changed since
   elif command -v mvn >/dev/null 2>&1; then
     build_client Java .clients-java.log mvn -q -B -Dstyle.color=never -f clients/java/pom.xml -DskipTests package

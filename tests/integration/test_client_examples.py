@@ -30,9 +30,9 @@ def example_command(language: str, tmp_path: Path) -> list[str]:
         subprocess.run(["go", "build", "-o", str(binary), "./example/node"], cwd=ROOT / "clients" / "go",  # noqa: S607
                        check=True, capture_output=True, timeout=300)
         return [str(binary)]
-    jar = next((ROOT / "clients" / "java" / "target").glob("safepoint-client-*-driver.jar"), None)
-    assert jar is not None, "the Java client is built (setup, or clients/java/safepoint-driver)"
-    return ["java", "-cp", str(jar), "dev.safepoint.client.example.ExampleNode"]
+    jar = next((ROOT / "clients" / "java" / "example" / "target").glob("safepoint-example-*.jar"), None)
+    assert jar is not None, "the Java client's example is built (setup, or mvn package in clients/java)"
+    return ["java", "-jar", str(jar)]
 
 
 @pytest.mark.parametrize("language", ["go", "java"])

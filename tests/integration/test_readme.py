@@ -159,7 +159,7 @@ def test_the_readmes_go_and_java_nodes_run_and_compact(spark: Any, tmp_path: Pat
     java_dir.mkdir()
     programs = {"go": block("docs/client.md", "reporter, err := safepoint.NewReporter").text,
                 "java": block("docs/client.md", "try (Reporter reporter = Reporter.builder").text}
-    jar = next((root / "clients" / "java" / "target").glob("safepoint-client-*-driver.jar"))
+    jar = next((root / "clients" / "java" / "driver" / "target").glob("safepoint-driver-*.jar"))  # the client and its dependencies
     with EmbeddedBroker() as kafka:
         def as_node(code: str, language: str) -> str:
             return code.replace('"kafka:9092"', f'"{kafka.bootstrap}"').replace('"n1"', f'"n-{language}"')

@@ -1,4 +1,4 @@
-package dev.safepoint.client.example;
+package dev.safepoint.example;
 
 import dev.safepoint.client.Directive;
 import dev.safepoint.client.DirectiveListener;
@@ -20,8 +20,7 @@ import org.slf4j.LoggerFactory;
  * heartbeats its MVCC clock, and follows the job's directives: it compacts up to what
  * {@link Directive#compactUpTo} allows and ends a reader the job expired. Run it beside a safepoint job:
  *
- * <pre>java -cp target/safepoint-client-0.1.0-driver.jar dev.safepoint.client.example.ExampleNode \
- *     -bootstrap 127.0.0.1:9092 -cluster demo -node java-1 -for 30s</pre>
+ * <pre>java -jar example/target/safepoint-example-0.1.0.jar -bootstrap 127.0.0.1:9092 -cluster demo -node java-1 -for 30s</pre>
  */
 public final class ExampleNode {
     private ExampleNode() {}

@@ -1,4 +1,4 @@
-package dev.safepoint.client.driver;
+package dev.safepoint.driver;
 
 import dev.safepoint.client.DirectiveListener;
 import dev.safepoint.client.ExpireDirective;
