@@ -9,6 +9,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.OptionalLong;
 import java.util.Properties;
+import java.util.concurrent.ExecutorService;
 import java.util.function.Consumer;
 import org.apache.kafka.clients.consumer.CloseOptions;
 import org.apache.kafka.clients.consumer.ConsumerConfig;
@@ -37,8 +38,7 @@ public final class DirectiveListener implements AutoCloseable {
 
     private static final Logger LOG = LoggerFactory.getLogger(DirectiveListener.class);
 
-    /** The cluster followed. */
-    public final String cluster;
+    private final String cluster;
 
     final Config cfg;
     private KafkaConsumer<byte[], byte[]> consumer;
@@ -62,9 +62,13 @@ public final class DirectiveListener implements AutoCloseable {
     /** The counters, guarded by mu. */
     private final EnumMap<Stat, Long> stats = new EnumMap<>(Stat.class);
     private volatile boolean stopping;
-    private Thread thread;
+    /** The listener's thread (start), reading and handing on. */
+    private ExecutorService thread;
     private boolean started;
     private boolean closed;
+
+    /** The cluster followed. */
+    public String cluster() { return cluster; }
 
     /** A listener's counters. */
     enum Stat { RECEIVED, DELIVERED, REPEATS, SUPERSEDED, OTHER_CLUSTERS, INVALID, EXPIRES_DELIVERED,
@@ -160,7 +164,7 @@ public final class DirectiveListener implements AutoCloseable {
     DirectiveListener(Builder b, boolean connect) {
         this.cluster = b.cluster;
         this.cfg = new Config(b.bootstrap, b.cluster, b.topic, b.reporter,
-                b.node.isEmpty() && b.reporter != null ? b.reporter.node : b.node, List.copyOf(b.keys), b.onDirective,
+                b.node.isEmpty() && b.reporter != null ? b.reporter.node() : b.node, List.copyOf(b.keys), b.onDirective,
                 b.onExpire, b.backoff, KafkaSettings.copy(b.kafka));
         if (connect) {
             Properties p = new Properties();
@@ -189,9 +193,8 @@ public final class DirectiveListener implements AutoCloseable {
             }
             started = true;
         }
-        thread = new Thread(this::run, "safepoint-directives-" + cluster);
-        thread.setDaemon(true);
-        thread.start();
+        thread = Daemons.single("safepoint-directives-" + cluster);
+        thread.execute(this::run);
         return this;
     }
 
@@ -259,12 +262,7 @@ public final class DirectiveListener implements AutoCloseable {
         stopping = true;
         if (thread != null) {
             consumer.wakeup();
-            try {
-                thread.join(Math.max(1, timeout.toMillis()));
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            }
-            if (thread.isAlive()) {
+            if (!Daemons.await(thread, timeout)) {
                 LOG.warn("safepoint: the listener's thread did not end in {} (is a callback stuck?)", timeout);
             }
         }
@@ -537,7 +535,7 @@ public final class DirectiveListener implements AutoCloseable {
         Reporter r = cfg.reporter();
         if (r != null) {
             try {
-                r.observeSafeTs(safe, d.retention(), d.namespaceSafeTs(), d.namespaces());
+                r.observe(d);
             } catch (RuntimeException e) {
                 LOG.warn("safepoint: the reporter could not take the safe point: {}", e.toString());
             }
@@ -559,7 +557,7 @@ public final class DirectiveListener implements AutoCloseable {
             return;
         }
         Reporter r = cfg.reporter();
-        if (r != null && (!e.node().equals(r.node) || !e.cluster().equals(r.cluster))) {
+        if (r != null && (!e.node().equals(r.node()) || !e.cluster().equals(r.cluster()))) {
             r = null;
         }
         if (r != null && !upToDate) {

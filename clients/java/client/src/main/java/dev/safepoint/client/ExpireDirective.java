@@ -1,10 +1,18 @@
 package dev.safepoint.client;
 
+import java.util.Collections;
 import java.util.Map;
+import java.util.OptionalLong;
 
-/** A forced expiry of one reader (readerId) or transaction (txId) on node; mode "graceful" or "hard". */
+/**
+ * A forced expiry of one reader (readerId) or transaction (txId) on node; mode "graceful" or "hard".
+ *
+ * @param clusterWallMs the job's wall clock when it decided, where it gives one (a hold opened after it is not
+ *     the one expired)
+ * @param raw the directive as read (unmodifiable)
+ */
 public record ExpireDirective(String cluster, String node, String readerId, String txId, String reason, String mode,
-                              long seq, Long clusterWallMs, String generation, Map<String, Object> raw) {
+                              long seq, OptionalLong clusterWallMs, String generation, Map<String, Object> raw) {
 
     static ExpireDirective parse(Map<String, Object> obj) {
         Long seq = Json.integer(obj.get("seq"));
@@ -14,6 +22,7 @@ public record ExpireDirective(String cluster, String node, String readerId, Stri
         }
         return new ExpireDirective(Json.str(obj.get("cluster")), Json.str(obj.get("node")),
                 Json.str(obj.get("reader_id")), Json.str(obj.get("tx_id")), Json.str(obj.get("reason")), mode, seq,
-                Json.integer(obj.get("cluster_wall_ms")), Json.str(obj.get("generation")), obj);
+                Directive.optional(obj.get("cluster_wall_ms")), Json.str(obj.get("generation")),
+                Collections.unmodifiableMap(obj));
     }
 }

@@ -14,8 +14,7 @@ abstract sealed class Hold implements Handle permits Reader, Transaction {
     final ExpireCallback onExpire;
     Long openedWall;
     boolean published;
-    /** new, open, prepared, closed, ended, expired. */
-    String state = "new";
+    HoldState state = HoldState.NEW;
     ExpireDirective expiry;
     long order;
 

@@ -1,15 +1,10 @@
 package dev.safepoint.client;
 
-import java.io.IOException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.StandardCopyOption;
 import java.security.SecureRandom;
 import java.time.Duration;
 import java.util.ArrayList;
-import java.util.Comparator;
-import java.util.HashMap;
 import java.util.HexFormat;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -18,9 +13,6 @@ import java.util.Optional;
 import java.util.OptionalLong;
 import java.util.Properties;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.Executors;
-import java.util.concurrent.ScheduledExecutorService;
-import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
@@ -31,9 +23,6 @@ import java.util.function.Function;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.Producer;
 import org.apache.kafka.clients.producer.ProducerConfig;
-import org.apache.kafka.clients.producer.ProducerRecord;
-import org.apache.kafka.common.KafkaException;
-import org.apache.kafka.common.errors.ApiException;
 import org.apache.kafka.common.header.Header;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
@@ -66,33 +55,25 @@ public final class Reporter implements AutoCloseable {
     private static final Logger LOG = LoggerFactory.getLogger(Reporter.class);
     private static final SecureRandom RANDOM = new SecureRandom();
 
-    /** The node's id. */
-    public final String node;
-    /** The node's cluster. */
-    public final String cluster;
-    /** This process's incarnation. */
-    public final long incarnation;
+    private final String node;
+    private final String cluster;
+    private final long incarnation;
 
     private final ReporterConfig cfg;
     private final LongSupplier clock;
     private final ReentrantLock mu = new ReentrantLock();
     private final Sender sender;
-    private final Map<String, Reader> readers = new HashMap<>();
-    private final Map<String, Transaction> txs = new HashMap<>();
-    private Long safeTs;
-    private Long nsBase;
-    private Map<String, Long> nsBounds = Map.of();
+    private final HoldRegistry holds;
     private final LazyRegistration lazy;
     /** Set by close before it takes the lock: a call that comes after it is refused. */
     private volatile boolean closed;
-    private ScheduledExecutorService heartbeats;
+    private Heartbeats heartbeats;
     private final CompletableFuture<Void> closing = new CompletableFuture<>();
     private final AtomicBoolean closeStarted = new AtomicBoolean();
     private final AtomicLong callbackFailures = new AtomicLong();
     private long repairSnapshots;
     private long expired;
     private long expiriesIgnored;
-    private long holdOrder;
 
     /**
      * A reporter's counters since it was made; callbackFailures counts the expiry callbacks that threw (each
@@ -100,6 +81,15 @@ public final class Reporter implements AutoCloseable {
      */
     public record Stats(long sent, long delivered, long deliveryFailures, long producerRestarts, long repairSnapshots,
                         long expired, long expiriesIgnored, long callbackFailures) {}
+
+    /** The node's id. */
+    public String node() { return node; }
+
+    /** The node's cluster. */
+    public String cluster() { return cluster; }
+
+    /** This process's incarnation. */
+    public long incarnation() { return incarnation; }
 
     /** The settings of a reporter of node, publishing to bootstrap ("host:port,..."), clock its MVCC time. */
     public static Builder builder(String bootstrap, String node, LongSupplier clock) {
@@ -178,7 +168,7 @@ public final class Reporter implements AutoCloseable {
         public Reporter build() {
             Reporter r = new Reporter(new ReporterConfig(bootstrap, node, clock, cluster, topic, incarnation, stateDir,
                     heartbeat, figures, retention, nodeKey, snapshotPartBytes, onExpire, wallClock, kafka, producers));
-            r.startHeartbeats();
+            r.heartbeats = Heartbeats.start(r.node, r.cfg.heartbeat(), r::heartbeat);
             return r;
         }
     }
@@ -199,33 +189,8 @@ public final class Reporter implements AutoCloseable {
         this.incarnation = cfg.incarnation() != null ? cfg.incarnation()
                 : IncarnationStore.next(cfg.stateDir(), cfg.cluster(), cfg.node(), cfg.wallClock().getAsLong());
         this.lazy = new LazyRegistration(cfg.retention());
+        this.holds = new HoldRegistry(node);
         this.sender = new Sender(cfg, incarnation);
-    }
-
-    /** The heartbeat schedule: one daemon thread, a heartbeat every interval (none while one is still sending). */
-    private void startHeartbeats() {
-        Duration every = cfg.heartbeat();
-        if (every.isZero() || every.isNegative()) {
-            return;
-        }
-        heartbeats = Executors.newSingleThreadScheduledExecutor(task -> {
-            Thread t = new Thread(task, "safepoint-heartbeat-" + node);
-            t.setDaemon(true);
-            return t;
-        });
-        heartbeats.scheduleAtFixedRate(this::beat, 0, every.toNanos(), TimeUnit.NANOSECONDS);
-    }
-
-    private void beat() {
-        try {
-            heartbeat();
-        } catch (ClosedException e) {
-            heartbeats.shutdown();
-        } catch (RuntimeException e) {
-            if (!closed) {
-                LOG.warn("safepoint: heartbeat failed; retrying every {} ms: {}", cfg.heartbeat().toMillis(), e.toString());
-            }
-        }
     }
 
     /**
@@ -271,8 +236,8 @@ public final class Reporter implements AutoCloseable {
             if (bound != null) {
                 publishWaiting(bound);
             }
-            Map<String, Object> event = Json.obj("mvcc_now", now, "active_readers", readers.size(),
-                    "active_txs", txs.size());
+            Map<String, Object> event = Json.obj("mvcc_now", now, "active_readers", holds.readerCount(),
+                    "active_txs", holds.txCount());
             if (figures.groups() != null) {
                 List<Object> groups = new ArrayList<>();
                 for (Group g : figures.groups()) {
@@ -328,16 +293,12 @@ public final class Reporter implements AutoCloseable {
     /** Publishes the active set, in parts when larger than the part size (each the next seq); mu held. */
     private void publishSnapshot() {
         long cut = clock.getAsLong();
-        List<Hold> rs = new ArrayList<>(readers.values());
-        rs.sort(Comparator.comparingLong(h -> h.order));
-        List<Hold> ts = new ArrayList<>(txs.values());
-        ts.sort(Comparator.comparingLong(h -> h.order));
         List<Map<String, Object>> re = new ArrayList<>();
-        for (Hold h : rs) {
+        for (Hold h : holds.inOrder(HoldKind.READER)) {
             re.add(h.entry());
         }
         List<Map<String, Object>> te = new ArrayList<>();
-        for (Hold h : ts) {
+        for (Hold h : holds.inOrder(HoldKind.TX)) {
             te.add(h.entry());
         }
         List<List<List<Map<String, Object>>>> parts = snapshotParts(re, te, cfg.snapshotPartBytes());
@@ -350,12 +311,7 @@ public final class Reporter implements AutoCloseable {
             send("snapshot", event);
         }
         sender.repairDue(false);
-        for (Hold h : readers.values()) {
-            h.published = true;
-        }
-        for (Hold h : txs.values()) {
-            h.published = true;
-        }
+        holds.allPublished();
     }
 
     /** Cuts the entries into parts of at most about partBytes of JSON each: each part is [readers, txs]. */
@@ -390,22 +346,17 @@ public final class Reporter implements AutoCloseable {
     }
 
     /**
-     * Records the cluster's safe point from a directive (it only moves forward), the namespaces' bounds, and the
-     * job's retention (lazy registration goes eager above it).
+     * Takes a compaction directive (a DirectiveListener with the reporter does this): the cluster's safe point (it
+     * only moves forward), the namespaces' bounds, and the job's retention (lazy registration goes eager above it).
      */
-    public void observeSafeTs(long safe, Long retention, Long namespaceBase, Map<String, Long> namespaces) {
+    public void observe(Directive d) {
         mu.lock();
         try {
-            if (safeTs == null || safe > safeTs) {
-                safeTs = safe;
-            }
-            if (namespaceBase != null) {
-                nsBase = namespaceBase;
-                nsBounds = namespaces == null ? Map.of() : namespaces;
-            }
-            if (retention != null && lazy.jobRetention(retention) && !closed) {
+            holds.observe(d.safeTs(), d.namespaceSafeTs().isPresent() ? d.namespaceSafeTs().getAsLong() : null,
+                    d.namespaces());
+            if (d.retention().isPresent() && lazy.jobRetention(d.retention().getAsLong()) && !closed) {
                 LOG.warn("safepoint: the reporter's retention is larger than the job's ({}); publishing every hold "
-                        + "from now on", retention);
+                        + "from now on", d.retention().getAsLong());
                 publishWaiting(null);
             }
         } finally {
@@ -417,7 +368,7 @@ public final class Reporter implements AutoCloseable {
     public OptionalLong safeTs() {
         mu.lock();
         try {
-            return safeTs == null ? OptionalLong.empty() : OptionalLong.of(safeTs);
+            return holds.safeTs();
         } finally {
             mu.unlock();
         }
@@ -503,9 +454,9 @@ public final class Reporter implements AutoCloseable {
         // No repair snapshot here: a send may wait up to max.block.ms (30 s) for a broker that is gone, past the
         // close's bound. A repair still due is the next incarnation's (its first snapshot restates the node).
         closed = true;
-        ScheduledExecutorService hb = heartbeats;
+        Heartbeats hb = heartbeats;
         if (hb != null) {
-            hb.shutdownNow(); // a heartbeat still waiting for room or metadata gives up now
+            hb.stopNow(); // a heartbeat still waiting for room or metadata gives up now
         }
         SafepointException undelivered = null;
         try {
@@ -542,12 +493,8 @@ public final class Reporter implements AutoCloseable {
         Reader h = new Reader(this, id, o);
         mu.lock();
         try {
-            if (readers.containsKey(id)) {
-                throw new IllegalArgumentException("safepoint: reader id \"" + id + "\" is already open on node "
-                        + node + "; ids must be unique");
-            }
-            open(h, o.ts == null, "reader");
-            readers.put(id, h);
+            holds.checkNew(h);
+            open(h, o.ts == null);
             return h;
         } finally {
             mu.unlock();
@@ -566,12 +513,8 @@ public final class Reporter implements AutoCloseable {
         Transaction h = new Transaction(this, id, o);
         mu.lock();
         try {
-            if (txs.containsKey(id)) {
-                throw new IllegalArgumentException("safepoint: transaction id \"" + id + "\" is already open on node "
-                        + node + "; ids must be unique");
-            }
-            open(h, o.ts == null, "tx");
-            txs.put(id, h);
+            holds.checkNew(h);
+            open(h, o.ts == null);
             return h;
         } finally {
             mu.unlock();
@@ -583,62 +526,32 @@ public final class Reporter implements AutoCloseable {
         return begin(HoldOptions.of());
     }
 
-    /** Publishes a hold's open (or defers it); mu held. */
-    private void open(Hold h, boolean atClock, String kind) {
+    /** Publishes a hold's open (or defers it) and keeps it; mu held. Nothing kept on an exception. */
+    private void open(Hold h, boolean atClock) {
         if (closed) {
             throw new ClosedException();
         }
         if (atClock) {
             h.ts = clock.getAsLong();
         }
-        String what = kind.equals("reader") ? "reader" : "transaction";
-        Bound bound = boundOf(h.namespace);
+        String what = h.kind() == HoldKind.READER ? "reader" : "transaction";
+        HoldRegistry.Bound bound = holds.boundOf(h.namespace);
         if (bound != null && h.ts < bound.ts()) {
             throw new RefusedException(what, h.id, h.ts, bound.ts(), bound.whose());
         }
-        holdOrder++;
-        h.order = holdOrder;
-        h.state = "open";
         if (lazy.deferOpen(h.ts)) {
             h.openedWall = cfg.wallClock().getAsLong();
-            return;
-        }
-        publishOpen(h, kind);
-    }
-
-    /**
-     * The newest bound a hold of namespace is protected at, and whose it is: its namespace's, or for a hold without
-     * one the highest of the safe point and every namespace's bound; null when none is known.
-     */
-    private record Bound(long ts, String whose) {}
-
-    private Bound boundOf(String namespace) {
-        if (nsBase == null) {
-            return safeTs == null ? null : new Bound(safeTs, "the cluster's safe point");
-        }
-        long own = nsBase;
-        String whose = "a namespace's bound (a hold without a namespace pins every namespace)";
-        if (namespace.isEmpty()) {
-            for (long b : nsBounds.values()) {
-                own = Math.max(own, b);
-            }
         } else {
-            whose = "the bound of namespace \"" + namespace + "\"";
-            Long b = nsBounds.get(namespace);
-            if (b != null) {
-                own = b;
-            }
+            publishOpen(h);
         }
-        if (safeTs != null && safeTs > own) {
-            own = safeTs;
-        }
-        return new Bound(own, whose);
+        h.state = HoldState.OPEN;
+        holds.add(h);
     }
 
-    private void publishOpen(Hold h, String kind) {
+    private void publishOpen(Hold h) {
         Map<String, Object> event = new LinkedHashMap<>();
         String name;
-        if (kind.equals("reader")) {
+        if (h.kind() == HoldKind.READER) {
             event.put("reader_id", h.id);
             event.put("read_ts", h.ts);
             name = "reader_open";
@@ -660,49 +573,39 @@ public final class Reporter implements AutoCloseable {
 
     /** Publishes the holds that waited (all, or those below below), lowest ts first; mu held. */
     private void publishWaiting(Long below) {
-        List<Hold> ws = new ArrayList<>();
-        for (Hold h : readers.values()) {
-            if (!h.published && (below == null || h.ts < below)) {
-                ws.add(h);
-            }
-        }
-        for (Hold h : txs.values()) {
-            if (!h.published && (below == null || h.ts < below)) {
-                ws.add(h);
-            }
-        }
-        ws.sort(Comparator.<Hold>comparingLong(h -> h.ts).thenComparing(h -> h.kind().wire()).thenComparing(h -> h.id));
-        for (Hold h : ws) {
-            publishOpen(h, h.kind().wire());
+        for (Hold h : holds.waiting(below)) {
+            publishOpen(h);
         }
     }
 
     /** Forgets a hold and publishes its end (when its open was published); mu held. */
-    private void closeHold(String kind, String id, Map<String, Object> extra) {
-        Hold h = kind.equals("reader") ? readers.remove(id) : txs.remove(id);
+    private void closeHold(Hold held, Map<String, Object> extra) {
+        HoldKind kind = held.kind();
+        Hold h = holds.remove(kind, held.id);
         if (h == null || closed || !h.published) {
             return;
         }
-        Map<String, Object> event = kind.equals("reader") ? Json.obj("reader_id", id) : Json.obj("tx_id", id);
+        boolean reader = kind == HoldKind.READER;
+        Map<String, Object> event = reader ? Json.obj("reader_id", h.id) : Json.obj("tx_id", h.id);
         if (extra != null) {
             event.putAll(extra);
         }
         try {
-            send(kind.equals("reader") ? "reader_close" : "tx_end", event);
+            send(reader ? "reader_close" : "tx_end", event);
         } catch (RuntimeException e) {
             sender.repairDue(true);
-            LOG.error("safepoint: could not publish the end of {} {}: {}", kind, id, e.toString());
+            LOG.error("safepoint: could not publish the end of {} {}: {}", kind.wire(), h.id, e.toString());
         }
     }
 
     void closeReader(Reader h) {
         mu.lock();
         try {
-            if (!"open".equals(h.state)) {
+            if (h.state != HoldState.OPEN) {
                 return;
             }
-            h.state = "closed";
-            closeHold("reader", h.id, null);
+            h.state = HoldState.CLOSED;
+            closeHold(h, null);
         } finally {
             mu.unlock();
         }
@@ -715,7 +618,7 @@ public final class Reporter implements AutoCloseable {
             if (h.expiry != null) {
                 enforceLocked(h);
             }
-            if (!"open".equals(h.state)) {
+            if (h.state != HoldState.OPEN) {
                 throw new IllegalStateException("safepoint: transaction " + h.id + " cannot be prepared: it is "
                         + h.state);
             }
@@ -723,13 +626,13 @@ public final class Reporter implements AutoCloseable {
                 throw new ClosedException();
             }
             if (!h.published) {
-                publishOpen(h, "tx");
+                publishOpen(h);
             }
             List<String> parts = participants == null ? List.of() : List.copyOf(participants);
             send("tx_prepare", Json.obj("tx_id", h.id, "coordinator", coordinator, "participants", parts));
             h.coordinator = coordinator;
             h.participants = parts;
-            h.state = "prepared";
+            h.state = HoldState.PREPARED;
         } finally {
             mu.unlock();
         }
@@ -748,11 +651,11 @@ public final class Reporter implements AutoCloseable {
                 releaseExpired(h);
                 return;
             }
-            if (!"open".equals(h.state) && !"prepared".equals(h.state)) {
+            if (!h.state.live()) {
                 return;
             }
-            h.state = "ended";
-            closeHold("tx", h.id, Json.obj("outcome", outcome.wire()));
+            h.state = HoldState.ENDED;
+            closeHold(h, Json.obj("outcome", outcome.wire()));
         } finally {
             mu.unlock();
         }
@@ -762,7 +665,7 @@ public final class Reporter implements AutoCloseable {
     void abortIfOpen(Transaction h) {
         mu.lock();
         try {
-            if (closed || (!"open".equals(h.state) && !"prepared".equals(h.state))) {
+            if (closed || !h.state.live()) {
                 return;
             }
         } finally {
@@ -779,8 +682,8 @@ public final class Reporter implements AutoCloseable {
      * directive older than the handle, a prepared transaction, or a repeat.
      */
     public Handle expire(ExpireDirective d) {
-        String kind = d.readerId().isEmpty() ? "tx" : "reader";
-        String id = kind.equals("reader") ? d.readerId() : d.txId();
+        HoldKind kind = d.readerId().isEmpty() ? HoldKind.TX : HoldKind.READER;
+        String id = kind == HoldKind.READER ? d.readerId() : d.txId();
         Hold h;
         ExpireCallback callback;
         mu.lock();
@@ -789,10 +692,11 @@ public final class Reporter implements AutoCloseable {
                 expiriesIgnored++;
                 return null;
             }
-            h = kind.equals("reader") ? readers.get(id) : txs.get(id);
-            boolean prepared = h instanceof Transaction && "prepared".equals(h.state);
+            h = holds.get(kind, id);
+            boolean prepared = h != null && h.state == HoldState.PREPARED;
             boolean ignored = h == null
-                    || (d.clusterWallMs() != null && h.openedWall != null && d.clusterWallMs() < h.openedWall)
+                    || (d.clusterWallMs().isPresent() && h.openedWall != null
+                        && d.clusterWallMs().getAsLong() < h.openedWall)
                     || prepared
                     || (h.expiry != null && (h.expiry.mode().equals("hard") || d.mode().equals("graceful")));
             if (ignored) {
@@ -805,14 +709,15 @@ public final class Reporter implements AutoCloseable {
         } finally {
             mu.unlock();
         }
-        LOG.warn("safepoint: expired by the safe-point service: {} {} mode={} reason={} seq={}", kind, id, d.mode(),
+        LOG.warn("safepoint: expired by the safe-point service: {} {} mode={} reason={} seq={}", kind.wire(), id, d.mode(),
                 d.reason(), d.seq());
         if (callback != null) {
             try {
                 callback.onExpire(h, d);
             } catch (RuntimeException e) {
                 callbackFailures.incrementAndGet();
-                LOG.error("safepoint: the expiry callback of {} {} threw; the expiry goes on: {}", kind, id, e.toString());
+                LOG.error("safepoint: the expiry callback of {} {} threw; the expiry goes on: {}", kind.wire(), id,
+                        e.toString());
             }
         }
         if (d.mode().equals("hard")) {
@@ -828,15 +733,11 @@ public final class Reporter implements AutoCloseable {
 
     /** Releases an expired handle still open: reader_close, or tx_end abort; mu held. */
     private void releaseExpired(Hold h) {
-        if (!"open".equals(h.state) && !"prepared".equals(h.state)) {
+        if (!h.state.live()) {
             return;
         }
-        h.state = "expired";
-        if (h instanceof Reader) {
-            closeHold("reader", h.id, null);
-        } else {
-            closeHold("tx", h.id, Json.obj("outcome", "abort"));
-        }
+        h.state = HoldState.EXPIRED;
+        closeHold(h, h.kind() == HoldKind.READER ? null : Json.obj("outcome", TxOutcome.ABORT.wire()));
     }
 
     void enforceExpiry(Hold h) {
@@ -860,7 +761,7 @@ public final class Reporter implements AutoCloseable {
     public Optional<Handle> find(HoldKind kind, String id) {
         mu.lock();
         try {
-            return Optional.ofNullable(kind == HoldKind.READER ? readers.get(id) : txs.get(id));
+            return Optional.ofNullable(holds.get(kind, id));
         } finally {
             mu.unlock();
         }

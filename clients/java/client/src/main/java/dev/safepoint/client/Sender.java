@@ -172,9 +172,7 @@ final class Sender {
         rebuild.set(false);
         needSnap.set(true);
         producerRestarts++;
-        Thread t = new Thread(() -> old.producer.close(Duration.ofSeconds(5)), "safepoint-producer-close");
-        t.setDaemon(true);
-        t.start();
+        Daemons.once("safepoint-producer-close", () -> old.producer.close(Duration.ofSeconds(5)));
     }
 
     /** Whether a repair snapshot is due (an event was not delivered, or could not be published). */

@@ -11,6 +11,7 @@ import java.util.Optional;
 import java.util.Properties;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutorService;
 import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
@@ -57,13 +58,16 @@ public final class ServiceHold implements AutoCloseable {
     private long failingSince = -1;
     private long lastFailure;
     private final CountDownLatch stop = new CountDownLatch(1);
-    private Thread renewer;
+    /** The renewing thread (start): renewals, the job's outcomes, onLost. */
+    private ExecutorService renewer;
     private long renewals;
     private long failures;
     private long statusReadFailures;
     private long callbackFailures;
     /** new, starting, started, closed. */
-    private String state = "new";
+    private enum State { NEW, STARTING, STARTED, CLOSED }
+
+    private State state = State.NEW;
     private final AtomicBoolean closeStarted = new AtomicBoolean();
     private final CompletableFuture<Void> closing = new CompletableFuture<>();
 
@@ -240,13 +244,13 @@ public final class ServiceHold implements AutoCloseable {
     public ServiceHold start() {
         mu.lock();
         try {
-            if (state.equals("closed")) {
+            if (state == State.CLOSED) {
                 throw new ClosedException();
             }
-            if (!state.equals("new")) {
+            if (state != State.NEW) {
                 throw new IllegalStateException("safepoint: service hold " + cfg.holder() + " is already started");
             }
-            state = "starting";
+            state = State.STARTING;
         } finally {
             mu.unlock();
         }
@@ -257,13 +261,12 @@ public final class ServiceHold implements AutoCloseable {
         } finally {
             mu.lock();
             try {
-                if (ok && state.equals("starting")) {
-                    state = "started";
-                    renewer = new Thread(this::renew, "safepoint-hold-" + cfg.holder());
-                    renewer.setDaemon(true);
-                    renewer.start();
-                } else if (state.equals("starting")) {
-                    state = "new";
+                if (ok && state == State.STARTING) {
+                    state = State.STARTED;
+                    renewer = Daemons.single("safepoint-hold-" + cfg.holder());
+                    renewer.execute(this::renew);
+                } else if (state == State.STARTING) {
+                    state = State.NEW;
                 }
             } finally {
                 mu.unlock();
@@ -271,7 +274,7 @@ public final class ServiceHold implements AutoCloseable {
         }
         mu.lock();
         try {
-            if (state.equals("closed")) {
+            if (state == State.CLOSED) {
                 throw new ClosedException();
             }
         } finally {
@@ -286,15 +289,13 @@ public final class ServiceHold implements AutoCloseable {
      */
     public CompletableFuture<ServiceHold> startAsync() {
         CompletableFuture<ServiceHold> f = new CompletableFuture<>();
-        Thread t = new Thread(() -> {
+        Daemons.once("safepoint-hold-start-" + cfg.holder(), () -> {
             try {
                 f.complete(start());
             } catch (RuntimeException e) {
                 f.completeExceptionally(e);
             }
-        }, "safepoint-hold-start-" + cfg.holder());
-        t.setDaemon(true);
-        t.start();
+        });
         return f;
     }
 
@@ -332,7 +333,7 @@ public final class ServiceHold implements AutoCloseable {
             closeOutcomes();
             mu.lock();
             try {
-                state = "closed";
+                state = State.CLOSED;
                 last = o;
             } finally {
                 mu.unlock();
@@ -535,7 +536,7 @@ public final class ServiceHold implements AutoCloseable {
     public void advance(long newTs) {
         mu.lock();
         try {
-            if (state.equals("closed")) {
+            if (state == State.CLOSED) {
                 throw new ClosedException();
             }
             ts = newTs;
@@ -607,22 +608,18 @@ public final class ServiceHold implements AutoCloseable {
 
     private void shutDown(long deadline) {
         boolean refused;
-        Thread r;
+        ExecutorService r;
         mu.lock();
         try {
-            refused = state.equals("closed"); // refused at start: its producer is closed, nothing to release
-            state = "closed";
+            refused = state == State.CLOSED; // refused at start: its producer is closed, nothing to release
+            state = State.CLOSED;
             r = renewer;
         } finally {
             mu.unlock();
         }
         stop.countDown();
         if (r != null) {
-            try {
-                r.join(left(deadline).toMillis());
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-            }
+            Daemons.await(r, left(deadline));
         }
         SafepointException notReleased = null;
         if (!refused) {

@@ -24,7 +24,7 @@ public final class Transaction extends Hold implements AutoCloseable {
         if (openedWall != null) {
             e.put("opened_wall_ms", openedWall);
         }
-        if ("prepared".equals(state)) {
+        if (state == HoldState.PREPARED) {
             e.put("prepared", true);
             e.put("coordinator", coordinator);
             e.put("participants", participants);

@@ -13,6 +13,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.OptionalLong;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.ExecutorService;
@@ -206,7 +207,8 @@ class FailuresTest {
             throw new IllegalStateException("the database's handler failed");
         }).build()) {
             Reader a = r.reader(HoldOptions.of().id("a"));
-            r.expire(new ExpireDirective("c1", "n1", "a", "", "pressure", "graceful", 1, null, "", Map.of()));
+            r.expire(new ExpireDirective("c1", "n1", "a", "", "pressure", "graceful", 1, OptionalLong.empty(), "",
+                    Map.of()));
             assertThrows(ExpiredException.class, a::check);
             assertEquals(1, r.stats().callbackFailures());
         }

@@ -9,6 +9,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.OptionalLong;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.kafka.clients.producer.MockProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
@@ -83,7 +84,7 @@ class ReporterTest {
     @Test
     void refusedBelowTheSafePointPublishesNothing() throws Exception {
         try (Reporter r = builder(true).build()) {
-            r.observeSafeTs(950, null, null, null);
+            r.observe(Directive.parse(Json.obj("cluster", "c1", "seq", 1, "safe_ts", 950)));
             RefusedException e = assertThrows(RefusedException.class, () -> r.reader(HoldOptions.of().ts(900L)));
             assertEquals(950, e.bound());
             r.reader(HoldOptions.of().ts(950L).id("ok"));
@@ -142,7 +143,8 @@ class ReporterTest {
         List<String> called = new ArrayList<>();
         try (Reporter r = builder(true).onExpire((h, d) -> called.add(h.id() + ":" + d.mode())).build()) {
             Reader reader = r.reader(HoldOptions.of().ts(900L).id("r-1"));
-            ExpireDirective d = new ExpireDirective("c1", "n1", "r-1", "", "pressure", "graceful", 4, null, "g", Map.of());
+            ExpireDirective d = new ExpireDirective("c1", "n1", "r-1", "", "pressure", "graceful", 4, OptionalLong.empty(), "g",
+                    Map.of());
             assertTrue(r.expire(d) != null);
             assertEquals(null, r.expire(d), "a repeat is a no-op");
             assertEquals(List.of("r-1:graceful"), called);
@@ -151,7 +153,7 @@ class ReporterTest {
             assertEquals(List.of("reader_open#0", "reader_close#1"), kinds(events()));
             Transaction tx = r.begin(HoldOptions.of().ts(950L).id("t-1"));
             tx.prepare("n1", null);
-            assertEquals(null, r.expire(new ExpireDirective("c1", "n1", "", "t-1", "p", "hard", 5, null, "g",
+            assertEquals(null, r.expire(new ExpireDirective("c1", "n1", "", "t-1", "p", "hard", 5, OptionalLong.empty(), "g",
                     Map.of())), "a prepared transaction is never expired");
             assertFalse(r.find(HoldKind.TX, "t-1").isEmpty());
         }

@@ -11,6 +11,7 @@ import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.OptionalLong;
 import org.junit.jupiter.api.Test;
 
 class RulesTest {
@@ -78,10 +79,11 @@ class RulesTest {
     void compactUpToTakesTheOldestLocalHold() throws Exception {
         Directive d = Directive.parse(Json.parseObject("{\"cluster\":\"c1\",\"seq\":1,\"safe_ts\":500,"
                 + "\"namespace_safe_ts\":400,\"namespaces\":{\"t1\":450}}"));
-        assertEquals(500, Directive.compactUpTo(d, null, ""));
-        assertEquals(300, Directive.compactUpTo(d, 300L, ""));
-        assertEquals(450, Directive.compactUpTo(d, null, "t1"));
-        assertEquals(400, Directive.compactUpTo(d, null, "t9"));
+        assertEquals(500, Directive.compactUpTo(d, ""));
+        assertEquals(300, Directive.compactUpTo(d, OptionalLong.of(300), ""));
+        assertEquals(500, Directive.compactUpTo(d, OptionalLong.of(600), ""));
+        assertEquals(450, Directive.compactUpTo(d, OptionalLong.empty(), "t1"));
+        assertEquals(400, Directive.compactUpTo(d, "t9"));
     }
 
     // -- the listener's rules

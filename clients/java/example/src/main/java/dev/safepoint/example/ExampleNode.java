@@ -9,6 +9,7 @@ import dev.safepoint.client.Reporter;
 import dev.safepoint.client.Transaction;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.OptionalLong;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
@@ -73,7 +74,8 @@ public final class ExampleNode {
             DirectiveListener.Builder lb = DirectiveListener.builder(bootstrap, cluster).reporter(reporter)
                     .onDirective(d -> {
                         long oldest = OLDEST.get();
-                        long upTo = Directive.compactUpTo(d, oldest >= 0 ? oldest : null, "");
+                        long upTo = Directive.compactUpTo(d, oldest >= 0 ? OptionalLong.of(oldest) : OptionalLong.empty(),
+                                "");
                         log.info("directive seq {} safe_ts {} compact_up_to {}", d.seq(), d.safeTs(), upTo);
                         // here the engine compacts its history below upTo; an exception retries the directive
                     });
