@@ -466,3 +466,62 @@ func TestTheCallersSlicesAreCopied(t *testing.T) {
 		t.Fatal("the reporter kept the caller's slices")
 	}
 }
+
+func TestAReporterPublishesThroughTheCallersClientAndLeavesItOpen(t *testing.T) {
+	c := newCluster(t)
+	refused := map[string]kgo.Opt{
+		"RequiredAcks":          kgo.RequiredAcks(kgo.LeaderAck()),
+		"RecordPartitioner":     kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), // murmur2: another partition
+		"RecordDeliveryTimeout": kgo.ClientID("no-delivery-bound"),                    // franz-go's default: none
+		"ManualFlushing":        kgo.ManualFlushing(),
+	}
+	for name, opt := range refused {
+		opts := []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(CRC32Partitioner())}
+		if name != "RecordDeliveryTimeout" {
+			opts = append(opts, kgo.RecordDeliveryTimeout(time.Minute))
+		}
+		opts = append(opts, opt)
+		if name == "RequiredAcks" {
+			opts = append(opts, kgo.DisableIdempotentWrite()) // franz-go refuses acks=1 with idempotence
+		}
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = NewReporter("", "n1", func() int64 { return 1 }, WithHeartbeat(0), WithClient(cl))
+		cl.Close()
+		if err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("a reporter took a client with %s: %v", name, err)
+		}
+	}
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.RecordPartitioner(CRC32Partitioner()),
+		kgo.RecordDeliveryTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := NewReporter("", "n1", func() int64 { return 1 }, WithClient(cl),
+		WithKafkaOptions(kgo.ClientID("x"))); err == nil {
+		t.Error("WithKafkaOptions went with WithClient")
+	}
+	ctx := context.Background()
+	r, err := NewReporter("", "n1", func() int64 { return 1000 }, WithCluster("c1"), WithEventsTopic(eventsTopic),
+		WithHeartbeat(0), WithLogger(quiet), WithClient(cl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Reader(ctx, HoldOptions{ID: "through-the-callers-client"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	events := readAll(t, c, eventsTopic)
+	if len(events) != 1 || str(events[0]["reader_id"]) != "through-the-callers-client" {
+		t.Fatalf("the events published through the caller's client: %v", events)
+	}
+	// the client is still the caller's, and open
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: eventsTopic, Key: []byte("app"), Value: []byte("{}")}).FirstErr(); err != nil {
+		t.Fatalf("the caller's client after the reporter's close: %v", err)
+	}
+}

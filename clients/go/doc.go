@@ -26,5 +26,7 @@
 // WithKafkaOptions passes franz-go options (TLS, SASL, timeouts) to the client's Kafka clients. The
 // settings the client's guarantees rest on (acks from all in-sync replicas, idempotence, the CRC-32
 // partitioner, the delivery bound, the buffer, the topics) are its own: an option that sets one is
-// refused by the constructor with an error naming it.
+// refused by the constructor with an error naming it. WithClient hands a Reporter a franz-go client of
+// the caller's instead: it is refused, the setting named, unless it keeps those guarantees, and the
+// reporter flushes it at Close but leaves it open.
 package safepoint

@@ -134,6 +134,55 @@ func checkOwned(user []kgo.Opt, owned ...[]ownedOption) error {
 	return nil
 }
 
+// checkShared refuses a caller's client (WithClient) whose settings would undo a reporter's guarantees,
+// naming the setting; the client's MaxBufferedRecords otherwise (the reporter waits for room below it).
+func checkShared(cl *kgo.Client) (int, error) {
+	refuse := func(name, want string) (int, error) {
+		return 0, fmt.Errorf("safepoint: the client given to WithClient has %s other than %s: the reporter's "+
+			"guarantees rest on it", name, want)
+	}
+	if !reflect.DeepEqual(cl.OptValue(kgo.RequiredAcks), kgo.AllISRAcks()) {
+		return refuse("RequiredAcks", "AllISRAcks()")
+	}
+	if disabled, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); disabled {
+		return refuse("DisableIdempotentWrite", "idempotent writes")
+	}
+	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
+		return refuse("ManualFlushing", "flushing as records come")
+	}
+	if id, _ := cl.OptValue(kgo.TransactionalID).(string); id != "" {
+		return refuse("TransactionalID", "none")
+	}
+	if d, _ := cl.OptValue(kgo.RecordDeliveryTimeout).(time.Duration); d <= 0 {
+		return refuse("RecordDeliveryTimeout", "a bound (a record not delivered in it fails and is repaired)")
+	}
+	p, _ := cl.OptValue(kgo.RecordPartitioner).(kgo.Partitioner)
+	if p == nil || !crc32Keyed(p) {
+		return refuse("RecordPartitioner", "CRC32Partitioner() (the partition of a node's key every client computes)")
+	}
+	limit, _ := cl.OptValue(kgo.MaxBufferedRecords).(int64)
+	if limit <= 0 {
+		limit = maxBufferedRecords
+	}
+	return int(limit), nil
+}
+
+// crc32Keyed: whether p puts a keyed record where CRC32Partitioner does, tried on keys and partition counts
+// (a partitioner is a function: its results are what can be compared).
+func crc32Keyed(p kgo.Partitioner) bool {
+	want := CRC32Partitioner().ForTopic("t")
+	got := p.ForTopic("t")
+	for _, key := range []string{"n1", "db-7", "node-with-a-longer-name", "x"} {
+		for _, n := range []int{2, 3, 5, 7, 12, 64} {
+			r := &kgo.Record{Topic: "t", Key: []byte(key)}
+			if !got.RequiresConsistency(r) || got.Partition(r, n) != want.Partition(r, n) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // sameValues compares two settings as franz-go reports them; a function or a pointer (a partitioner)
 // by its type: franz-go makes a new one per client.
 func sameValues(a, b []any) bool {

@@ -65,8 +65,21 @@ type reporterConfig struct {
 	snapshotPartBytes int
 	onExpire          ExpireFunc
 	wallClock         func() int64
-	bufferLimit       int // the producer's MaxBufferedRecords (maxBufferedRecords; tests make it small)
+	bufferLimit       int         // the producer's MaxBufferedRecords (maxBufferedRecords; tests make it small)
+	shared            *kgo.Client // WithClient: the caller's producer
 	common
+}
+
+// WithClient publishes the node's events through the caller's franz-go client instead of one of the
+// reporter's own (one producer for the database and its reporter). NewReporter refuses a client whose
+// settings would undo the reporter's guarantees, naming the setting: acks from all in-sync replicas,
+// idempotence, the CRC-32 key partitioner (RecordPartitioner(CRC32Partitioner())), a delivery bound
+// (RecordDeliveryTimeout), no manual flushing, no transactional id. The client stays the caller's: Close
+// flushes it (the caller's own records too) but does not close it, and after a failed delivery the
+// reporter keeps it (the repair snapshot restates the node) where it would make a new producer of its
+// own. WithKafkaOptions does not go with it.
+func WithClient(cl *kgo.Client) ReporterOption {
+	return reporterOpt(func(c *reporterConfig) { c.shared = cl })
 }
 
 // WithCluster sets the node's cluster (default "default").
@@ -208,6 +221,16 @@ func NewReporter(bootstrap, node string, clock func() int64, opts ...ReporterOpt
 	if err := checkOwned(cfg.kafka, producerOwned); err != nil {
 		return nil, err
 	}
+	if cfg.shared != nil {
+		if len(cfg.kafka) > 0 {
+			return nil, errors.New("safepoint: WithKafkaOptions does not go with WithClient: the client's options are its own")
+		}
+		limit, err := checkShared(cfg.shared)
+		if err != nil {
+			return nil, err
+		}
+		cfg.bufferLimit = limit
+	}
 	incarnation := cfg.incarnation
 	if !cfg.incarnationSet {
 		var err error
@@ -233,6 +256,10 @@ func NewReporter(bootstrap, node string, clock func() int64, opts ...ReporterOpt
 }
 
 func (r *Reporter) newClient() error {
+	if r.cfg.shared != nil {
+		r.client = r.cfg.shared
+		return nil
+	}
 	// the user's options first, the client's own last (checkOwned refused any that sets one of them):
 	// idempotent with acks from all in-sync replicas (franz-go's defaults, said again); a record not
 	// delivered in 5 minutes fails (librdkafka's message.timeout.ms, as the Python client has it)
@@ -310,7 +337,7 @@ func (r *Reporter) send(ctx context.Context, kind string, fields Event) (int64, 
 	// the record outlives the caller's ctx: it is the reporter's to deliver or to count as failed. TryProduce
 	// never blocks (room waited for the one buffer limit that can fill): a record it cannot take fails at
 	// once, as any failed delivery, and a snapshot repairs it
-	r.client.TryProduce(context.Background(), &kgo.Record{Key: []byte(r.node), Value: value,
+	r.client.TryProduce(context.Background(), &kgo.Record{Topic: r.cfg.topic, Key: []byte(r.node), Value: value,
 		Headers: clusterHeader(r.cluster)}, r.delivered)
 	return seq, nil
 }
@@ -362,6 +389,11 @@ func (r *Reporter) delivered(_ *kgo.Record, err error) {
 
 // recreate replaces the producer after a failure; call with r.mu held.
 func (r *Reporter) recreate() {
+	if r.cfg.shared != nil { // the caller's: kept, and the snapshot alone repairs the job's view
+		r.rebuild.Store(false)
+		r.needSnap.Store(true)
+		return
+	}
 	old := r.client
 	if err := r.newClient(); err != nil {
 		r.log.Error("safepoint: cannot recreate the producer", "err", err)
@@ -606,7 +638,9 @@ func (r *Reporter) close(ctx context.Context) error {
 	r.closed = true
 	client := r.client
 	r.mu.Unlock()
-	client.Close() // fails what is still buffered (counted as delivery failures)
+	if r.cfg.shared == nil {
+		client.Close() // fails what is still buffered (counted as delivery failures)
+	}
 	return err
 }
 
