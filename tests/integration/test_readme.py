@@ -120,6 +120,7 @@ func main() {
 """
 
 JAVA_PROGRAM = """import dev.safepoint.client.*;
+import java.util.OptionalLong;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 
@@ -129,7 +130,7 @@ public class ReadmeNode {
         final CountDownLatch done = new CountDownLatch(1);
         long nowTs() { return System.currentTimeMillis() * 1000; }
         long gcLifeTime() { return 10_000_000L; }
-        Long oldestLocalHold() { return null; }
+        OptionalLong oldestLocalHold() { return OptionalLong.empty(); }
         synchronized void compact(long ts) { System.out.println(ts); done.countDown(); }
     }
 
