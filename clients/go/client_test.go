@@ -525,3 +525,66 @@ func TestAReporterPublishesThroughTheCallersClientAndLeavesItOpen(t *testing.T) 
 		t.Fatalf("the caller's client after the reporter's close: %v", err)
 	}
 }
+
+// TestCloseIsSafeFromManyGoroutines with the reporter's Close calls released at once, many times over: the
+// race of two Close calls on one stop channel is met only when they start together.
+func TestCloseCallsReleasedTogetherNeverCloseTwice(t *testing.T) {
+	for n := 0; n < 200; n++ {
+		r, err := NewReporter("127.0.0.1:1", "n1", func() int64 { return 1000 }, WithHeartbeat(0),
+			WithLogger(quiet)) // nothing sent: a Close has nothing to wait for but the other Close calls
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		gate := make(chan struct{})
+		for i := 0; i < 16; i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); <-gate; _ = r.Close(context.Background()) }()
+		}
+		close(gate)
+		within(t, 10*time.Second, "16 Close calls released together", wg.Wait)
+	}
+}
+
+// TestOnLostRunsOnTheRenewerNotInCheck with the renewer out of the race for the outcome (stopped first), so
+// that Check is the one that reads it: Check says the hold is lost and does not call onLost itself.
+func TestCheckReadsTheOutcomeButLeavesOnLostToTheRenewer(t *testing.T) {
+	c := newCluster(t)
+	called := make(chan string, 4)
+	h, err := NewServiceHold(bootstrapOf(c), "c1", "backup", 100, time.Minute, WithControlTopic(controlTopic),
+		WithStatusTopic(statusTopic), WithOutcomeTimeout(100*time.Millisecond), WithLogger(quiet),
+		WithOnLost(func(_ context.Context, o Outcome) { called <- o.Outcome; time.Sleep(time.Hour) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = h.Close(context.Background()) }()
+	h.stopBG() // the renewer ends: only Check reads the status topic from now on
+	<-h.done
+	h.mu.Lock()
+	id := h.mine[0]
+	h.mu.Unlock()
+	job, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	if err := job.ProduceSync(context.Background(), statusRecord(id, "expired")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var lostErr *HoldLostError
+	within(t, 10*time.Second, "Check until the hold is lost", func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for !errors.As(h.Check(), &lostErr) {
+			if time.Now().After(deadline) {
+				t.Error("Check did not say the hold was lost")
+				return
+			}
+		}
+	})
+	if len(called) != 0 {
+		t.Fatalf("Check called onLost (%s): it is the renewer's", <-called)
+	}
+}

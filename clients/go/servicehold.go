@@ -104,10 +104,20 @@ type ServiceHold struct {
 	stopBG   context.CancelFunc
 	done     chan struct{}
 	stats    HoldStats
-	state    string // new, starting, started, closed
+	state    holdState
 
 	closing *closer
 }
+
+// holdState is where a hold is in its life.
+type holdState int
+
+const (
+	holdNew holdState = iota
+	holdStarting
+	holdStarted
+	holdClosed
+)
 
 // HoldStats counts a hold's renewals, the renewals that failed (retried at the next one), the status
 // reads that failed, and the panics of its callback.
@@ -151,7 +161,7 @@ func NewServiceHold(bootstrap, cluster, holder string, ts int64, ttl time.Durati
 	}
 	bg, stopBG := context.WithCancel(context.Background())
 	return &ServiceHold{cluster: cluster, holder: holder, ownerToken: cfg.ownerToken, ts: ts, ttlMS: ttl.Milliseconds(),
-		cfg: cfg, seeds: seeds, client: client, bg: bg, stopBG: stopBG, done: make(chan struct{}), state: "new",
+		cfg: cfg, seeds: seeds, client: client, bg: bg, stopBG: stopBG, done: make(chan struct{}), state: holdNew,
 		closing: newCloser()}, nil
 }
 
@@ -217,32 +227,32 @@ func newActionID() string {
 func (h *ServiceHold) Start(ctx context.Context) error {
 	h.mu.Lock()
 	switch h.state {
-	case "closed":
+	case holdClosed:
 		h.mu.Unlock()
 		return ErrClosed
-	case "starting", "started":
+	case holdStarting, holdStarted:
 		h.mu.Unlock()
 		return ErrStarted
 	}
-	h.state = "starting"
+	h.state = holdStarting
 	h.mu.Unlock()
 	err := h.start(ctx)
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
-	case h.state == "closed": // closed while it started
+	case h.state == holdClosed: // closed while it started
 		if err == nil {
 			err = ErrClosed
 		}
 	case err == nil:
-		h.state = "started"
+		h.state = holdStarted
 		go h.renew()
 	default:
 		var refused *HoldRefusedError
 		if errors.As(err, &refused) {
-			h.state = "closed"
+			h.state = holdClosed
 		} else {
-			h.state = "new"
+			h.state = holdNew
 		}
 	}
 	return err
@@ -441,7 +451,7 @@ func (h *ServiceHold) Stats() HoldStats {
 // Advance moves the hold to ts (it protects what is at or above it) and renews it now.
 func (h *ServiceHold) Advance(ctx context.Context, ts int64) error {
 	h.mu.Lock()
-	if h.state == "closed" {
+	if h.state == holdClosed {
 		h.mu.Unlock()
 		return ErrClosed
 	}
@@ -478,9 +488,9 @@ func (h *ServiceHold) close(ctx context.Context) error {
 	ctx, cancel := bounded(ctx, h.cfg.closeTimeout)
 	defer cancel()
 	h.mu.Lock()
-	refused := h.state == "closed" // refused at Start: its producer is closed, nothing to release
-	started := h.state == "started"
-	h.state = "closed"
+	refused := h.state == holdClosed // refused at Start: its producer is closed, nothing to release
+	started := h.state == holdStarted
+	h.state = holdClosed
 	h.mu.Unlock()
 	h.stopBG()
 	if started {

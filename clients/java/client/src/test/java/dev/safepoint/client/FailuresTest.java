@@ -308,6 +308,48 @@ class FailuresTest {
         h.close(Duration.ofSeconds(2));
     }
 
+    /**
+     * The test above with the renewer out of the race for the outcome (stopped first: it nearly always reads the
+     * outcome before check() does), so that check() is the one that reads it: it says the hold is lost and leaves
+     * onLost to the renewer. White-box: the renewer's stop latch and executor are the hold's own.
+     */
+    @Test
+    void checkReadsTheOutcomeButLeavesOnLostToTheRenewer() throws Exception {
+        MockProducer<byte[], byte[]> producer = mockProducer(true);
+        StatusConsumer status = new StatusConsumer();
+        List<String> threads = new CopyOnWriteArrayList<>();
+        ServiceHold h = hold(producer, status, Duration.ofMinutes(1)).onLost(o -> {
+            threads.add(Thread.currentThread().getName());
+            try {
+                Thread.sleep(60_000); // on check()'s thread this would hold it up
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }).build().start();
+        java.lang.reflect.Field stop = ServiceHold.class.getDeclaredField("stop");
+        stop.setAccessible(true);
+        ((CountDownLatch) stop.get(h)).countDown();
+        java.lang.reflect.Field renewer = ServiceHold.class.getDeclaredField("renewer");
+        renewer.setAccessible(true);
+        ExecutorService r = (ExecutorService) renewer.get(h);
+        r.shutdown();
+        assertTrue(r.awaitTermination(5, TimeUnit.SECONDS), "the renewer did not stop");
+        status.outcome(firstActionId(producer), "expired");
+        assertTimeoutPreemptively(Duration.ofSeconds(10), () -> {
+            while (true) {
+                try {
+                    h.check();
+                } catch (HoldLostException e) {
+                    assertEquals("expired", e.outcome().outcome());
+                    break;
+                }
+                Thread.sleep(10);
+            }
+        }, "check() until the hold is lost");
+        assertEquals(List.of(), threads, "check() called onLost: it is the renewer's");
+        h.close(Duration.ofSeconds(2));
+    }
+
     @Test
     void aStatusTopicThatCannotBeReadIsSaidAndAfterATtlReportedLost() throws Exception {
         MockProducer<byte[], byte[]> producer = mockProducer(true);
