@@ -291,6 +291,23 @@ func TestACallbackThatPanicsIsCountedAndTheRestIsHandedOn(t *testing.T) {
 }
 
 // statusRecord is the job's status of cluster c1 with one action's outcome.
+// expireAsTheJob publishes, as the job would, the outcome "expired" of the hold's first action; its id.
+func expireAsTheJob(t *testing.T, c *kfake.Cluster, h *ServiceHold) string {
+	t.Helper()
+	h.mu.Lock()
+	id := h.mine[0]
+	h.mu.Unlock()
+	job, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer job.Close()
+	if err := job.ProduceSync(context.Background(), statusRecord(id, "expired")).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
 func statusRecord(actionID, outcome string) *kgo.Record {
 	v := `{"v":1,"type":"cluster_status","cluster":"c1","actions":[{"id":"` + actionID +
 		`","type":"service_hold","holder":"backup","outcome":"` + outcome + `","reason":"ttl","detail":"its TTL ran out"}]}`
@@ -314,17 +331,7 @@ func TestOnLostRunsOnTheRenewerNotInCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { close(release); _ = h.Close(context.Background()) }()
-	h.mu.Lock()
-	id := h.mine[0]
-	h.mu.Unlock()
-	job, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer job.Close()
-	if err := job.ProduceSync(context.Background(), statusRecord(id, "expired")).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	id := expireAsTheJob(t, c, h)
 	var lostErr *HoldLostError
 	deadline := time.Now().Add(5 * time.Second)
 	for !errors.As(h.Check(), &lostErr) {
@@ -563,17 +570,7 @@ func TestCheckReadsTheOutcomeButLeavesOnLostToTheRenewer(t *testing.T) {
 	defer func() { _ = h.Close(context.Background()) }()
 	h.stopBG() // the renewer ends: only Check reads the status topic from now on
 	<-h.done
-	h.mu.Lock()
-	id := h.mine[0]
-	h.mu.Unlock()
-	job, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer job.Close()
-	if err := job.ProduceSync(context.Background(), statusRecord(id, "expired")).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	expireAsTheJob(t, c, h)
 	var lostErr *HoldLostError
 	within(t, 10*time.Second, "Check until the hold is lost", func() {
 		deadline := time.Now().Add(5 * time.Second)

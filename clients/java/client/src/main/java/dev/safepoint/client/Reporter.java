@@ -12,9 +12,6 @@ import java.util.Map;
 import java.util.Optional;
 import java.util.OptionalLong;
 import java.util.Properties;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.LongSupplier;
@@ -68,8 +65,7 @@ public final class Reporter implements AutoCloseable {
     /** Set by close before it takes the lock: a call that comes after it is refused. */
     private volatile boolean closed;
     private Heartbeats heartbeats;
-    private final CompletableFuture<Void> closing = new CompletableFuture<>();
-    private final AtomicBoolean closeStarted = new AtomicBoolean();
+    private final CloseOnce closing = new CloseOnce();
     private final AtomicLong callbackFailures = new AtomicLong();
     private long repairSnapshots;
     private long expired;
@@ -425,25 +421,7 @@ public final class Reporter implements AutoCloseable {
      * not closed: the next incarnation of the node drops them.
      */
     public void close(Duration timeout) {
-        long deadline = System.nanoTime() + timeout.toNanos();
-        if (closeStarted.compareAndSet(false, true)) {
-            try {
-                shutDown(deadline);
-                closing.complete(null);
-            } catch (RuntimeException e) {
-                closing.completeExceptionally(e);
-            }
-        }
-        try {
-            closing.get(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
-        } catch (java.util.concurrent.ExecutionException e) {
-            throw (RuntimeException) e.getCause();
-        } catch (java.util.concurrent.TimeoutException e) {
-            throw new SafepointException("safepoint: the reporter's close did not finish in " + timeout, e);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new SafepointException("safepoint: interrupted waiting for the reporter's close", e);
-        }
+        closing.close(timeout, "the reporter's close", this::shutDown);
     }
 
     private static Duration left(long deadline) {
@@ -488,17 +466,7 @@ public final class Reporter implements AutoCloseable {
 
     /** Opens a reader (reader_open, or later with lazy registration): a {@link RefusedException} below the safe point. */
     public Reader reader(HoldOptions o) {
-        String id = o.id.isEmpty() ? newId("r") : o.id;
-        checkId("reader_id", id);
-        Reader h = new Reader(this, id, o);
-        mu.lock();
-        try {
-            holds.checkNew(h);
-            open(h, o.ts == null);
-            return h;
-        } finally {
-            mu.unlock();
-        }
+        return open(new Reader(this, holdId(o, "r", "reader_id"), o), o.ts == null);
     }
 
     /** A reader at the node's clock now. */
@@ -508,17 +476,7 @@ public final class Reporter implements AutoCloseable {
 
     /** Begins a transaction (tx_begin, or later with lazy registration): a {@link RefusedException} below the safe point. */
     public Transaction begin(HoldOptions o) {
-        String id = o.id.isEmpty() ? newId("t") : o.id;
-        checkId("tx_id", id);
-        Transaction h = new Transaction(this, id, o);
-        mu.lock();
-        try {
-            holds.checkNew(h);
-            open(h, o.ts == null);
-            return h;
-        } finally {
-            mu.unlock();
-        }
+        return open(new Transaction(this, holdId(o, "t", "tx_id"), o), o.ts == null);
     }
 
     /** A transaction at the node's clock now. */
@@ -526,26 +484,40 @@ public final class Reporter implements AutoCloseable {
         return begin(HoldOptions.of());
     }
 
-    /** Publishes a hold's open (or defers it) and keeps it; mu held. Nothing kept on an exception. */
-    private void open(Hold h, boolean atClock) {
-        if (closed) {
-            throw new ClosedException();
+    /** A new hold's id: the one its options give, or a new one with prefix; checked as the contract's field. */
+    private static String holdId(HoldOptions o, String prefix, String field) {
+        String id = o.id.isEmpty() ? newId(prefix) : o.id;
+        checkId(field, id);
+        return id;
+    }
+
+    /** Publishes a new hold's open (or defers it) and keeps it; nothing kept on an exception. */
+    private <H extends Hold> H open(H h, boolean atClock) {
+        mu.lock();
+        try {
+            holds.checkNew(h);
+            if (closed) {
+                throw new ClosedException();
+            }
+            if (atClock) {
+                h.ts = clock.getAsLong();
+            }
+            String what = h.kind() == HoldKind.READER ? "reader" : "transaction";
+            HoldRegistry.Bound bound = holds.boundOf(h.namespace);
+            if (bound != null && h.ts < bound.ts()) {
+                throw new RefusedException(what, h.id, h.ts, bound.ts(), bound.whose());
+            }
+            if (lazy.deferOpen(h.ts)) {
+                h.openedWall = cfg.wallClock().getAsLong();
+            } else {
+                publishOpen(h);
+            }
+            h.state = HoldState.OPEN;
+            holds.add(h);
+            return h;
+        } finally {
+            mu.unlock();
         }
-        if (atClock) {
-            h.ts = clock.getAsLong();
-        }
-        String what = h.kind() == HoldKind.READER ? "reader" : "transaction";
-        HoldRegistry.Bound bound = holds.boundOf(h.namespace);
-        if (bound != null && h.ts < bound.ts()) {
-            throw new RefusedException(what, h.id, h.ts, bound.ts(), bound.whose());
-        }
-        if (lazy.deferOpen(h.ts)) {
-            h.openedWall = cfg.wallClock().getAsLong();
-        } else {
-            publishOpen(h);
-        }
-        h.state = HoldState.OPEN;
-        holds.add(h);
     }
 
     private void publishOpen(Hold h) {

@@ -12,7 +12,6 @@ import java.util.Properties;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
-import java.util.concurrent.atomic.AtomicBoolean;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
@@ -68,8 +67,7 @@ public final class ServiceHold implements AutoCloseable {
     private enum State { NEW, STARTING, STARTED, CLOSED }
 
     private State state = State.NEW;
-    private final AtomicBoolean closeStarted = new AtomicBoolean();
-    private final CompletableFuture<Void> closing = new CompletableFuture<>();
+    private final CloseOnce closing = new CloseOnce();
 
     /** How long without a failed read of the status topic ends an episode of failures. */
     static final long STATUS_QUIET_MS = 5_000;
@@ -579,27 +577,7 @@ public final class ServiceHold implements AutoCloseable {
      * Safe to call more than once and from several threads: each waits, up to its own timeout, for the first.
      */
     public void close(Duration timeout) {
-        long deadline = System.nanoTime() + timeout.toNanos();
-        if (closeStarted.compareAndSet(false, true)) {
-            try {
-                shutDown(deadline);
-                closing.complete(null);
-            } catch (RuntimeException e) {
-                closing.completeExceptionally(e);
-            }
-        }
-        try {
-            closing.get(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
-        } catch (ExecutionException e) {
-            throw (RuntimeException) e.getCause();
-        } catch (java.util.concurrent.TimeoutException e) {
-            throw new SafepointException("safepoint: the close of service hold " + cfg.holder() + " did not finish in "
-                    + timeout, e);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new SafepointException("safepoint: interrupted waiting for the close of service hold "
-                    + cfg.holder(), e);
-        }
+        closing.close(timeout, "the close of service hold " + cfg.holder(), this::shutDown);
     }
 
     private static Duration left(long deadline) {

@@ -268,6 +268,19 @@ class FailuresTest {
         return (String) Json.parseObject(producer.history().get(0).value()).get("action_id");
     }
 
+    /** Calls h.check() until it says the hold was lost, with the outcome "expired". */
+    static void checkUntilExpired(ServiceHold h) throws InterruptedException {
+        while (true) {
+            try {
+                h.check();
+            } catch (HoldLostException e) {
+                assertEquals("expired", e.outcome().outcome());
+                return;
+            }
+            Thread.sleep(10);
+        }
+    }
+
     @Test
     void anOnLostThatThrowsDoesNotStopTheRenewerAndCheckNeverCallsIt() throws Exception {
         MockProducer<byte[], byte[]> producer = mockProducer(true);
@@ -287,15 +300,7 @@ class FailuresTest {
         }).build().start();
         status.outcome(firstActionId(producer), "expired");
         assertTimeoutPreemptively(Duration.ofSeconds(10), () -> {
-            while (true) {
-                try {
-                    h.check();
-                } catch (HoldLostException e) {
-                    assertEquals("expired", e.outcome().outcome());
-                    break;
-                }
-                Thread.sleep(10);
-            }
+            checkUntilExpired(h);
             assertTrue(called.await(5, TimeUnit.SECONDS), "the renewer never called onLost");
             assertThrows(HoldLostException.class, h::check); // while onLost runs
         });
@@ -335,17 +340,7 @@ class FailuresTest {
         r.shutdown();
         assertTrue(r.awaitTermination(5, TimeUnit.SECONDS), "the renewer did not stop");
         status.outcome(firstActionId(producer), "expired");
-        assertTimeoutPreemptively(Duration.ofSeconds(10), () -> {
-            while (true) {
-                try {
-                    h.check();
-                } catch (HoldLostException e) {
-                    assertEquals("expired", e.outcome().outcome());
-                    break;
-                }
-                Thread.sleep(10);
-            }
-        }, "check() until the hold is lost");
+        assertTimeoutPreemptively(Duration.ofSeconds(10), () -> checkUntilExpired(h), "check() until the hold is lost");
         assertEquals(List.of(), threads, "check() called onLost: it is the renewer's");
         h.close(Duration.ofSeconds(2));
     }
