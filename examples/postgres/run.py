@@ -66,6 +66,10 @@ class Story(ClusterStory):
         row = self.admin.execute(sql, params or None).fetchone()
         return None if row is None else row[0]
 
+    def dead_tuples(self) -> int:
+        """The writer's table's dead row versions, as PostgreSQL's statistics count them."""
+        return int(self.one("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'orders'"))
+
     def named(self) -> dict[str, dict[str, Any]]:
         found: dict[str, dict[str, Any]] = {}
         for h in self.holds():
@@ -120,20 +124,16 @@ class Story(ClusterStory):
 
     def released(self, lowest: int) -> None:
         say("\n3. Released: COMMIT PREPARED, the slot dropped; the safe point passes them and VACUUM reclaims")
-        dead_before = int(self.one("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'orders'"))
+        dead_before = self.dead_tuples()
         vacuums = self.agent_stats().get("vacuums", 0)  # step 2's ended session was worth one already
         self.admin.execute("COMMIT PREPARED 'pay-17'")
         self.admin.execute("SELECT pg_drop_replication_slot('cdc_forgotten')")
         released = int(self.one("SELECT pg_snapshot_xmax(pg_current_snapshot())::text"))
         wait_until(lambda: self.status().get("safe_ts", 0) >= released - 150, 60, "the safe point to pass the released holds")
         wait_until(lambda: self.agent_stats().get("vacuums", 0) > vacuums, 60, "the agent's VACUUM past the released holds")
-
-        def dead() -> int:
-            return int(self.one("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'orders'"))
-
         with contextlib.suppress(TimeoutError):  # the statistics trail the vacuum; the check below says it if not
-            wait_until(lambda: dead() < dead_before / 2, 10, "the statistics after the vacuum")
-        dead_after = dead()
+            wait_until(lambda: self.dead_tuples() < dead_before / 2, 10, "the statistics after the vacuum")
+        dead_after = self.dead_tuples()
         say(f"   safe point {self.status()['safe_ts']} (released at xid {released}); VACUUM: {dead_before:,} dead "
             f"tuples -> {dead_after:,}")
         self.check(self.status()["safe_ts"] > lowest, "the safe point passed the released holds")
