@@ -276,15 +276,19 @@ def fatal(exc: BaseException) -> bool:
 class Feeder(threading.Thread):
     """Produces a log at a steady pace, never past ``allowed`` messages (the test moves it).
 
-    Like a node's client, it outlives a fatal producer error: a new producer sends again, in
-    order, every message not confirmed yet and every one confirmed in the last ``RESEND_S``
-    seconds (so the topic may hold a few repeats: the job must ignore them as duplicates). The
-    embedded broker can lose the last messages it acknowledged before a clean stop (measured: 3
-    of 1,400 with a producer sending through the stop); the fatal OUT_OF_ORDER_SEQUENCE_NUMBER
-    that follows is the only sign. A ``Reporter`` repairs that with a snapshot; a fixed log can
-    only be sent again."""
+    Like a node's client, it outlives a fatal producer error or a failed delivery: a new producer
+    sends again, in order, every message not confirmed yet and every one confirmed in the last
+    ``RESEND_S`` seconds (so the topic may hold a few repeats: the job must ignore them as
+    duplicates). The embedded broker can lose the last messages it acknowledged before a clean
+    stop (measured: 3 of 1,400 with a producer sending through the stop); the fatal
+    OUT_OF_ORDER_SEQUENCE_NUMBER that follows is the only sign. An idempotent librdkafka producer
+    with requests in flight through a broker's restart can also stall, delivering nothing until
+    its messages time out (seen once on Apache Kafka: 120 s without a delivery report): its
+    messages time out after ``STALL_S``, and a new producer sends them again. A ``Reporter``
+    repairs either with a new producer and a snapshot; a fixed log can only be sent again."""
 
     RESEND_S = 15.0
+    STALL_S = 30.0
 
     def __init__(self, bootstrap: str, topic: str, log: list[Message], per_s: float, allowed: int | None = None) -> None:
         super().__init__(daemon=True)
@@ -295,8 +299,10 @@ class Feeder(threading.Thread):
         self.delivered: dict[int, Any] = {}  # log index -> delivery error (None: delivered)
         self.confirmed_at: dict[int, float] = {}  # log index -> when its delivery was confirmed
         self.error: BaseException | None = None
+        self._undelivered = False  # a delivery failed since the producer was made
         self._cv = threading.Condition()
         self._p: Producer | None = None
+        self._retired: list[Producer] = []
 
     def allow(self, n: int) -> None:
         with self._cv:
@@ -316,16 +322,25 @@ class Feeder(threading.Thread):
         def on_delivery(err: Any, msg: Any) -> None:
             self.delivered[i] = err
             self.confirmed_at[i] = time.monotonic()
+            if err is not None:
+                self._undelivered = True
 
         if part is None:
             self._p.produce(self.topic, key=key, value=data, on_delivery=on_delivery)
         else:
             self._p.produce(self.topic, key=key, value=data, partition=part, on_delivery=on_delivery)
 
+    def _producer(self) -> Producer:
+        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5,
+                         "message.timeout.ms": int(self.STALL_S * 1000), **QUIET})
+
     def _rebuild(self) -> None:
         self.rebuilds += 1
         assert self.rebuilds <= 5, "the producer keeps dying"
-        self._p = producer(self.bootstrap)
+        self._undelivered = False
+        if self._p is not None:  # kept, never polled again: its destruction could wait on what it holds
+            self._retired.append(self._p)
+        self._p = self._producer()
         recent = time.monotonic() - self.RESEND_S
         for i in range(self.sent):
             if self.delivered.get(i, "unconfirmed") is not None or self.confirmed_at.get(i, 0.0) >= recent:
@@ -342,9 +357,16 @@ class Feeder(threading.Thread):
                     raise
                 self._rebuild()
 
+    def _poll(self, timeout_s: float) -> None:
+        """The producer's delivery reports; a new producer after a failed delivery (every message
+        handed over so far was given to the old one, so the rebuild sends again all that failed)."""
+        self._guarded(lambda: self._p.poll(timeout_s))  # type: ignore[union-attr]
+        if self._undelivered:
+            self._rebuild()
+
     def run(self) -> None:
         try:
-            self._p = producer(self.bootstrap)
+            self._p = self._producer()
             tick = 0.05
             chunk = max(1, int(self.per_s * tick))
             while self.sent < len(self.log):
@@ -355,11 +377,11 @@ class Feeder(threading.Thread):
                 while self.sent < upto:
                     self._guarded(lambda: self._produce(self.sent))
                     self.sent += 1
-                self._guarded(lambda: self._p.poll(0))  # type: ignore[union-attr]
+                self._poll(0)
                 time.sleep(tick)
             deadline = time.monotonic() + 120
             while len(self.delivered) < len(self.log) and time.monotonic() < deadline:
-                self._guarded(lambda: self._p.poll(0.1))  # type: ignore[union-attr]
+                self._poll(0.1)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             self.error = exc
 
