@@ -39,6 +39,7 @@ import psutil
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from safepoint.connectors.kafka.clients import FAILOVER_CONF
 from safepoint.connectors.kafka.topics import ensure_topics, topic_specs
 from safepoint.core import Engine, Policy, Position
 from safepoint.core.batch import BY_NAME, merge_log_order, route
@@ -283,8 +284,9 @@ class Feeder(threading.Thread):
     stop (measured: 3 of 1,400 with a producer sending through the stop); the fatal
     OUT_OF_ORDER_SEQUENCE_NUMBER that follows is the only sign. An idempotent librdkafka producer
     with requests in flight through a broker's restart can also stall, delivering nothing until
-    its messages time out (seen once on Apache Kafka: 120 s without a delivery report): its
-    messages time out after ``STALL_S``, and a new producer sends them again. A ``Reporter``
+    its messages time out (seen once on Apache Kafka: 120 s without a delivery report, with
+    librdkafka's defaults): it has the project's clients' ``FAILOVER_CONF``, its messages time out
+    after ``STALL_S``, and a new producer sends them again. A ``Reporter``
     repairs either with a new producer and a snapshot; a fixed log can only be sent again."""
 
     RESEND_S = 15.0
@@ -332,7 +334,7 @@ class Feeder(threading.Thread):
 
     def _producer(self) -> Producer:
         return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5,
-                         "message.timeout.ms": int(self.STALL_S * 1000), **QUIET})
+                         **FAILOVER_CONF, "message.timeout.ms": int(self.STALL_S * 1000), **QUIET})
 
     def _rebuild(self) -> None:
         self.rebuilds += 1
