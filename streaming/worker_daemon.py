@@ -187,7 +187,8 @@ def quiet_when_jvm_gone(hook: Callable[..., object], what: str = QUIET_WHEN_JVM_
     ``EOFError`` on the socket that is gone and dies of the ``BrokenPipeError``, whose traceback
     (with the first as its context) was all the job's log said of a clean stop. The source's runner
     does the same when the JVM goes while it answers a call (a full-suite run caught it too, at the
-    same moment). The JVM decides what a failed call means: it reads the connection, not this
+    same moment), and a worker started just as the JVM stops finds no one to connect to (PySpark's
+    ``CANNOT_OPEN_SOCKET``, a reset connection: caught once with SIGINT). The JVM decides what a failed call means: it reads the connection, not this
     process's stderr.
     """
 
@@ -196,9 +197,20 @@ def quiet_when_jvm_gone(hook: Callable[..., object], what: str = QUIET_WHEN_JVM_
             sys.stderr.write(f"safepoint: {what} ended: the JVM closed its connection ({kind.__name__}), "
                              f"as a stopping query does\n")
             return
+        if _condition(exc) == "CANNOT_OPEN_SOCKET":
+            sys.stderr.write(f"safepoint: {what} ended: the JVM was gone before it connected (CANNOT_OPEN_SOCKET), "
+                             f"as a stopping query's is\n")
+            return
         hook(kind, exc, tb)
 
     return excepthook
+
+
+def _condition(exc: BaseException) -> str | None:
+    """PySpark's error condition of ``exc`` (``CANNOT_OPEN_SOCKET``, ...), None for another exception."""
+    condition = getattr(exc, "getCondition", None)
+    found = condition() if callable(condition) else None
+    return found if isinstance(found, str) else None
 
 
 def at_python_start() -> None:

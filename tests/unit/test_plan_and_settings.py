@@ -684,3 +684,30 @@ def test_the_security_pages_kafka_table_is_settings_whose_secrets_hide(tmp_path:
     conf = settings.librdkafka()  # what every client is given
     assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.mechanism"] == "SCRAM-SHA-512"
     assert isinstance(settings.kafka["sasl.password"], Secret) and "..." not in repr(settings)
+
+
+def test_the_operators_init_ends_in_one_line_when_the_jvm_is_gone(capsys: pytest.CaptureFixture[str]) -> None:
+    """streaming/worker_daemon.py's hook for the driver-side init and the source's runner: a
+    connection the JVM closed, and PySpark's own CANNOT_OPEN_SOCKET (a worker started as the JVM
+    stops, which a SIGINT to the job's group once caught), each end in one line with no traceback;
+    any other error, PySpark's or not, goes to the hook it wraps."""
+    from pyspark.errors import PySparkRuntimeError
+
+    from safepoint.streaming.worker_daemon import quiet_when_jvm_gone
+
+    passed: list[BaseException] = []
+    hook = quiet_when_jvm_gone(lambda kind, exc, tb: passed.append(exc))
+    gone = PySparkRuntimeError(errorClass="CANNOT_OPEN_SOCKET", messageParameters={
+        "errors": "[\"tried to connect to ('127.0.0.1', 1), but an error occurred: [Errno 104] Connection reset by peer\"]"})
+    for exc in (EOFError(), BrokenPipeError(), gone):
+        hook(type(exc), exc, None)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3 and all(line.startswith("safepoint: the stateful operator's driver-side init ended")
+                                   for line in lines), lines
+    assert "CANNOT_OPEN_SOCKET" in lines[2]
+    other = PySparkRuntimeError(errorClass="PYTHON_VERSION_MISMATCH",
+                                messageParameters={"worker_version": "3.10", "driver_version": "3.11"})
+    for exc in (other, ValueError("a real error")):
+        hook(type(exc), exc, None)
+    assert passed == [other, passed[1]] and isinstance(passed[1], ValueError)
+    assert capsys.readouterr().err == ""
