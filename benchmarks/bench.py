@@ -56,6 +56,7 @@ from bench_machine import broker_rewrite, cores_together  # noqa: E402
 from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
 from bench_report import build_report, evaluate_targets, findings, plot_latency  # noqa: E402
 from bench_runs import Child, run_spark_tp, source_ignores_max_offsets  # noqa: E402
+from bench_typed import typed_decode_cost  # noqa: E402
 from bench_workers import worker_plain, worker_spark_floor, worker_spark_lat, worker_spark_tp  # noqa: E402
 from bench_workload import build_workload, make_topics, open_holds, produce_all, raw_consume  # noqa: E402
 
@@ -412,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
             res["core"] = core_ratio(values[:n])
             say(f"(5) core: replay {res['core']['replay_us']:.1f} us/event, json.loads {res['core']['json_loads_us']:.2f} us/event, "
                 f"ratio {res['core']['ratio']:.3f}")
+            res["typed_decode"] = td = typed_decode_cost(values[:min(n, 100_000)])
+            say(f"(5) typed decode: parse {td['parse_us']:.2f} us/event, one typed decoder {td['typed_us']:.2f}, "
+                f"made into maps {td['typed_map_us']:.2f} ({td['events']:,} lines it takes, {td['refused']:,} it leaves)")
             res["signing"] = signing_cost(values[:min(n, 100_000)])
             sg = res["signing"]
             say(f"(5) signed node events: signing {sg['sign_us']:.1f} us/event (with its JSON), the core checking each "
