@@ -148,7 +148,10 @@ def typed_decode_cost(values: list[bytes], repeat: int = 3) -> dict[str, Any]:
     """us/event of ``parse``, of the typed decode alone and of the typed decode made into maps, over
     the lines of ``values`` the typed decoder takes (the others counted), alternating, best of
     ``repeat`` each."""
-    from safepoint.core.events import parse
+    from safepoint.core.events import DEFAULT_CLUSTER, parse
+    from safepoint.core.policy import Policy
+
+    max_bytes = Policy().max_message_bytes
 
     lines = []
     for value in values:
@@ -161,10 +164,10 @@ def typed_decode_cost(values: list[bytes], repeat: int = 3) -> dict[str, Any]:
     def as_map(value: bytes) -> dict[str, Any]:
         record = to_record(DECODER.decode(value))
         if "cluster" not in record:
-            record["cluster"] = "default"
+            record["cluster"] = DEFAULT_CLUSTER
         return record
 
-    runs: dict[str, Any] = {"parse": lambda v: parse(v, 1 << 20), "typed": DECODER.decode, "typed_map": as_map}
+    runs: dict[str, Any] = {"parse": lambda v: parse(v, max_bytes), "typed": DECODER.decode, "typed_map": as_map}
     best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeat):
         for name, run in runs.items():

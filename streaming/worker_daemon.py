@@ -188,8 +188,8 @@ def quiet_when_jvm_gone(hook: Callable[..., object], what: str = QUIET_WHEN_JVM_
     (with the first as its context) was all the job's log said of a clean stop. The source's runner
     does the same when the JVM goes while it answers a call (a full-suite run caught it too, at the
     same moment), and a worker started just as the JVM stops finds no one to connect to (PySpark's
-    ``CANNOT_OPEN_SOCKET``, a reset connection: caught once with SIGINT). The JVM decides what a failed call means: it reads the connection, not this
-    process's stderr.
+    ``CANNOT_OPEN_SOCKET``, a reset connection: caught once with SIGINT). The JVM decides what a
+    failed call means: it reads the connection, not this process's stderr.
     """
 
     def excepthook(kind: type[BaseException], exc: BaseException, tb: object) -> None:

@@ -245,8 +245,9 @@ QUIET = {"log_level": 0}
 """librdkafka logs nothing: the broker restart makes test clients log every refused connection."""
 
 
-def producer(bootstrap: str) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, **QUIET})
+def producer(bootstrap: str, conf: dict[str, Any] | None = None) -> Producer:
+    """An idempotent producer of the tests, with ``conf`` over its settings."""
+    return Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5, **(conf or {}), **QUIET})
 
 
 def send(bootstrap: str, topic: str, messages: list[Message]) -> None:
@@ -333,8 +334,7 @@ class Feeder(threading.Thread):
             self._p.produce(self.topic, key=key, value=data, partition=part, on_delivery=on_delivery)
 
     def _producer(self) -> Producer:
-        return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 5,
-                         **FAILOVER_CONF, "message.timeout.ms": int(self.STALL_S * 1000), **QUIET})
+        return producer(self.bootstrap, {**FAILOVER_CONF, "message.timeout.ms": int(self.STALL_S * 1000)})
 
     def _rebuild(self) -> None:
         self.rebuilds += 1
