@@ -38,6 +38,7 @@ from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import Outcome, Result, Tally, step
 from safepoint.core.origin import CONTROL, EVENTS, MISROUTED
 from safepoint.core.policy import Policy
+from safepoint.core.records import Hold
 from safepoint.core.status import assemble
 from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
@@ -448,9 +449,8 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
     (bucket, value), = stored_buckets(nodes.dump(), nodes.buckets).items()
     again = stored_nodes(cluster, 8, lambda b: value if b == bucket else None)
     node = again.node(cluster, "n1")
-    opening = {"v": 1, "type": "reader_open", "cluster": cluster, "node": "n1", "incarnation": 0, "seq": 3,
-               "wall_ms": 1, "reader_id": "above", "read_ts": 20}
-    assert node.apply_quiet(opening, policy, state.safe_ts, True, opening["wall_ms"]) == ("reader", "above", 20)
+    opening = Hold(20, 1, None, 0)
+    assert node.quiet("reader_open", 1, 0, 3, "above", opening, policy, state.safe_ts, True, 1) == ("reader", "above", 20)
     assert "above" in node.holds.of("reader")
 
 

@@ -189,7 +189,7 @@ def violation(book: AlertBook, node: str, kind: str, hid: str, ts: int, bound: B
 def below_sent(ts: int | None, safe_ts: int | None) -> bool:
     """A hold (or a node's minimum) at ``ts`` lies below ``safe_ts`` already sent: the versions it reads
     may be compacted (a ``horizon_violation``). The rules that raise one ask it, and so do the
-    shortcuts that must raise none (``NodeState.apply_quiet``, ``ClusterState.take_quiet``)."""
+    shortcuts that must raise none (``NodeState.quiet``, ``ClusterState.take_quiet``)."""
     return ts is not None and safe_ts is not None and ts < safe_ts
 
 

@@ -44,6 +44,7 @@ from safepoint.core.control import GAP_ACK, Control
 from safepoint.core.directives import Directives
 from safepoint.core.emergency import Emergency
 from safepoint.core.event_records import ClusterEvent, Event, GapAck, NodeEvent
+from safepoint.core.event_structs import TYPE_OF, HoldEvent, ReaderOpenStruct, TxBeginStruct
 from safepoint.core.events import is_control_event, is_node_event
 from safepoint.core.gaps import Gap, Gaps
 from safepoint.core.holds import EVENTS
@@ -53,7 +54,7 @@ from safepoint.core.node import NodeState
 from safepoint.core.origin import MISROUTED, is_control
 from safepoint.core.outputs import DEADLETTER, Output
 from safepoint.core.policy import Policy
-from safepoint.core.records import NodeUpdate
+from safepoint.core.records import Hold, NodeUpdate
 from safepoint.core.recovery import ASK, COMPLETED, Recovery, StartPlan
 from safepoint.core.signals import AlertChange, BandChange, DebtReport, ExpireOrder, Signal, SnapshotAsk
 from safepoint.core.tenants import Tenants
@@ -277,7 +278,7 @@ class ClusterState:
                    partition: int | None = None) -> list[Output] | None:
         """The shortcut of the commonest events: a hold that opens above, or closes strictly above, its
         node's lowest hold, while nothing else moves. What it emits when it took the event
-        (``NodeState.apply_quiet`` applied it to the node: at most the clearing of a violation by the
+        (``NodeState.quiet`` applied it to the node: at most the clearing of a violation by the
         hold it closes); None: nothing changed, the full path takes it.
 
         Each condition is one that a step of ``apply_node_update`` begins with, so that it finds
@@ -289,9 +290,35 @@ class ClusterState:
         below ``safe_ts`` (``below_sent``, as ``check_horizon`` asks). ``test_properties`` checks it against the full path
         (the same log with every state read back from its stored form before each message: a
         restored cluster has no settled round, so it takes none of these shortcuts)."""
-        log = log_time(event)
+        shape = EVENTS.get(event["type"])
+        if shape is None:
+            return None
+        what, opening = shape
+        wall = event["wall_ms"]
+        incarnation = event["incarnation"]
+        hold = what.opened(event, wall, incarnation) if opening else None
+        return self._take_quiet(node, event["type"], wall, incarnation, event["seq"], what.id_of(event), hold,
+                                log_time(event), policy, partition)
+
+    def take_quiet_typed(self, node: NodeState, event: HoldEvent, policy: Policy, partition: int,
+                         log: int) -> list[Output] | None:
+        """``take_quiet`` of an event decoded as a struct (``core/event_structs.py``), at log time ``log``."""
+        kind = TYPE_OF[type(event)]
+        shape = EVENTS.get(kind)
+        if shape is None:
+            return None
+        what, _opening = shape
+        hold = (what.opened_struct(event, event.incarnation) if isinstance(event, (ReaderOpenStruct, TxBeginStruct))
+                else None)
+        hid: str = getattr(event, what.id_field)
+        return self._take_quiet(node, kind, event.wall_ms, event.incarnation, event.seq, hid, hold, log, policy,
+                                partition)
+
+    def _take_quiet(self, node: NodeState, kind: str, wall: int, incarnation: int, seq: int, hid: str,
+                    hold: Hold | None, log: int, policy: Policy, partition: int | None) -> list[Output] | None:
+        """``take_quiet`` of an event given by its fields (``NodeState.quiet``)."""
         name = node.node
-        if (event["type"] not in EVENTS or not self._settled_for(name, log) or self.recovery is not None
+        if (not self._settled_for(name, log) or self.recovery is not None
                 or self.tenants.active or (self.members.topology is not None and self.topology_wall is None)):
             return None
         members = self.members
@@ -302,7 +329,7 @@ class ClusterState:
         safe = self.safe_ts
         if member and (self.alerts.floor_of(name) is not None or below_sent(rec.local_min, safe)):
             return None
-        change = node.apply_quiet(event, policy, safe, member, log)
+        change = node.quiet(kind, wall, incarnation, seq, hid, hold, policy, safe, member, log)
         if change is None:
             return None
         members.heard(name, rec, node.incarnation, node.seq, log, member)

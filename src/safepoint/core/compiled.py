@@ -24,11 +24,13 @@ __all__ = ["BUILD", "GROUP", "PLAIN", "compiled_modules", "digest", "select"]
 HERE = Path(__file__).resolve().parent
 BUILD = HERE.parents[2] / "build" / "core"
 """Where ``scripts/build_core.py`` puts the build (``build/core`` of the checkout)."""
-PLAIN = frozenset({"__init__", "alert_kinds", "compiled", "event_records", "fastcheck", "jsonfloat", "policy"})
+PLAIN = frozenset({"__init__", "alert_kinds", "compiled", "event_records", "event_structs", "fastcheck", "jsonfloat",
+                   "policy"})
 """Modules that stay Python: this one and the package (they choose), ``alert_kinds`` and
 ``event_records`` (type declarations only, written from the schemas: no code runs on them, and a
 compiled ``TypedDict`` keeps no ``__required_keys__``),
-``fastcheck`` (it writes Python at run time), ``jsonfloat`` (a subclass of ``str``, which mypyc
+``event_structs`` (msgspec structs, which mypyc cannot compile; the compiled code reads their
+attributes), ``fastcheck`` (it writes Python at run time), ``jsonfloat`` (a subclass of ``str``, which mypyc
 cannot compile) and ``policy`` (a compiled class checks its fields' types before ``__post_init__``
 can say which setting is wrong)."""
 GROUP = "safepoint.core._compiled"

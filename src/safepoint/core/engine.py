@@ -19,10 +19,11 @@ from typing import NamedTuple, Protocol
 from safepoint.core.clock import log_time
 from safepoint.core.cluster import ClusterState
 from safepoint.core.event_records import Event
-from safepoint.core.events import Rejected, is_control_event, is_node_event, parse
+from safepoint.core.event_structs import HoldEvent
+from safepoint.core.events import Rejected, is_control_event, is_node_event, parse, typed_event
 from safepoint.core.gaps import Gap
 from safepoint.core.node import NodeState
-from safepoint.core.origin import FILE, MISROUTED, misrouted, routed_partition
+from safepoint.core.origin import CONTROL, FILE, MISROUTED, misrouted, routed_partition
 from safepoint.core.outputs import Output, dead_letter
 from safepoint.core.policy import Policies, Policy
 from safepoint.core.recovery import StartPlan
@@ -137,9 +138,10 @@ def _open_holds(ns: NodeState | None) -> list[tuple[str, str, int]]:
 
 
 def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, partition: int,
-         offset: int) -> Outcome:
+         offset: int, quiet: bool = True) -> Outcome:
     """Apply one validated event, the message at routed ``partition``/``offset`` (``core/origin.py``),
-    to its node and cluster."""
+    to its node and cluster. ``quiet``: a node event is offered to the quiet path first
+    (``ClusterState.take_quiet``); False where it was offered already, as a struct, and refused."""
     state.directives.saw(partition, offset)
     if MISROUTED in event:
         if is_control_event(event) and policy.control_on_events_topic:  # an old publisher, allowed
@@ -158,9 +160,9 @@ def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, p
         if state.alerts.raised:
             accepted = state.accept_node_event(event["node"])
     node = nodes.node(state.name, event["node"])
-    quiet = state.take_quiet(node, event, policy, partition)
-    if quiet is not None:
-        return Outcome(APPLIED, None, accepted + quiet if accepted else quiet)
+    took = state.take_quiet(node, event, policy, partition) if quiet else None
+    if took is not None:
+        return Outcome(APPLIED, None, accepted + took if accepted else took)
     update = node.apply(event, policy)
     if isinstance(update, str):
         return Outcome(IGNORED, update, accepted)
@@ -231,7 +233,18 @@ class Engine:
         only for a dead letter: the commonest message needs none), with its log time ``log_ms``
         (``core/clock.py``: a Kafka record's broker time). Without one, the message's own ``log_ms``
         (a replay file's line may carry its record's time) or else its ``wall_ms`` stands in. ``topic``'s
-        origin (``origins``) decides what belongs there."""
+        origin (``origins``) decides what belongs there.
+
+        A hold's opening or closing is decoded as a struct first (``typed_event``) and offered to
+        the quiet path (``quiet_typed``); what that does not take is parsed into a map and goes the
+        full path, which does not offer it to the quiet path again (it would refuse it as well)."""
+        quiet = True
+        typed = typed_event(value, self.policy.max_message_bytes)
+        if typed is not None:
+            out = self.quiet_typed(typed, topic, partition, offset, log_ms)
+            if out is not None:
+                return out
+            quiet = False
         event = parse(value, self.policy.max_message_bytes)
         origin = self.origins.get(topic, FILE)
         routed = routed_partition(origin, partition)
@@ -244,21 +257,46 @@ class Engine:
             elif type(own) is not int:
                 event["log_ms"] = event["wall_ms"]
             misrouted(event, origin, value, key, topic, partition, offset)
-            outcome = self.apply(event, routed, offset)
+            outcome = self.apply(event, routed, offset, quiet)
         label = self.tally.add(outcome)
         if self.outcomes is not None:
             self.outcomes.append((routed, offset, label))
         return outcome.outputs
 
-    def apply(self, event: Event, partition: int, offset: int) -> Outcome:
-        """One validated event through ``step`` (its cluster started if it is new)."""
+    def quiet_typed(self, event: HoldEvent, topic: str, partition: int, offset: int,
+                    log_ms: int | None) -> list[Output] | None:
+        """The outputs of a hold's opening or closing decoded as a struct when the quiet path takes it
+        (``ClusterState.take_quiet_typed``), counted as ``process_at`` counts an event; None, nothing
+        changed, where ``step`` would not offer it to the quiet path (a cluster not met yet, an
+        event on the control topic: misrouted, a cluster that checks signatures) or the quiet path
+        refuses it. Its log time: ``log_ms``, else its ``wall_ms`` (a struct holds no ``log_ms``)."""
+        state = self.clusters.get(event.cluster)
+        origin = self.origins.get(topic, FILE)
+        if state is None or origin == CONTROL:
+            return None
+        policy = self.policies.of(event.cluster)
+        if policy.node_key_secret:
+            return None
+        out = state.take_quiet_typed(self.node(state.name, event.node), event, policy, partition,
+                                     event.wall_ms if log_ms is None else log_ms)
+        if out is None:
+            return None
+        state.directives.saw(partition, offset)
+        label = self.tally.add(Outcome(APPLIED, None, out))
+        if self.outcomes is not None:
+            self.outcomes.append((partition, offset, label))
+        return out
+
+    def apply(self, event: Event, partition: int, offset: int, quiet: bool = True) -> Outcome:
+        """One validated event through ``step`` (its cluster started if it is new; ``quiet``: as
+        ``step`` takes it)."""
         name = event["cluster"]
         state = self.clusters.get(name)
         pre: list[Output] = []
         if state is None:
             state = self.clusters[name] = ClusterState.starting(name, self.start)
             pre = state.meet_gaps(self.gaps, log_time(event), self.policies.of(name))
-        outcome = step(state, self, event, self.policies.of(name), partition, offset)
+        outcome = step(state, self, event, self.policies.of(name), partition, offset, quiet)
         if pre:
             outcome.outputs = pre + outcome.outputs
         return outcome

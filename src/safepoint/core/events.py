@@ -16,6 +16,7 @@ import fastjsonschema
 import msgspec
 
 from safepoint.core.event_records import ControlEvent, Event, NodeEvent
+from safepoint.core.event_structs import DECODER, TYPE_OF, HoldEvent
 from safepoint.core.fastcheck import compile_check
 from safepoint.core.holds import EVENTS as HOLD_EVENTS
 from safepoint.core.jsonfloat import JsonFloat as _JsonFloat
@@ -25,7 +26,7 @@ from safepoint.schemas import CONTROL_EVENT_TYPES, EVENT_TYPES, NODE_EVENT_TYPES
 if TYPE_CHECKING:
     from typing_extensions import TypeIs  # typing's own from Python 3.13
 
-__all__ = ["Rejected", "parse", "parse_obj", "is_control_event", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
+__all__ = ["Rejected", "parse", "parse_obj", "typed_event", "is_control_event", "is_node_event", "DEFAULT_CLUSTER", "DEADLETTER_CODES"]
 
 DEFAULT_CLUSTER = "default"
 _NODE_TYPES = frozenset(NODE_EVENT_TYPES)
@@ -141,6 +142,20 @@ def is_control_event(event: Event) -> TypeIs[ControlEvent]:
     """An operator's control event (the control topic's: ``CONTROL_EVENT_TYPES``): the core's one test
     of it (routing, refusal, signatures and the control part all ask it)."""
     return event["type"] in _CONTROL
+
+
+def typed_event(value: bytes | str | None, max_bytes: int) -> HoldEvent | None:
+    """A hold's opening or closing decoded and validated as a struct (``core/event_structs.py``), or
+    None: another event, or one the struct's decoder is not sure of, or a message ``parse``'s own
+    checks must see (text, oversized, or with a ``\\u`` escape, which may hide a lone surrogate):
+    ``parse`` decides it. Whatever this decodes, ``parse`` accepts with the same fields."""
+    if value is None or isinstance(value, str) or len(value) > max_bytes or value.find(b"\\u") >= 0:
+        return None
+    try:
+        decoded: object = DECODER.decode(value)
+    except Exception:  # noqa: BLE001 - not sure: parse gives the verdict
+        return None
+    return cast("HoldEvent", decoded) if type(decoded) in TYPE_OF else None
 
 
 def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False) -> Event | Rejected:

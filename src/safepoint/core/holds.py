@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from msgspec import UnsetType
+
+from safepoint.core.event_structs import ReaderOpenStruct, TxBeginStruct
 from safepoint.core.records import Hold
 
 __all__ = ["EVENTS", "HELD_AS", "HELD_KINDS", "KIND", "KINDS", "READER", "TX", "HoldKind", "HoldSet", "Oldest",
@@ -79,6 +82,14 @@ class HoldKind:
         """The hold its opening event opens."""
         return Hold(event[self.ts_field], event.get("opened_wall_ms", wall), event.get("label"), incarnation,
                     namespace=event.get("namespace"))
+
+    def opened_struct(self, event: ReaderOpenStruct | TxBeginStruct, incarnation: int) -> Hold:
+        """``opened`` of an opening decoded as a struct (``core/event_structs.py``)."""
+        ts: int = getattr(event, self.ts_field)
+        opened, label, namespace = event.opened_wall_ms, event.label, event.namespace
+        return Hold(ts, event.wall_ms if isinstance(opened, UnsetType) else opened,
+                    None if isinstance(label, UnsetType) else label, incarnation,
+                    namespace=None if isinstance(namespace, UnsetType) else namespace)
 
     def listed_hold(self, entry: dict[str, Any], old: Hold | None, wall: int, incarnation: int) -> Hold:
         """The hold a snapshot's entry restates; ``old``: the one held under its key until now, whose

@@ -35,7 +35,7 @@ Moved = tuple[list[OpenedHold], list[HoldRef]]
 them on the update, in the order the steps ran)."""
 
 Quiet = tuple[()] | tuple[str, str, int | None]
-"""What ``apply_quiet`` changed: () nothing but the clock and ``seq`` (a closing of an unknown id),
+"""What ``quiet`` changed: () nothing but the clock and ``seq`` (a closing of an unknown id),
 (kind, id, ts) a hold opened, (kind, id, None) a hold closed."""
 
 STORED_FIELDS = (
@@ -124,11 +124,11 @@ class NodeState:
         self._low: tuple[Blocker, Blocker] | None = None
         """(floor, lowest hold) of the last walk while the node holds nothing namespaced (not stored)."""
         self._restored = False
-        """Read from the store and not walked since: ``_low`` is not known yet (``apply_quiet`` walks)."""
+        """Read from the store and not walked since: ``_low`` is not known yet (``quiet`` walks)."""
         self._since: tuple[float, float, float] | None = None
         """(no hold opened before, no transaction prepared before, the node's clock below which
         ``Pressure.still_until`` says the pressure has nothing to decide): lower bounds
-        ``apply_quiet`` keeps for the pressure's clocks, and the bound they give; None after
+        ``quiet`` keeps for the pressure's clocks, and the bound they give; None after
         ``apply`` (the next shortcut walks the holds once; not stored)."""
 
     # -- persistence ------------------------------------------------------------------
@@ -201,13 +201,16 @@ class NodeState:
     # -- the rules --------------------------------------------------------------------
     def check_order(self, event: NodeEvent) -> str | None:
         """Return why the event is ignored (stale or duplicate), or None to apply it."""
-        incarnation = event["incarnation"]
+        return self.order_of(event["incarnation"], event["seq"])
+
+    def order_of(self, incarnation: int, seq: int) -> str | None:
+        """``check_order`` of an event of ``incarnation`` and ``seq``."""
         if incarnation < self.incarnation:
             return IGNORED_STALE_INCARNATION
         if incarnation == self.incarnation:
-            if event["seq"] == self.seq:
+            if seq == self.seq:
                 return IGNORED_DUPLICATE
-            if event["seq"] < self.seq:
+            if seq < self.seq:
                 return IGNORED_OLDER_SEQ
         return None
 
@@ -407,10 +410,13 @@ class NodeState:
                         holds[plain] = hold
         return closed
 
-    def apply_quiet(self, event: NodeEvent, policy: Policy, safe_ts: int | None, member: bool,
-                    log: int) -> Quiet | None:
+    def quiet(self, kind: str, wall: int, incarnation: int, seq: int, hid: str, hold: Hold | None, policy: Policy,
+              safe_ts: int | None, member: bool, log: int) -> Quiet | None:
         """Apply a hold's opening or closing that changes nothing but the node's holds, ``seq`` and
-        clock; None when it might (nothing is changed then: ``apply`` takes the event).
+        clock; None when it might (nothing is changed then: ``apply`` takes the event). The event is
+        given by its fields: its ``kind`` (type), ``wall`` ms, ``incarnation``, ``seq``, the id of
+        the hold it opens or closes and, for an opening, the ``hold`` it opens (``ClusterState.take_quiet``
+        reads them from a map, ``take_quiet_typed`` from a struct).
 
         It states no condition of its own: each is the one its step of ``apply`` begins with, so the
         two cannot drift apart. The event is the newest process's next (``check_order``), with no
@@ -421,11 +427,8 @@ class NodeState:
         ``_kept_low``). For the cluster: a hold it opens is not below ``safe_ts`` (``below_sent``: no
         violation), and, for a ``member``, the node's floor is not either (``check_floor`` has
         nothing to say)."""
-        wall = event["wall_ms"]
-        incarnation = event["incarnation"]
-        kind = event["type"]
         shape = EVENTS.get(kind)
-        if (shape is None or incarnation != self.incarnation or self.check_order(event) is not None
+        if (shape is None or incarnation != self.incarnation or self.order_of(incarnation, seq) is not None
                 or self.parts is not None or not self.incs.still(incarnation)
                 or not self.leak.still(kind, policy) or not self.clock.still(wall, log, policy)):
             return None
@@ -442,7 +445,6 @@ class NodeState:
         what, opening = shape
         hkind = what.name
         holds = self.holds.of(hkind)
-        hid = what.id_of(event)
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
         since = self._since
         if since is None:
@@ -450,8 +452,7 @@ class NodeState:
             since = self._since = (first, prepared, self.pressure.still_until(first, prepared, policy))
         change: Quiet = ()
         if opening:
-            hold = what.opened(event, wall, incarnation)
-            if (hid in holds or not self._keeps_lowest(hold.ts, hold.namespace)
+            if (hold is None or hid in holds or not self._keeps_lowest(hold.ts, hold.namespace)
                     or below_sent(hold.ts, safe_ts)):
                 return None
             if hold.opened_wall < since[0]:  # the node's earliest opening now: the pressure's bound moves
@@ -468,7 +469,7 @@ class NodeState:
             if gone is not None:
                 del holds[hid]
                 change = (hkind, hid, None)
-        self.seq = event["seq"]
+        self.seq = seq
         self.last_wall_ms = now
         self.clock.take(wall, log, policy)  # (still: it only sets the offset)
         return change
