@@ -78,8 +78,16 @@ def test_the_demo_runs_etcd_postgres_and_mariadb_beside_the_simulated_cluster(tm
                  or proc.poll() is not None, 120, "the PostgreSQL report's snapshot in the holds API")
         wait_for(lambda: any("IDLE IN TRANSACTION" in (h.get("label") or "") for h in holds(base, "mdb-main"))
                  or proc.poll() is not None, 120, "the MariaDB report's read view in the holds API")
-        shown = dashboard_text(base, ["cluster etcd-main", "compacted to", "cluster default", "nightly-report",
-                                      "cluster mdb-main", "purged below trx"], tmp_path / "engines.png")
+        # The two reports hold their snapshots 25 s of every 45, each on its own schedule: the page is
+        # read again until it shows both at once (they overlap at least 5 s a cycle)
+        deadline = time.monotonic() + 150
+        while True:
+            shown = dashboard_text(base, ["cluster etcd-main", "compacted to", "cluster default", "nightly-report",
+                                          "cluster mdb-main", "purged below trx"], tmp_path / "engines.png")
+            if ("IDLE IN TRANSACTION" in shown.get("mdb-main:", "") and "IDLE IN TRANSACTION" in shown.get("pg-main:", "")
+                    or time.monotonic() > deadline or proc.poll() is not None):
+                break
+            time.sleep(1)
         etcd = shown.get("etcd-main:", "")
         assert "revision" in etcd and "compacted to" in etcd, etcd[:2000]
         pg = shown.get("pg-main:", "")
@@ -97,8 +105,12 @@ def test_the_demo_runs_etcd_postgres_and_mariadb_beside_the_simulated_cluster(tm
         audited = re.search(r"^audit: (\d+) directives checked .* (\d+) violation\(s\)$", out, re.M)
         assert audited and int(audited.group(1)) >= 1 and audited.group(2) == "0", out[-3000:]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:  # a failed step: Ctrl-C first, so that the demo stops its engines
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
     time.sleep(1)
     # the demo's etcd, PostgreSQL and MariaDB run from directories named safepoint-demo-engines-* (other tests'
     # servers, running meanwhile in other workers, are not the demo's)
