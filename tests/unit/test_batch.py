@@ -25,6 +25,7 @@ from safepoint.core.batch import (
     DeadLetterPayload,
     Group,
     Raw,
+    Typed,
     accounting_row,
     admit,
     bucket_of,
@@ -33,9 +34,12 @@ from safepoint.core.batch import (
     merge_log_order,
     route,
     route_records,
+    run_batch,
+    untyped,
 )
 from safepoint.core.cluster import ClusterState
 from safepoint.core.engine import Outcome, Result, Tally, step
+from safepoint.core.holds import EVENTS as HOLD_EVENTS
 from safepoint.core.origin import CONTROL, EVENTS, MISROUTED
 from safepoint.core.policy import Policy
 from safepoint.core.records import Hold
@@ -44,11 +48,13 @@ from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.replay import final_status
 from safepoint.streaming.stored import (
+    decode_cluster,
     encode_cluster,
     pack_group,
     stored_buckets,
     stored_nodes,
     unpack_group,
+    unpack_groups,
 )
 
 from core_helpers import validator
@@ -235,14 +241,18 @@ def test_router_groups_by_cluster_and_keeps_dead_letters_apart() -> None:
 
 def test_a_record_named_by_its_header_is_parsed_by_its_operator_as_the_router_would() -> None:
     """``route_records`` hands a record whose header names its cluster through unread; ``admit`` (the
-    operator's half) gives the very records and dead letters ``route`` gives, and refuses an event
-    whose header names another cluster than its own."""
+    operator's half) gives the very records and dead letters ``route`` gives (a hold event as a
+    struct, ``Typed``, which parses into the router's record), and refuses an event whose header
+    names another cluster than its own, a hold event too."""
     policy = Policy(max_message_bytes=400)
     hb = {"v": 1, "type": "heartbeat", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 1, "wall_ms": 2,
           "mvcc_now": 5}
     pause = {"v": 1, "type": "pause", "cluster": "c1", "wall_ms": 3, "action_id": "a1", "reason": "x"}
+    reader = {"v": 1, "type": "reader_open", "cluster": "c1", "node": "n1", "incarnation": 0, "seq": 3, "wall_ms": 4,
+              "reader_id": "r1", "read_ts": 5}
     values = [json.dumps(hb).encode(), json.dumps({**hb, "cluster": "default"} | {"seq": 2}).encode(),
-              json.dumps(pause).encode(), *JUNK, b"x" * 401]
+              json.dumps(pause).encode(), json.dumps(reader).encode(),
+              json.dumps({**reader, "cluster": "default"}).encode(), *JUNK, b"x" * 401]
     for origin, topic, kafka in ((EVENTS, "ev", 3), (CONTROL, "ctl", 0)):
         rows = [(kafka, offset, b"k", value, 10 + offset if offset % 2 else None) for offset, value in enumerate(values)]
         parsed = sorted((item for group in route(rows, topic, policy, origin=origin).values() for item in group),
@@ -251,13 +261,18 @@ def test_a_record_named_by_its_header_is_parsed_by_its_operator_as_the_router_wo
         assert list(named) == ["c1"] and named["c1"].routed == []
         assert [r.value for r in named["c1"].raw] == values
         admitted = admit("c1", unpack_group(pack_group(named["c1"])).raw, {EVENTS: "ev", CONTROL: "ctl"}, policy)
-        mismatch = next(i for i, v in enumerate(values) if b'"default"' in v)
-        (dead,) = [admitted[mismatch]]
-        assert isinstance(dead.payload, DeadLetterPayload) and dead.payload.code == "invalid_field"
-        assert dead.payload.reason == ("invalid header safepoint-cluster: it names cluster 'c1', the event's cluster "
-                                       "is 'default'")
-        assert dead.payload.value["topic"] == topic and dead.payload.value["partition"] == kafka
-        assert [r for i, r in enumerate(admitted) if i != mismatch] == [r for i, r in enumerate(parsed) if i != mismatch]
+        structs = [i for i, r in enumerate(admitted) if isinstance(r.payload, Typed)]
+        assert structs == ([3] if origin == EVENTS else []), "a hold event of its header's cluster, on the events topic"
+        admitted = [untyped("c1", r.payload) if isinstance(r.payload, Typed) else r for r in admitted]
+        mismatches = [i for i, v in enumerate(values) if b'"default"' in v]
+        assert len(mismatches) == 2
+        for dead in (admitted[i] for i in mismatches):
+            assert isinstance(dead.payload, DeadLetterPayload) and dead.payload.code == "invalid_field"
+            assert dead.payload.reason == ("invalid header safepoint-cluster: it names cluster 'c1', the event's "
+                                           "cluster is 'default'")
+            assert dead.payload.value["topic"] == topic and dead.payload.value["partition"] == kafka
+        assert ([r for i, r in enumerate(admitted) if i not in mismatches]
+                == [r for i, r in enumerate(parsed) if i not in mismatches])
         assert any(MISROUTED in r.payload for r in admitted if isinstance(r.payload, dict)), "misrouted marked as before"
     # no header, an empty one or one not UTF-8: the router parses the record itself
     assert header_cluster(None) is None and header_cluster([("other", b"c1")]) is None
@@ -292,6 +307,53 @@ def test_the_job_with_headers_gives_replays_outputs_from_either_source(source: s
 def _types(payload: Any) -> dict[str, type]:
     fields = payload if isinstance(payload, dict) else payload._asdict()
     return {k: type(v) for k, v in fields.items()}
+
+
+def _operator_over(msgs: list[Message], splits: list[int], policy: Policy, typed: bool
+                   ) -> tuple[list[Any], int]:
+    """The router and the operator's half over the batches of ``msgs``, each cluster's state kept
+    in its stored form between batches, ``admit`` with or without ``typed``: every output, counter
+    and stored value in order, and how many records came to the operator as structs."""
+    topics = {EVENTS: "ev", CONTROL: "ctl"}
+    clusters: dict[str, bytes] = {}
+    buckets: dict[tuple[str, int], bytes] = {}
+    seen: list[Any] = []
+    structs = 0
+    for start, end in zip([0, *splits], [*splits, len(msgs)], strict=True):
+        packed: dict[str, list[bytes]] = {}
+        for partition in sorted({m[0] for m in msgs[start:end]}):
+            rows = [(*m[:4], broker_time(m), header_of(m)) for m in msgs[start:end] if m[0] == partition]
+            for cluster, group in route_records(rows, "ev", policy).items():
+                packed.setdefault(cluster, []).append(pack_group(group))
+        for cluster, blobs in sorted(packed.items()):
+            group = unpack_groups(blobs)
+            items = group.routed + admit(cluster, group.raw, topics, policy, typed)
+            structs += sum(isinstance(item.payload, Typed) for item in items)
+            stored = clusters.get(cluster)
+            result = run_batch(cluster, None if stored is None else decode_cluster(stored),
+                               stored_nodes(cluster, 8, lambda b, c=cluster: buckets.get((c, b))), items, policy, True)
+            if result.cluster is not None:
+                clusters[cluster] = encode_cluster(result.cluster)
+            written = stored_buckets(result.buckets, 8)
+            buckets.update({(cluster, b): bytes(v) for b, v in written.items()})
+            seen += [cluster, result.outputs, result.counts, clusters.get(cluster), sorted(written.items())]
+    return seen, structs
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_the_operator_offers_hold_events_as_structs_with_the_maps_outcome(seed: int) -> None:
+    """A hold's opening or closing that came unread is decoded as a struct by ``admit`` and offered
+    to the quiet path as it is, parsed only if refused (``Typed``, ``untyped``): over batches of a
+    log with restarts, duplicates, junk and (seed 3) broker times and clocks off, the same outputs
+    in the same order, the same counters and the same stored state as with every record parsed."""
+    msgs = messages(seed)
+    splits = sorted(random.Random(seed).sample(range(1, len(msgs)), 9))
+    policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100, reader_age_warning_ms=1_500)
+    as_maps, none = _operator_over(msgs, splits, policy, typed=False)
+    as_structs, structs = _operator_over(msgs, splits, policy, typed=True)
+    assert none == 0 and structs > sum(1 for m in msgs if header_of(m) is not None) // 2
+    assert any(o[0] == "directives" for seen in as_maps[1::5] for o in seen), "the log makes directives"
+    assert as_structs == as_maps
 
 
 def test_packed_records_come_back_as_they_were_routed() -> None:
@@ -450,7 +512,9 @@ def test_a_node_read_from_the_store_takes_the_shortcut_at_its_first_event() -> N
     again = stored_nodes(cluster, 8, lambda b: value if b == bucket else None)
     node = again.node(cluster, "n1")
     opening = Hold(20, 1, None, 0)
-    assert node.quiet("reader_open", 1, 0, 3, "above", opening, policy, state.safe_ts, True, 1) == ("reader", "above", 20)
+    what, is_opening = HOLD_EVENTS["reader_open"]
+    assert (node.quiet("reader_open", what, is_opening, 1, 0, 3, "above", opening, policy, state.safe_ts, True, 1)
+            == ("reader", "above", 20))
     assert "above" in node.holds.of("reader")
 
 
@@ -489,3 +553,4 @@ def test_each_output_is_yielded_the_moment_it_is_made() -> None:
         if output[0] == "directives" and not at_first:
             at_first.append(applied())
     assert 0 < at_first[0] < applied() / 2, "the batch was worked through before the first directive left"
+

@@ -3,7 +3,8 @@
 1. ``route_records`` (before the shuffle, one task per Kafka partition) groups the batch's messages
    by cluster. A message whose record names its cluster in the ``safepoint-cluster`` header
    (``CLUSTER_HEADER``: what the node clients send) goes through as it came, a ``Raw`` record, and
-   is parsed once, by its cluster's operator (``admit``). One without the header (an older client,
+   is parsed once, by its cluster's operator (``admit``: a hold's opening or closing is decoded as a
+   struct, ``Typed``, and parsed into a map only if the quiet path does not take it). One without the header (an older client,
    a cluster event from a tool of its own) is parsed and validated here, as ``route`` does, into a
    ``Routed`` record: where it came from, its log time (``core/clock.py``: the record's broker time,
    set on the event as ``log_ms``) and the validated event, or its dead letter (those go to cluster
@@ -31,9 +32,10 @@ from operator import itemgetter
 from typing import Any, NamedTuple, cast
 
 from safepoint.core.cluster import ClusterState
-from safepoint.core.engine import APPLIED, DEADLETTERED, Outcome, Tally, step
+from safepoint.core.engine import APPLIED, DEADLETTERED, Outcome, Tally, step, step_typed
 from safepoint.core.event_records import Event
-from safepoint.core.events import DEADLETTER_CODES, Rejected, parse
+from safepoint.core.event_structs import HoldEvent
+from safepoint.core.events import DEADLETTER_CODES, Rejected, parse, typed_event
 from safepoint.core.gaps import GAP_PARTITION, Gap
 from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.core.node import NodeState
@@ -56,6 +58,8 @@ __all__ = [
     "DeadLetterPayload",
     "Emitted",
     "Routed",
+    "Typed",
+    "untyped",
     "bucket_of",
     "route",
     "route_records",
@@ -94,7 +98,7 @@ class Routed(NamedTuple):
     partition: int
     offset: int
     log_ms: int
-    payload: Event | DeadLetterPayload | dict[str, Any]
+    payload: Event | DeadLetterPayload | dict[str, Any] | Typed
 
 
 # msgspec (streaming/stored.py unpack_group) decodes a Routed record by its fields' annotations: the
@@ -126,6 +130,18 @@ class Group(NamedTuple):
 
 # as Routed's above: the compiled core keeps a union's annotation only as ``type``
 Raw.__annotations__.update(broker_ms=int | None, key=bytes | None, value=bytes | None)
+
+
+class Typed(NamedTuple):
+    """A hold's opening or closing that came unread, decoded by ``admit`` as a struct (``typed_event``:
+    sure of it, and of the cluster its header named) and offered to the quiet path as it is
+    (``step_typed``). The message, its topic and the router's size limit are kept for the full path,
+    which parses it (``untyped``). Never stored: it lives in the operator's batch only."""
+
+    event: HoldEvent
+    raw: Raw
+    topic: str
+    limit: int
 
 
 def header_cluster(headers: Iterable[tuple[str, bytes | None]] | None) -> str | None:
@@ -209,17 +225,38 @@ def _parsed(routed: int, offset: int, key: bytes | None, value: bytes | None, br
     return event["cluster"], Routed(routed, offset, log, event)
 
 
-def admit(cluster: str, raw: Iterable[Raw], topics: Mapping[str, str], policy: Policy) -> list[Routed]:
+def admit(cluster: str, raw: Iterable[Raw], topics: Mapping[str, str], policy: Policy,
+          typed: bool = True) -> list[Routed]:
     """The operator's half of ``route_records``: ``cluster``'s messages that came unread, parsed and
     validated as ``route`` would have (the same records, the same dead letters), an event whose
     header named another cluster than its own refused. ``topics``: each origin's topic name (the
-    dead letters name it); ``policy``: the one whose ``max_message_bytes`` the router applies."""
+    dead letters name it); ``policy``: the one whose ``max_message_bytes`` the router applies.
+
+    With ``typed``, a hold's opening or closing on the events topic is decoded as a struct instead
+    (``Typed``, at the same log time), and parsed only if the quiet path does not take it
+    (``untyped``): the same outcome either way."""
     limit = policy.max_message_bytes
+    events = topics[EVENTS]
     out: list[Routed] = []
-    for partition, offset, broker_ms, key, value in raw:
-        origin = CONTROL if is_control(partition) else EVENTS
-        out.append(_parsed(partition, offset, key, value, broker_ms, topics[origin], limit, origin, cluster)[1])
+    for item in raw:
+        partition, offset, broker_ms, key, value = item
+        if is_control(partition):
+            out.append(_parsed(partition, offset, key, value, broker_ms, topics[CONTROL], limit, CONTROL, cluster)[1])
+            continue
+        event = typed_event(value, limit) if typed else None
+        if event is not None and event.cluster == cluster:
+            out.append(Routed(partition, offset, event.wall_ms if broker_ms is None else broker_ms,
+                              Typed(event, item, events, limit)))
+        else:
+            out.append(_parsed(partition, offset, key, value, broker_ms, events, limit, EVENTS, cluster)[1])
     return out
+
+
+def untyped(cluster: str, typed: Typed) -> Routed:
+    """A ``Typed`` record as ``admit`` without ``typed`` would have made it: parsed and validated."""
+    raw = typed.raw
+    return _parsed(raw.partition, raw.offset, raw.key, raw.value, raw.broker_ms, typed.topic, typed.limit, EVENTS,
+                   cluster)[1]
 
 
 BY_NAME = (itemgetter("partition", "offset"), itemgetter("partition"), itemgetter("log_ms"))
@@ -360,13 +397,26 @@ class BatchRun:
         tally = Tally()
         touched = False
         gaps: dict[int, Gap] = {}
-        for partition, offset, _log, payload in merge_log_order(self.items):
+        for partition, offset, log, payload in merge_log_order(self.items):
             if partition == GAP_PARTITION:  # the source's gaps, ahead of the batch's messages (core/gaps.py)
                 assert isinstance(payload, dict)
                 gap = Gap.of(payload)
                 gaps[gap.id] = gap
                 continue
-            if isinstance(payload, DeadLetterPayload):
+            outcome = None
+            quiet = True
+            if isinstance(payload, Typed):  # to the quiet path as a struct (its cluster met, no gap to take first)
+                if state is not None and not gaps:
+                    took = step_typed(state, nodes, payload.event, policy, partition, offset, log)
+                    if took is not None:
+                        outcome = Outcome(APPLIED, None, took)
+                        touched = True
+                    quiet = False  # refused: the full path does not offer it again
+                if outcome is None:
+                    payload = untyped(cluster, payload).payload
+            if outcome is not None:
+                pass
+            elif isinstance(payload, DeadLetterPayload):
                 outcome = Outcome(DEADLETTERED, payload.code, [Output(DEADLETTER, payload.key, payload.value)])
             else:
                 if state is None or gaps:
@@ -377,7 +427,7 @@ class BatchRun:
                         yield o.channel, o.key, o.value
                     gaps = {}
                     touched = True
-                outcome = step(state, nodes, cast(Event, payload), policy, partition, offset)
+                outcome = step(state, nodes, cast(Event, payload), policy, partition, offset, quiet)
                 touched = True
             label = tally.add(outcome)
             if self.accounting:

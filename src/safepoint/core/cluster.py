@@ -47,7 +47,7 @@ from safepoint.core.event_records import ClusterEvent, Event, GapAck, NodeEvent
 from safepoint.core.event_structs import TYPE_OF, HoldEvent, ReaderOpenStruct, TxBeginStruct
 from safepoint.core.events import is_control_event, is_node_event
 from safepoint.core.gaps import Gap, Gaps
-from safepoint.core.holds import EVENTS
+from safepoint.core.holds import EVENTS, HoldKind
 from safepoint.core.ids import join_id
 from safepoint.core.members import Members
 from safepoint.core.node import NodeState
@@ -297,7 +297,7 @@ class ClusterState:
         wall = event["wall_ms"]
         incarnation = event["incarnation"]
         hold = what.opened(event, wall, incarnation) if opening else None
-        return self._take_quiet(node, event["type"], wall, incarnation, event["seq"], what.id_of(event), hold,
+        return self._take_quiet(node, event["type"], what, opening, wall, incarnation, event["seq"], what.id_of(event), hold,
                                 log_time(event), policy, partition)
 
     def take_quiet_typed(self, node: NodeState, event: HoldEvent, policy: Policy, partition: int,
@@ -307,15 +307,16 @@ class ClusterState:
         shape = EVENTS.get(kind)
         if shape is None:
             return None
-        what, _opening = shape
+        what, opening = shape
         hold = (what.opened_struct(event, event.incarnation) if isinstance(event, (ReaderOpenStruct, TxBeginStruct))
                 else None)
         hid: str = getattr(event, what.id_field)
-        return self._take_quiet(node, kind, event.wall_ms, event.incarnation, event.seq, hid, hold, log, policy,
+        return self._take_quiet(node, kind, what, opening, event.wall_ms, event.incarnation, event.seq, hid, hold, log, policy,
                                 partition)
 
-    def _take_quiet(self, node: NodeState, kind: str, wall: int, incarnation: int, seq: int, hid: str,
-                    hold: Hold | None, log: int, policy: Policy, partition: int | None) -> list[Output] | None:
+    def _take_quiet(self, node: NodeState, kind: str, what: HoldKind, opening: bool, wall: int, incarnation: int,
+                    seq: int, hid: str, hold: Hold | None, log: int, policy: Policy,
+                    partition: int | None) -> list[Output] | None:
         """``take_quiet`` of an event given by its fields (``NodeState.quiet``)."""
         name = node.node
         if (not self._settled_for(name, log) or self.recovery is not None
@@ -329,7 +330,7 @@ class ClusterState:
         safe = self.safe_ts
         if member and (self.alerts.floor_of(name) is not None or below_sent(rec.local_min, safe)):
             return None
-        change = node.quiet(kind, wall, incarnation, seq, hid, hold, policy, safe, member, log)
+        change = node.quiet(kind, what, opening, wall, incarnation, seq, hid, hold, policy, safe, member, log)
         if change is None:
             return None
         members.heard(name, rec, node.incarnation, node.seq, log, member)

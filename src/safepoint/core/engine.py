@@ -30,7 +30,7 @@ from safepoint.core.recovery import StartPlan
 from safepoint.core.signing import verify_node
 
 __all__ = ["APPLIED", "DEADLETTERED", "IGNORED", "Engine", "NodeSource", "Outcome", "Position", "Result", "Tally",
-           "dead_lettered", "step"]
+           "dead_lettered", "step", "step_typed"]
 
 
 class Result(Enum):
@@ -171,6 +171,20 @@ def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, p
     return Outcome(APPLIED, None, accepted + out if accepted else out)
 
 
+def step_typed(state: ClusterState, nodes: NodeSource, event: HoldEvent, policy: Policy, partition: int, offset: int,
+               log: int) -> list[Output] | None:
+    """``step`` of a hold's opening or closing decoded as a struct (``core/event_structs.py``), at log
+    time ``log``, where the quiet path takes it (``ClusterState.take_quiet_typed``): its outputs. None,
+    nothing changed, where it does not, or where ``step`` would not offer it (a cluster that checks
+    signatures): the event then goes ``step``'s full path, parsed. The caller knows the event is on
+    the events topic (``step`` would refuse a hold event elsewhere as misrouted)."""
+    if policy.node_key_secret:
+        return None
+    out = state.take_quiet_typed(nodes.node(state.name, event.node), event, policy, partition, log)
+    if out is not None:
+        state.directives.saw(partition, offset)
+    return out
+
 
 class Engine:
     """Every message of a log through ``step``, in order, with the accounting of every message."""
@@ -271,17 +285,12 @@ class Engine:
         event on the control topic: misrouted, a cluster that checks signatures) or the quiet path
         refuses it. Its log time: ``log_ms``, else its ``wall_ms`` (a struct holds no ``log_ms``)."""
         state = self.clusters.get(event.cluster)
-        origin = self.origins.get(topic, FILE)
-        if state is None or origin == CONTROL:
+        if state is None or self.origins.get(topic, FILE) == CONTROL:
             return None
-        policy = self.policies.of(event.cluster)
-        if policy.node_key_secret:
-            return None
-        out = state.take_quiet_typed(self.node(state.name, event.node), event, policy, partition,
-                                     event.wall_ms if log_ms is None else log_ms)
+        out = step_typed(state, self, event, self.policies.of(event.cluster), partition, offset,
+                         event.wall_ms if log_ms is None else log_ms)
         if out is None:
             return None
-        state.directives.saw(partition, offset)
         label = self.tally.add(Outcome(APPLIED, None, out))
         if self.outcomes is not None:
             self.outcomes.append((partition, offset, label))

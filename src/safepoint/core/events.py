@@ -149,7 +149,7 @@ def typed_event(value: bytes | str | None, max_bytes: int) -> HoldEvent | None:
     None: another event, or one the struct's decoder is not sure of, or a message ``parse``'s own
     checks must see (text, oversized, or with a ``\\u`` escape, which may hide a lone surrogate):
     ``parse`` decides it. Whatever this decodes, ``parse`` accepts with the same fields."""
-    if value is None or isinstance(value, str) or len(value) > max_bytes or value.find(b"\\u") >= 0:
+    if value is None or isinstance(value, str) or len(value) > max_bytes or _escapes(value):
         return None
     try:
         decoded: object = DECODER.decode(value)
@@ -170,7 +170,7 @@ def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False)
         except Exception:  # noqa: BLE001, S110 - the long way below gives the verdict in its words
             pass
         else:
-            if value.find(b"\\u") >= 0 and _has_lone_surrogate(obj):  # find: cheaper than ``in`` here
+            if _escapes(value) and _has_lone_surrogate(obj):
                 return Rejected(_LONE_SURROGATE)
             return parse_obj(obj)
     if isinstance(value, str):
@@ -201,6 +201,11 @@ def parse(value: bytes | str | None, max_bytes: int, *, reference: bool = False)
     if "\\u" in text and _has_lone_surrogate(obj):
         return Rejected(_LONE_SURROGATE)
     return parse_obj(obj, reference=reference)
+
+
+def _escapes(value: bytes) -> bool:
+    """Whether a message's bytes hold a ``\\u`` escape, which may hide a lone surrogate."""
+    return value.find(b"\\u") >= 0  # find: cheaper than ``in`` here
 
 
 def _has_lone_surrogate(obj: Any) -> bool:

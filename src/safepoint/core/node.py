@@ -13,7 +13,7 @@ from safepoint.core.alerts import below_sent
 from safepoint.core.clock import ClockWatch, log_time
 from safepoint.core.cost import History
 from safepoint.core.event_records import Heartbeat, NodeEvent, Snapshot, TxPrepare
-from safepoint.core.holds import EVENTS, HELD_AS, KINDS, TX, HoldSet, blocker_kind
+from safepoint.core.holds import EVENTS, HELD_AS, KINDS, TX, HoldKind, HoldSet, blocker_kind
 from safepoint.core.incarnations import LATE, TWIN, Incarnations, alt_key, own_id
 from safepoint.core.leaks import LeakWatch
 from safepoint.core.policy import Policy
@@ -410,11 +410,12 @@ class NodeState:
                         holds[plain] = hold
         return closed
 
-    def quiet(self, kind: str, wall: int, incarnation: int, seq: int, hid: str, hold: Hold | None, policy: Policy,
-              safe_ts: int | None, member: bool, log: int) -> Quiet | None:
+    def quiet(self, kind: str, what: HoldKind, opening: bool, wall: int, incarnation: int, seq: int, hid: str,
+              hold: Hold | None, policy: Policy, safe_ts: int | None, member: bool, log: int) -> Quiet | None:
         """Apply a hold's opening or closing that changes nothing but the node's holds, ``seq`` and
         clock; None when it might (nothing is changed then: ``apply`` takes the event). The event is
-        given by its fields: its ``kind`` (type), ``wall`` ms, ``incarnation``, ``seq``, the id of
+        given by its fields: its ``kind`` (type), the hold kind ``what`` it opens (``opening``) or
+        closes (``core/holds.py``: ``EVENTS[kind]``), ``wall`` ms, ``incarnation``, ``seq``, the id of
         the hold it opens or closes and, for an opening, the ``hold`` it opens (``ClusterState.take_quiet``
         reads them from a map, ``take_quiet_typed`` from a struct).
 
@@ -427,8 +428,7 @@ class NodeState:
         ``_kept_low``). For the cluster: a hold it opens is not below ``safe_ts`` (``below_sent``: no
         violation), and, for a ``member``, the node's floor is not either (``check_floor`` has
         nothing to say)."""
-        shape = EVENTS.get(kind)
-        if (shape is None or incarnation != self.incarnation or self.order_of(incarnation, seq) is not None
+        if (incarnation != self.incarnation or self.order_of(incarnation, seq) is not None
                 or self.parts is not None or not self.incs.still(incarnation)
                 or not self.leak.still(kind, policy) or not self.clock.still(wall, log, policy)):
             return None
@@ -442,7 +442,6 @@ class NodeState:
                 return None
         if member and below_sent(low[0].ts, safe_ts):
             return None
-        what, opening = shape
         hkind = what.name
         holds = self.holds.of(hkind)
         now = wall if wall > self.last_wall_ms else self.last_wall_ms
