@@ -53,7 +53,7 @@ from bench_common import _loadavg, empty_node_bytes, fmt_rate, mb, say  # noqa: 
 from bench_fleet import core_ratio, directive_sizes, fleet_figure, signing_cost  # noqa: E402
 from bench_latency import run_latency  # noqa: E402
 from bench_machine import broker_rewrite, cores_together  # noqa: E402
-from bench_profiling import parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
+from bench_profiling import batch_cost, parse_jfr, parse_pyspy, profile_plain, profile_processors  # noqa: E402
 from bench_report import build_report, evaluate_targets, findings, plot_latency  # noqa: E402
 from bench_runs import Child, run_spark_tp, source_ignores_max_offsets  # noqa: E402
 from bench_typed import typed_decode_cost  # noqa: E402
@@ -421,6 +421,14 @@ def main(argv: list[str] | None = None) -> int:
             say(f"(5) signed node events: signing {sg['sign_us']:.1f} us/event (with its JSON), the core checking each "
                 f"{sg['verify_us']:.1f} us/event more ({sg['replay_checked_us']:.1f} against {sg['replay_us']:.1f}: "
                 f"x{sg['ratio']:.2f})")
+            sizes = tuple(sorted({max(1, round(r * args.trigger_ms / 1000)) for r in rates})) or (2_500,)
+            say(f"(5) the operator's batch at {', '.join(f'{s:,}' for s in sizes)} events (the latency runs' rates at the "
+                f"trigger), without Spark ...")
+            res["batch_cost"] = batch_cost([(k, v) for _, k, v in wl.events], sizes, args.partitions)
+            for bc in res["batch_cost"]:
+                say(f"(5) a batch of {bc['batch_rows']:,}: the operator {bc['operator_ms']:.1f} ms "
+                    f"({bc['status_off_operator_ms']:.1f} with the status off), by part "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in bc["ms_per_batch"].items()))
             res["directive_sizes"] = directive_sizes()
             say("(5) directive size: " + ", ".join(f"{d['nodes']:,} nodes {d['compaction_bytes']:,} B (members record "
                                                   f"{d['members_bytes']:,} B)" for d in res["directive_sizes"]))

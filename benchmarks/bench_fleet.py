@@ -247,6 +247,14 @@ def report_lines(res: dict[str, Any]) -> list[str]:
                  f"maps the rules read {td['typed_map_us']:.2f}. What a typed decode saves comes only with rules that "
                  f"read the structs: {td['parse_us'] - td['typed_us']:.2f} us/event.")
         L.append("")
+    for bc in res.get("batch_cost") or []:
+        ms = bc["ms_per_batch"]
+        L.append(f"The operator's batch of {bc['batch_rows']:,} events (`benchmarks/bench_profiling.py` `batch_cost`: "
+                 f"the job's batch logic without Spark, {bc['batches']} batches after the state has grown, the collector "
+                 f"paused): **{bc['operator_ms']:.1f} ms** ({bc['status_off_operator_ms']:.1f} with the status off; "
+                 f"{bc['us_per_event']:.1f} us/event with the router's {ms['route']:.1f} ms); by part: "
+                 + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items() if k != "route") + ".")
+        L.append("")
     sc = res.get("scale")
     base = scale_base(res)
     if sc and base:

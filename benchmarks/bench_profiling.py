@@ -71,19 +71,28 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
     }
 
 
-def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
-    """The job's batch logic (core/batch.py: route per partition, each node event's record named by
-    its header and handed through unread, as a node client sends it; then each cluster's batch
-    parsed (``admit``) and through ``run_batch``, with the stored values and the packed hand-off
-    between them, streaming/stored.py) run in this process, without Spark.
+BATCH_PARTS = ("route", "unpack", "parse", "state_in", "run", "encode", "state_out")
+"""The parts of a batch ``operator_passes`` times: the router (before the shuffle), then the operator's
+unpacking, its parse (``admit``), the cluster's state read (``decode_cluster``), the batch through
+the rules (``run_batch``: the nodes' buckets read as touched, the status parts made), the outputs
+encoded as the operator sends them, and the state written (``encode_cluster``, ``stored_buckets``)."""
 
-    A second pass runs under cProfile. What is left between this and the job's real rate is Spark's
-    own cost (Arrow between JVM and Python, the shuffle, RocksDB, the source and sink).
-    """
+
+def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions: int, policy: Any,
+                    prof: cProfile.Profile | None = None, skip: int = 0) -> dict[str, Any]:
+    """The job's batch logic over ``values`` in batches of ``batch_rows`` (core/batch.py: route per
+    partition, each node event's record named by its header and handed through unread, as a node
+    client sends it; then each cluster's batch parsed (``admit``) and through ``run_batch``, its
+    outputs encoded, with the stored values and the packed hand-off between them,
+    streaming/stored.py) in this process, without Spark; the collector paused, as the operator
+    pauses it. Seconds by part (``BATCH_PARTS``) over the batches after the first ``skip`` (whose
+    states are still growing), those batches, their events, the outputs and the state's bytes."""
+    import gc
+
     from bench_workload import record_headers
 
     from safepoint.core.batch import admit, header_cluster, route_records, run_batch
-    from safepoint.core.policy import Policy
+    from safepoint.core.codec import encode
     from safepoint.streaming.stored import (
         decode_cluster,
         encode_cluster,
@@ -93,7 +102,6 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         unpack_groups,
     )
 
-    policy = Policy()
     buckets = 8
     offsets = [0] * partitions
     msgs: list[tuple[int, int, bytes, bytes, Any]] = []
@@ -102,54 +110,86 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
         msgs.append((p, offsets[p], key.encode(), value, record_headers(value)))
         offsets[p] += 1
     topics = {"events": "bench", "control": "bench.control"}
-    n = len(msgs)
-    prof = cProfile.Profile()
-
-    def one_pass(profiled: bool) -> tuple[dict[str, float], int, int]:
-        seconds = {"route": 0.0, "operator": 0.0}
-        clusters: dict[str, bytes] = {}
-        nodes: dict[tuple[str, int], bytes] = {}
-        outs = 0
-        if profiled:
-            prof.enable()
-        for start in range(0, n, batch_rows):
+    seconds = dict.fromkeys(BATCH_PARTS, 0.0)
+    clusters: dict[str, bytes] = {}
+    nodes: dict[tuple[str, int], bytes] = {}
+    outs = timed = events = 0
+    enabled = gc.isenabled()
+    gc.disable()
+    if prof is not None:
+        prof.enable()
+    try:
+        for index, start in enumerate(range(0, len(msgs), batch_rows)):
             batch = msgs[start:start + batch_rows]
-            t0 = time.perf_counter()
+            took = dict.fromkeys(BATCH_PARTS, 0.0)
+            t = time.perf_counter()
             blobs: dict[str, list[bytes]] = {}
             for part in range(partitions):  # one router call per Kafka partition, as the read tasks do
                 rows = [(*m[:4], None, header_cluster(m[4])) for m in batch if m[0] == part]
                 for cluster, group in route_records(rows, "bench", policy).items():
                     blobs.setdefault(cluster, []).append(pack_group(group))
-            t1 = time.perf_counter()  # the operator's half: unpack, parse what came unread, run the batch
+            t = _lap(took, "route", t)
             for cluster, packed in blobs.items():
                 group = unpack_groups(packed)
+                t = _lap(took, "unpack", t)
                 items = group.routed + admit(cluster, group.raw, topics, policy)
+                t = _lap(took, "parse", t)
                 stored = clusters.get(cluster)
-                bucket_nodes = stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b)))
-                result = run_batch(cluster, None if stored is None else decode_cluster(stored), bucket_nodes,
+                state = None if stored is None else decode_cluster(stored)
+                t = _lap(took, "state_in", t)
+                result = run_batch(cluster, state, stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b))),
                                    items, policy, False)
+                t = _lap(took, "run", t)
+                for _channel, _key, value in result.outputs:
+                    encode(value)
+                t = _lap(took, "encode", t)
                 if result.cluster is not None:
                     clusters[cluster] = encode_cluster(result.cluster)
                 nodes.update({(cluster, b): v for b, v in stored_buckets(result.buckets, buckets).items()})
+                t = _lap(took, "state_out", t)
                 outs += len(result.outputs)
-            seconds["route"] += t1 - t0
-            seconds["operator"] += time.perf_counter() - t1
-        if profiled:
+            if index >= skip:
+                timed += 1
+                events += len(batch)
+                for part, spent in took.items():
+                    seconds[part] += spent
+    finally:
+        if prof is not None:
             prof.disable()
-        return seconds, outs, sum(len(v) for v in clusters.values()) + sum(len(v) for v in nodes.values())
+        if enabled:
+            gc.enable()
+    return {"seconds": seconds, "batches": timed, "events": events, "outputs": outs,
+            "state_bytes": sum(len(v) for v in clusters.values()) + sum(len(v) for v in nodes.values())}
 
-    fs, n_out, state_bytes = one_pass(False)
-    one_pass(True)
+
+def _lap(took: dict[str, float], part: str, since: float) -> float:
+    now = time.perf_counter()
+    took[part] += now - since
+    return now
+
+
+def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partitions: int) -> dict[str, Any]:
+    """``operator_passes`` timed, and a second pass under cProfile. What is left between this and
+    the job's real rate is Spark's own cost (Arrow between JVM and Python, the shuffle, RocksDB,
+    the source and sink)."""
+    from safepoint.core.policy import Policy
+
+    policy = Policy()
+    timed = operator_passes(values, batch_rows, partitions, policy)
+    prof = cProfile.Profile()
+    operator_passes(values, batch_rows, partitions, policy, prof)
+    fs, n = timed["seconds"], timed["events"]
+    route = fs["route"]
     total = sum(fs.values())
     return {
         "events": n,
         "batch_rows": batch_rows,
-        "route_us_per_event": fs["route"] / n * 1e6,
-        "operator_us_per_event": fs["operator"] / n * 1e6,
+        "route_us_per_event": route / n * 1e6,
+        "operator_us_per_event": (total - route) / n * 1e6,
         "total_us_per_event": total / n * 1e6,
         "events_per_s": n / total,
-        "outputs": n_out,
-        "state_value_bytes": state_bytes,
+        "outputs": timed["outputs"],
+        "state_value_bytes": timed["state_bytes"],
         "top_self": _top_stats(prof, total / n * 1e6),
         "cumulative_us_per_event": _cum_for(prof, total / n * 1e6, [
             "events.py:parse", "engine.py:step", "node.py:apply", "stored.py:bucket_entries", "node.py:from_stored", "stored.py:encode_bucket",
@@ -158,6 +198,28 @@ def profile_processors(values: list[tuple[str, bytes]], batch_rows: int, partiti
             "batch.py:run_batch", "json/__init__.py:dumps", "json/__init__.py:loads",
         ]),
     }
+
+
+def batch_cost(values: list[tuple[str, bytes]], sizes: tuple[int, ...], partitions: int,
+               skip: int = 4) -> list[dict[str, Any]]:
+    """The operator's cost per batch at the latency runs' batch sizes (``sizes``: events per batch,
+    e.g. 1,000 and 10,000 ev/s at the trigger), by part (``operator_passes``), with the status on
+    and off (``status_holds`` 0: no status parts): what a batch costs besides its events is the
+    part that does not shrink with them. Each size over the same events, after ``skip`` batches."""
+    from safepoint.core.policy import Policy
+
+    out = []
+    for rows in sizes:
+        n = min(len(values), rows * (skip + 12))
+        on = operator_passes(values[:n], rows, partitions, Policy(), skip=skip)
+        off = operator_passes(values[:n], rows, partitions, Policy(status_holds=0), skip=skip)
+        ms = {part: v / on["batches"] * 1e3 for part, v in on["seconds"].items()}
+        out.append({"batch_rows": rows, "batches": on["batches"], "ms_per_batch": ms,
+                    "operator_ms": sum(v for part, v in ms.items() if part != "route"),
+                    "status_off_operator_ms": sum(v for part, v in off["seconds"].items() if part != "route")
+                    / off["batches"] * 1e3,
+                    "us_per_event": sum(ms.values()) / rows * 1e3})
+    return out
 
 
 _PYSPY_GROUPS = [
