@@ -427,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
             res["batch_cost"] = batch_cost([(k, v) for _, k, v in wl.events], sizes, args.partitions)
             for bc in res["batch_cost"]:
                 say(f"(5) a batch of {bc['batch_rows']:,}: the operator {bc['operator_ms']:.1f} ms "
-                    f"({bc['status_off_operator_ms']:.1f} with the status off), by part "
+                    f"({bc['status_off_operator_ms']:.1f} with the status off, {bc['decoded_operator_ms']:.1f} with "
+                    f"every state decoded), by part "
                     + ", ".join(f"{k} {v:.1f}" for k, v in bc["ms_per_batch"].items()))
             res["directive_sizes"] = directive_sizes()
             say("(5) directive size: " + ", ".join(f"{d['nodes']:,} nodes {d['compaction_bytes']:,} B (members record "

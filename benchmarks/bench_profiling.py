@@ -79,28 +79,36 @@ encoded as the operator sends them, and the state written (``encode_cluster``, `
 
 
 def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions: int, policy: Any,
-                    prof: cProfile.Profile | None = None, skip: int = 0) -> dict[str, Any]:
+                    prof: cProfile.Profile | None = None, skip: int = 0, keep: bool = True) -> dict[str, Any]:
     """The job's batch logic over ``values`` in batches of ``batch_rows`` (core/batch.py: route per
     partition, each node event's record named by its header and handed through unread, as a node
     client sends it; then each cluster's batch parsed (``admit``) and through ``run_batch``, its
     outputs encoded, with the stored values and the packed hand-off between them,
     streaming/stored.py) in this process, without Spark; the collector paused, as the operator
-    pauses it. Seconds by part (``BATCH_PARTS``) over the batches after the first ``skip`` (whose
-    states are still growing), those batches, their events, the outputs and the state's bytes."""
+    pauses it. With ``keep``, the states it wrote are kept for the next batch as the operator keeps
+    them (``stored.KEPT``: taken as they are while the store holds the bytes they were written as),
+    else every batch decodes what it reads. Seconds by part (``BATCH_PARTS``) over the batches
+    after the first ``skip`` (whose states are still growing), those batches, their events, the
+    outputs and the state's bytes."""
     import gc
+    import uuid
 
     from bench_workload import record_headers
 
     from safepoint.core.batch import admit, header_cluster, route_records, run_batch
     from safepoint.core.codec import encode
     from safepoint.streaming.stored import (
+        Kept,
         decode_cluster,
         encode_cluster,
         pack_group,
-        stored_buckets,
         stored_nodes,
         unpack_groups,
+        written_buckets,
     )
+
+    kept = Kept() if keep else None
+    scope = uuid.uuid4().hex
 
     buckets = 8
     offsets = [0] * partitions
@@ -135,17 +143,20 @@ def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions
                 items = group.routed + admit(cluster, group.raw, topics, policy)
                 t = _lap(took, "parse", t)
                 stored = clusters.get(cluster)
-                state = None if stored is None else decode_cluster(stored)
+                state = (None if stored is None else decode_cluster(stored) if kept is None
+                         else kept.cluster(scope, cluster, stored))
                 t = _lap(took, "state_in", t)
-                result = run_batch(cluster, state, stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b))),
-                                   items, policy, False)
+                read = stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b)), kept, scope)
+                result = run_batch(cluster, state, read, items, policy, False)
                 t = _lap(took, "run", t)
                 for _channel, _key, value in result.outputs:
                     encode(value)
                 t = _lap(took, "encode", t)
                 if result.cluster is not None:
                     clusters[cluster] = encode_cluster(result.cluster)
-                nodes.update({(cluster, b): v for b, v in stored_buckets(result.buckets, buckets).items()})
+                    if kept is not None:
+                        kept.wrote((scope, cluster, Kept.CLUSTER), clusters[cluster], result.cluster)
+                nodes.update({(cluster, b): v for b, v in written_buckets(read, result.buckets, buckets, kept, scope).items()})
                 t = _lap(took, "state_out", t)
                 outs += len(result.outputs)
             if index >= skip:
@@ -204,20 +215,26 @@ def batch_cost(values: list[tuple[str, bytes]], sizes: tuple[int, ...], partitio
                skip: int = 4) -> list[dict[str, Any]]:
     """The operator's cost per batch at the latency runs' batch sizes (``sizes``: events per batch,
     e.g. 1,000 and 10,000 ev/s at the trigger), by part (``operator_passes``), with the status on
-    and off (``status_holds`` 0: no status parts): what a batch costs besides its events is the
-    part that does not shrink with them. Each size over the same events, after ``skip`` batches."""
+    and off (``status_holds`` 0: no status parts), and with every state decoded as read (no kept
+    states: a batch on another worker than the last, or after a restart): what a batch costs besides
+    its events is the part that does not shrink with them. Each size over the same events, after
+    ``skip`` batches."""
     from safepoint.core.policy import Policy
+
+    def operator_ms(passes: dict[str, Any]) -> float:
+        return sum(v for part, v in passes["seconds"].items() if part != "route") / passes["batches"] * 1e3
 
     out = []
     for rows in sizes:
         n = min(len(values), rows * (skip + 12))
         on = operator_passes(values[:n], rows, partitions, Policy(), skip=skip)
         off = operator_passes(values[:n], rows, partitions, Policy(status_holds=0), skip=skip)
+        decoded = operator_passes(values[:n], rows, partitions, Policy(), skip=skip, keep=False)
         ms = {part: v / on["batches"] * 1e3 for part, v in on["seconds"].items()}
         out.append({"batch_rows": rows, "batches": on["batches"], "ms_per_batch": ms,
-                    "operator_ms": sum(v for part, v in ms.items() if part != "route"),
-                    "status_off_operator_ms": sum(v for part, v in off["seconds"].items() if part != "route")
-                    / off["batches"] * 1e3,
+                    "operator_ms": operator_ms(on), "status_off_operator_ms": operator_ms(off),
+                    "decoded_operator_ms": operator_ms(decoded),
+                    "decoded_ms_per_batch": {part: v / decoded["batches"] * 1e3 for part, v in decoded["seconds"].items()},
                     "us_per_event": sum(ms.values()) / rows * 1e3})
     return out
 

@@ -8,13 +8,15 @@ value and its nodes' in a map of buckets (read and written only when the batch t
 produces the outputs itself (``produce``): each is sent the moment the batch logic yields it, and
 every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
 Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
-batch's accounting counters. Neither holds a rule: they unpack, read and write state values, and
+batch's accounting counters; what it stores it keeps in its process too (``stored.KEPT``), for the
+next batch to take as it is if the store gives back those very bytes. Neither holds a rule: they unpack, read and write state values, and
 translate rows; the bytes are ``streaming/stored.py``'s. Packed rows (a cluster's ``Group``,
 ``pack_group``) live only inside one micro-batch.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,12 +35,13 @@ from safepoint.core.status import STATUS
 from safepoint.gcfreeze import freeze_once, paused
 from safepoint.streaming.kafka_sink import Outbox
 from safepoint.streaming.stored import (
-    decode_cluster,
+    KEPT,
+    Kept,
     encode_cluster,
     pack_group,
-    stored_buckets,
     stored_nodes,
     unpack_groups,
+    written_buckets,
 )
 
 __all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
@@ -169,6 +172,9 @@ class ClusterJob(StatefulProcessor):
         self.produce = produce
         """The Kafka options (``bootstrap.servers``, ``kafka.*``) when the operator produces its
         outputs itself (the query's sink is then ``noop``); None: it returns them as rows."""
+        self.scope = uuid.uuid4().hex
+        """This query's states in a worker's ``KEPT`` (made once, on the driver: every task of the
+        query has it, another query or a restarted one another)."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         freeze_once()
@@ -195,11 +201,13 @@ class ClusterJob(StatefulProcessor):
             group = unpack(rows)
             items = group.routed
             if group.raw:  # parsed here, once: the router handed them through unread
-                items += admit(key[0], group.raw, self.read_topics, self.policies.default)
+                items += admit(key[0], group.raw, self.read_topics, self.policies.default,
+                               typed=not self.policies.of(key[0]).node_key_secret)
+            cluster, scope = key[0], self.scope
             stored = self.cluster.get()  # None when missing: no exists() round trip first
-            run = BatchRun(key[0], None if stored is None else decode_cluster(bytes(stored[0])),
-                           stored_nodes(key[0], self.buckets, self._bucket),
-                           items, self.policies.of(key[0]), bool(self.accounting_topic), self.start)
+            nodes = stored_nodes(cluster, self.buckets, self._bucket, KEPT, scope)
+            run = BatchRun(cluster, None if stored is None else KEPT.cluster(scope, cluster, bytes(stored[0])), nodes,
+                           items, self.policies.of(cluster), bool(self.accounting_topic), self.start)
             if self.outbox is not None:  # each output sent the moment the batch logic makes it
                 send = self.outbox.send
                 for channel, okey, ovalue in run.outputs():
@@ -209,10 +217,12 @@ class ClusterJob(StatefulProcessor):
             del items, group
         result = run.result
         assert result is not None
-        for bucket, value in stored_buckets(result.buckets, self.buckets).items():
+        for bucket, value in written_buckets(nodes, result.buckets, self.buckets, KEPT, scope).items():
             self.nodes.updateValue((bucket,), (value,))
         if result.cluster is not None:
-            self.cluster.update((encode_cluster(result.cluster),))
+            value = encode_cluster(result.cluster)
+            self.cluster.update((value,))
+            KEPT.wrote((scope, cluster, Kept.CLUSTER), value, result.cluster)
         for channel, okey, ovalue in returned:  # none when the operator produced them itself
             yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
         yield Row(topic="", key=None, value="", **result.counts)

@@ -14,13 +14,21 @@ and back, so that a layout change is made here and nowhere in the core.
   MessagePack (JSON text, the older layout, still read).
 
 ``stored_nodes`` reads a ``BucketNodes``'s buckets from their stored values, and ``stored_buckets``
-writes back the ones a batch touched.
+(``written_buckets``, keeping them) writes back the ones a batch touched.
+
+**Kept states** (``Kept``, one per process: ``KEPT``): what an operator wrote at the end of a batch,
+its bytes beside the states they were made from. When the store gives back the very bytes this
+process last wrote for a cluster or a bucket, the next batch takes the states as they are instead of
+decoding them (a byte comparison instead of a decode); any other bytes (another worker's, a retried
+batch's older version, a restart) are decoded as before. A state is taken out when read and put back
+only with the bytes made from it, so one a failed batch changed is never used again.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,6 +41,8 @@ from safepoint.errors import ConfigError
 
 __all__ = [
     "BUCKET_STATE_VERSION",
+    "KEPT",
+    "Kept",
     "bucket_entries",
     "decode_cluster",
     "encode_bucket",
@@ -41,6 +51,7 @@ __all__ = [
     "stored_buckets",
     "stored_nodes",
     "unpack_group",
+    "written_buckets",
     "unpack_groups",
 ]
 
@@ -90,7 +101,12 @@ def unpack_groups(blobs: Iterable[bytes]) -> Group:
 def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes:
     """A bucket's stored value: the states of its nodes, each in its compact form (a node given in
     that form already is written as it is)."""
-    return _PACK.encode([BUCKET_STATE_VERSION, buckets, [ns if isinstance(ns, list) else ns.to_stored() for ns in nodes]])
+    return _PACK.encode([BUCKET_STATE_VERSION, buckets, _forms(nodes)])
+
+
+def _forms(nodes: Iterable[NodeState | list[Any]]) -> list[list[Any]]:
+    """Each node's compact stored form (one given in that form already as it is)."""
+    return [ns if isinstance(ns, list) else ns.to_stored() for ns in nodes]
 
 
 def bucket_entries(stored: bytes, buckets: int) -> dict[str, NodeState | list[Any]]:
@@ -125,14 +141,98 @@ def decode_cluster(stored: bytes) -> ClusterState:
     return ClusterState.from_json(json.loads(stored) if stored[:1] == b"{" else _UNPACK.decode(stored))
 
 
-def stored_nodes(cluster: str, buckets: int, load: Callable[[int], bytes | None]) -> BucketNodes:
-    """A ``BucketNodes`` over encoded buckets: ``load(bucket)`` gives a bucket's stored value or None."""
+def stored_nodes(cluster: str, buckets: int, load: Callable[[int], bytes | None],
+                 kept: Kept | None = None, scope: str = "") -> BucketNodes:
+    """A ``BucketNodes`` over encoded buckets: ``load(bucket)`` gives a bucket's stored value or None.
+    With ``kept``, a bucket whose value is the one this process last wrote for it (``Kept.wrote``,
+    under ``scope``) comes back as the states it was made from."""
 
     def entries(bucket: int) -> dict[str, NodeState | list[Any]] | None:
         value = load(bucket)
-        return None if value is None else bucket_entries(value, buckets)
+        if value is None:
+            return None
+        if kept is not None:
+            found: tuple[dict[str, NodeState | list[Any]], dict[str, list[Any]]] | None = kept.take(
+                (scope, cluster, bucket), value)
+            if found is not None:
+                states, forms = found
+                nodes.written.update(forms)
+                return states
+        return bucket_entries(value, buckets)
 
-    return BucketNodes(cluster, buckets, entries)
+    nodes = BucketNodes(cluster, buckets, entries)
+    return nodes
+
+
+def written_buckets(nodes: BucketNodes, touched: Mapping[int, Iterable[NodeState | list[Any]]], buckets: int,
+                    kept: Kept | None = None, scope: str = "") -> dict[int, bytes]:
+    """``stored_buckets`` of a batch's ``nodes`` (``touched``: their ``dump``), and with ``kept``
+    each bucket's states kept with the value written, and the stored form each was written in (a
+    state the next batch does not look up is written in that form again, not made again)."""
+    out: dict[int, bytes] = {}
+    for bucket, entries in touched.items():
+        forms = _forms(entries)
+        value = out[bucket] = _PACK.encode([BUCKET_STATE_VERSION, buckets, forms])
+        if kept is not None:
+            states = nodes.loaded[bucket]
+            kept.wrote((scope, nodes.cluster, bucket), value,
+                       (states, {name: form for (name, e), form in zip(states.items(), forms, strict=True)
+                                 if isinstance(e, NodeState)}))
+    return out
+
+
+class Kept:
+    """The states this process last wrote, each with its stored bytes, by (scope, cluster, bucket)
+    (the cluster's own state at bucket -1): the oldest dropped past ``limit`` bytes of stored values.
+    ``hits`` and ``misses`` count the reads that found a state kept, and those that found none or
+    other bytes."""
+
+    CLUSTER = -1
+
+    def __init__(self, limit: int = 256 << 20) -> None:
+        self.limit = limit
+        self.entries: OrderedDict[tuple[str, str, int], tuple[bytes, Any]] = OrderedDict()
+        self.size = 0
+        """The stored values' bytes of ``entries``."""
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, key: tuple[str, str, int], stored: bytes) -> Any:
+        """What was kept at ``key`` if ``stored`` is the value it was kept with, else None; either
+        way nothing stays kept there (the caller may change what it takes)."""
+        kept = self.entries.pop(key, None)
+        if kept is not None:
+            self.size -= len(kept[0])
+            if kept[0] == stored:
+                self.hits += 1
+                return kept[1]
+        self.misses += 1
+        return None
+
+    def wrote(self, key: tuple[str, str, int], stored: bytes, value: Any) -> None:
+        """Keep ``value``, the state ``stored`` was just made from (it must not change after)."""
+        old = self.entries.pop(key, None)
+        if old is not None:
+            self.size -= len(old[0])
+        self.entries[key] = (stored, value)
+        self.size += len(stored)
+        while self.size > self.limit and self.entries:
+            _key, (dropped, _value) = self.entries.popitem(last=False)
+            self.size -= len(dropped)
+
+    def cluster(self, scope: str, cluster: str, stored: bytes) -> ClusterState:
+        """The cluster's state of ``stored``: the one kept with these bytes, else decoded."""
+        state: ClusterState | None = self.take((scope, cluster, self.CLUSTER), stored)
+        return decode_cluster(stored) if state is None else state
+
+    def forget(self, scope: str | None = None, which: Callable[[tuple[str, str, int]], bool] | None = None) -> None:
+        """Drop every state kept (under ``scope``: that scope's only; with ``which``, those it picks)."""
+        for key in [k for k in self.entries if (scope is None or k[0] == scope) and (which is None or which(k))]:
+            self.size -= len(self.entries.pop(key)[0])
+
+
+KEPT = Kept()
+"""This process's kept states (a Python worker runs batch after batch: ``spark.python.worker.reuse``)."""
 
 
 def stored_buckets(touched: Mapping[int, Iterable[NodeState | list[Any]]], buckets: int) -> dict[int, bytes]:

@@ -9,6 +9,7 @@ quickly; the Spark job itself is tested against the same expectations in tests/i
 
 from __future__ import annotations
 
+import random
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ from safepoint.core.engine import Position
 from safepoint.core.ids import CLUSTER_HEADER
 from safepoint.core.origin import CONTROL, EVENTS, is_control, kafka_partition
 from safepoint.streaming.processors import ClusterJob, Router, origins
+from safepoint.streaming.stored import KEPT
 
 __all__ = ["LocalJob", "Message", "ORIGINS", "broker_time", "header_of", "position"]
 
@@ -69,8 +71,14 @@ class _ValueState(_Keyed):
 
 
 class _MapState(_Keyed):
+    fail_after: int | None = None
+    """Reads past this many calls raise."""
+
     def getValue(self, k: Any) -> Any:  # noqa: N802
         self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            msg = "a state read failed"
+            raise RuntimeError(msg)
         return self.data.get(self.key, {}).get(k)
 
     def updateValue(self, k: Any, value: Any) -> None:  # noqa: N802
@@ -93,9 +101,17 @@ class LocalJob:
     """One job whose state lives across ``run_batch`` calls."""
 
     def __init__(self, policy: dict[str, Any], topics: dict[str, str], *, buckets: int = 8,
-                 accounting_topic: str = "", source: str = "python") -> None:
+                 accounting_topic: str = "", source: str = "python", keep: str = "some") -> None:
         """``source``: ``python`` routes as the Python source's read tasks do (``Router.pack``);
-        ``arrow`` as the ``mapInArrow`` after Spark's kafka source (Arrow batches, the headers a column)."""
+        ``arrow`` as the ``mapInArrow`` after Spark's kafka source (Arrow batches, the headers a column).
+        ``keep``: which of the states the operator kept in this process (``stored.KEPT``) a batch
+        finds: ``all`` (one worker runs every batch), ``none`` (each batch decodes all it reads, as
+        after a restart) or ``some`` (about half, picked at random: batches that go to two workers)."""
+        if keep not in ("all", "none", "some"):
+            msg = f"keep: all, none or some, not {keep!r}"
+            raise ValueError(msg)
+        self.keep = keep
+        self.rng = random.Random(len(topics) * 31 + buckets)
         self.buckets = buckets
         self.source = source
         self.policy = policy
@@ -109,8 +125,10 @@ class LocalJob:
         self.seconds = {"route": 0.0, "operator": 0.0}
         """Time spent so far in the router and the stateful operator."""
 
-    def run_batch(self, messages: Iterable[Message]) -> list[tuple[str, str | None, str]]:
-        """One micro-batch: the (topic, key, value) rows the sink would write, in order."""
+    def run_batch(self, messages: Iterable[Message], fail_reads: int | None = None) -> list[tuple[str, str | None, str]]:
+        """One micro-batch: the (topic, key, value) rows the sink would write, in order. With
+        ``fail_reads``, every read of a bucket after that many raises (a task that fails mid-batch:
+        nothing is stored)."""
         import pyarrow as pa
 
         t0 = time.perf_counter()
@@ -142,6 +160,10 @@ class LocalJob:
         t1 = time.perf_counter()
         written: list[tuple[str, str | None, str]] = []
         totals: dict[str, int] = {}
+        nodes = self.handle.states["nodes"]
+        nodes.fail_after = None if fail_reads is None else nodes.calls + fail_reads
+        if self.keep != "all":
+            KEPT.forget(self.operator.scope, None if self.keep == "none" else lambda _k: self.rng.random() < 0.5)
         for cluster, rows in groups.items():
             for state in self.handle.states.values():
                 state.key = (cluster,)

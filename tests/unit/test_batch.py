@@ -48,6 +48,8 @@ from safepoint.devtools.simulate import SimConfig, generate_log, key_of
 from safepoint.errors import ConfigError
 from safepoint.replay import final_status
 from safepoint.streaming.stored import (
+    KEPT,
+    Kept,
     decode_cluster,
     encode_cluster,
     pack_group,
@@ -104,8 +106,8 @@ def messages(seed: int, partitions: int = 3, clusters: int = 2, duration_ms: int
 
 
 def run(msgs: list[Message], splits: list[int], policy: Policy, accounting: bool = False,
-        buckets: int = 8) -> tuple[dict[str, list[Any]], LocalJob]:
-    job = LocalJob(policy.to_dict(), TOPICS, buckets=buckets, accounting_topic="acct" if accounting else "")
+        buckets: int = 8, keep: str = "some") -> tuple[dict[str, list[Any]], LocalJob]:
+    job = LocalJob(policy.to_dict(), TOPICS, buckets=buckets, accounting_topic="acct" if accounting else "", keep=keep)
     written: list[tuple[str, str | None, str]] = []
     start = 0
     for end in [*splits, len(msgs)]:
@@ -179,8 +181,10 @@ def by_topic(written: list[tuple[str, str | None, str]]) -> dict[str, list[Any]]
     return by_topic
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_job_batches_give_replays_outputs(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "keep"), [(1, "some"), (2, "some"), (3, "some"), (1, "all"), (3, "none")])
+def test_job_batches_give_replays_outputs(seed: int, keep: str) -> None:
+    """The job over batches of a log gives replay's outputs, status and accounting, whichever of its
+    kept states each batch finds (``keep``: every one, none, some)."""
     msgs = messages(seed)
     rng = random.Random(seed)
     splits = sorted(rng.sample(range(1, len(msgs)), 12))
@@ -188,7 +192,7 @@ def test_job_batches_give_replays_outputs(seed: int) -> None:
                     reader_age_warning_ms=1_500, reader_age_critical_ms=3_000, in_doubt_timeout_ms=1_000,
                     clock_skew_window_ms=1_000)
     expected, accounting, engine = replay_in_job_order(msgs, splits, policy)
-    fast, fjob = run(msgs, splits, policy, accounting=True)
+    fast, fjob = run(msgs, splits, policy, accounting=True, keep=keep)
     status = fast.pop("st")
     assert len(status) > len({k for k, _ in status}), "parts are written again as they change"
     for _key, part in status:
@@ -438,6 +442,58 @@ def test_a_batch_reads_and_writes_only_the_buckets_it_touches() -> None:
     job.run_batch([hb("n1", 2), hb("n1", 3)])
     # the cluster's value read and written, n1's bucket read and written
     assert job.state_calls() - before == 4
+
+
+def test_a_batch_takes_the_states_its_process_wrote_only_while_the_store_holds_those_bytes() -> None:
+    """The operator keeps what it stored (``stored.KEPT``) and the next batch takes it as it is
+    (no decode) when the store gives back those very bytes; other bytes in the store (another
+    worker's batch) are decoded, and what a batch that did not end took is never used again: the
+    same outputs and stored values as a job that decodes every batch."""
+    policy = Policy(retention=200_000, node_lease_ms=1_500, directive_interval_ms=100)
+    msgs = messages(2, partitions=1, clusters=1)
+    size = len(msgs) // 6
+    batches = [msgs[i:i + size] for i in range(0, len(msgs), size)]
+    kept = LocalJob(policy.to_dict(), TOPICS, accounting_topic="acct", keep="all")
+    fresh = LocalJob(policy.to_dict(), TOPICS, accounting_topic="acct", keep="none")
+    scope = kept.operator.scope
+    hits = KEPT.hits
+    assert kept.run_batch(batches[0]) == fresh.run_batch(batches[0])
+    assert {k[0] for k in KEPT.entries} >= {scope} and KEPT.hits == hits
+    assert kept.run_batch(batches[1]) == fresh.run_batch(batches[1])
+    assert KEPT.hits > hits, "the second batch took the first one's states"
+    values, nodes = kept.handle.states["cluster"], kept.handle.states["nodes"]
+    assert values.data == fresh.handle.states["cluster"].data and nodes.data == fresh.handle.states["nodes"].data
+    # another worker wrote the cluster's value and a bucket since: those bytes are decoded, not matched
+    other = LocalJob(policy.to_dict(), TOPICS, accounting_topic="acct", keep="none")
+    for batch in batches[:3]:
+        other.run_batch(batch)
+    fresh.run_batch(batches[2])
+    values.data = dict(other.handle.states["cluster"].data)
+    nodes.data = {k: dict(v) for k, v in other.handle.states["nodes"].data.items()}
+    assert kept.run_batch(batches[3]) == fresh.run_batch(batches[3])
+    # a batch that fails after it changed states it took (a bucket's read fails: nothing stored)
+    # leaves none of them kept: the next one decodes what the store holds
+    kept.run_batch(batches[4])
+    fresh.run_batch(batches[4])
+    taken = dict(KEPT.entries)
+    with pytest.raises(RuntimeError, match="state read"):
+        kept.run_batch(batches[5], fail_reads=3)
+    assert len([k for k in KEPT.entries if k[0] == scope]) < len([k for k in taken if k[0] == scope])
+    for batch in batches[5:]:
+        assert kept.run_batch(batch) == fresh.run_batch(batch)
+    assert kept.accounting == fresh.accounting[:2] + fresh.accounting[3:], "every message taken once (batch 2: the other worker's)"
+    assert values.data == fresh.handle.states["cluster"].data and nodes.data == fresh.handle.states["nodes"].data
+
+
+def test_kept_states_are_bounded_by_their_stored_bytes() -> None:
+    kept = Kept(limit=10)
+    kept.wrote(("s", "c", 0), b"12345", "a")
+    kept.wrote(("s", "c", 1), b"123456", "b")
+    assert list(kept.entries) == [("s", "c", 1)] and kept.size == 6
+    assert kept.take(("s", "c", 1), b"other") is None and kept.size == 0
+    assert kept.take(("s", "c", 1), b"123456") is None, "gone once taken"
+    kept.wrote(("s", "c", 1), b"123456", "b")
+    assert kept.take(("s", "c", 1), b"123456") == "b"
 
 
 def test_a_node_joining_in_a_later_batch_has_its_stored_holds_alerted_without_being_touched() -> None:

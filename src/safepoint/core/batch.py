@@ -4,12 +4,13 @@
    by cluster. A message whose record names its cluster in the ``safepoint-cluster`` header
    (``CLUSTER_HEADER``: what the node clients send) goes through as it came, a ``Raw`` record, and
    is parsed once, by its cluster's operator (``admit``: a hold's opening or closing is decoded as a
-   struct, ``Typed``, and parsed into a map only if the quiet path does not take it). One without the header (an older client,
-   a cluster event from a tool of its own) is parsed and validated here, as ``route`` does, into a
-   ``Routed`` record: where it came from, its log time (``core/clock.py``: the record's broker time,
-   set on the event as ``log_ms``) and the validated event, or its dead letter (those go to cluster
-   ``""``). Either way a message gives the same outcome and, if it is refused, the same dead letter;
-   only an event whose header names another cluster than its own is refused for that.
+   struct, ``Typed``, and parsed into a map only if the quiet path does not take it). One without
+   the header (an older client, a cluster event from a tool of its own) is parsed and validated
+   here, as ``route`` does, into a ``Routed`` record: where it came from, its log time
+   (``core/clock.py``: the record's broker time, set on the event as ``log_ms``) and the validated
+   event, or its dead letter (those go to cluster ``""``). Either way a message gives the same
+   outcome and, if it is refused, the same dead letter; only an event whose header names another
+   cluster than its own is refused for that.
 2. ``run_batch`` (the one stateful operator, keyed by cluster) puts one cluster's messages in log
    order (``merge_log_order``) and runs ``engine.step`` on each, as ``replay`` does: the cluster's
    state, and each node's from its bucket (``BucketNodes``: a bucket is read when the batch first
@@ -234,7 +235,8 @@ def admit(cluster: str, raw: Iterable[Raw], topics: Mapping[str, str], policy: P
 
     With ``typed``, a hold's opening or closing on the events topic is decoded as a struct instead
     (``Typed``, at the same log time), and parsed only if the quiet path does not take it
-    (``untyped``): the same outcome either way."""
+    (``untyped``): the same outcome either way (False where it would be parsed anyway: a cluster
+    that checks signatures)."""
     limit = policy.max_message_bytes
     events = topics[EVENTS]
     out: list[Routed] = []
@@ -311,6 +313,9 @@ class BucketNodes:
         """Each bucket read so far: its nodes by name, as a state once looked up, else as stored."""
         self.touched: dict[str, NodeState] = {}
         """The nodes this batch looked up, by name (their status goes out after the batch)."""
+        self.written: dict[str, list[Any]] = {}
+        """The stored form of each node that ``load`` gave as a state (one an earlier batch in this
+        process wrote and kept): what it is written as again while the batch does not look it up."""
 
     def node(self, cluster: str, name: str) -> NodeState:
         state = self.touched.get(name)
@@ -345,10 +350,12 @@ class BucketNodes:
         return nodes
 
     def dump(self) -> dict[int, list[NodeState | list[Any]]]:
-        """The nodes of every bucket the batch touched, to be stored (each a state, or in the stored
-        form it was read in)."""
-        touched = {bucket_of(name, self.buckets) for name in self.touched}
-        return {b: list(self.loaded[b].values()) for b in sorted(touched)}
+        """The nodes of every bucket the batch touched, to be stored (each a state it looked up, or
+        in the stored form it was read or last written in)."""
+        touched, written = self.touched, self.written
+        buckets = {bucket_of(name, self.buckets) for name in touched}
+        return {b: [written[name] if name not in touched and name in written else entry
+                    for name, entry in self.loaded[b].items()] for b in sorted(buckets)}
 
 
 Emitted = tuple[str | None, str, dict[str, Any]]
@@ -414,11 +421,9 @@ class BatchRun:
                     quiet = False  # refused: the full path does not offer it again
                 if outcome is None:
                     payload = untyped(cluster, payload).payload
-            if outcome is not None:
-                pass
-            elif isinstance(payload, DeadLetterPayload):
+            if outcome is None and isinstance(payload, DeadLetterPayload):
                 outcome = Outcome(DEADLETTERED, payload.code, [Output(DEADLETTER, payload.key, payload.value)])
-            else:
+            elif outcome is None:
                 if state is None or gaps:
                     fresh = state is None
                     if state is None:

@@ -297,8 +297,8 @@ class ClusterState:
         wall = event["wall_ms"]
         incarnation = event["incarnation"]
         hold = what.opened(event, wall, incarnation) if opening else None
-        return self._take_quiet(node, event["type"], what, opening, wall, incarnation, event["seq"], what.id_of(event), hold,
-                                log_time(event), policy, partition)
+        return self._take_quiet(node, event["type"], what, opening, wall, incarnation, event["seq"], what.id_of(event),
+                                hold, log_time(event), policy, partition)
 
     def take_quiet_typed(self, node: NodeState, event: HoldEvent, policy: Policy, partition: int,
                          log: int) -> list[Output] | None:
@@ -311,8 +311,8 @@ class ClusterState:
         hold = (what.opened_struct(event, event.incarnation) if isinstance(event, (ReaderOpenStruct, TxBeginStruct))
                 else None)
         hid: str = getattr(event, what.id_field)
-        return self._take_quiet(node, kind, what, opening, event.wall_ms, event.incarnation, event.seq, hid, hold, log, policy,
-                                partition)
+        return self._take_quiet(node, kind, what, opening, event.wall_ms, event.incarnation, event.seq, hid, hold, log,
+                                policy, partition)
 
     def _take_quiet(self, node: NodeState, kind: str, what: HoldKind, opening: bool, wall: int, incarnation: int,
                     seq: int, hid: str, hold: Hold | None, log: int, policy: Policy,
