@@ -91,6 +91,11 @@ def test_what_parse_must_see_is_left_to_it() -> None:
     assert typed_event(raw, len(raw) - 1) is None, "oversized: parse dead-letters it"
     lone = json.dumps({**opening, "reader_id": "\ud800"}).encode()
     assert typed_event(lone, MAX) is None and isinstance(parse(lone, MAX), Rejected), "a lone surrogate"
+    after = json.dumps({**opening, "label": 'a "b" c\\', "reader_id": "\ud800"}).encode()
+    assert b'\\"' in after and typed_event(after, MAX) is None and isinstance(parse(after, MAX), Rejected), \
+        "a lone surrogate after other escapes"
+    plain = json.dumps({**opening, "label": 'a "b" c\\'}).encode()
+    assert typed_event(plain, MAX) is not None, "escapes other than \\u"
     assert typed_event(json.dumps({**opening, "reader_id": "é"}).encode(), MAX) is None  # any \u escape
     assert typed_event(None, MAX) is None
     for event_type in sorted(set(EVENT_TYPES) - set(STRUCT_TYPES)):
