@@ -108,6 +108,16 @@ class Tally:
             self.counts[label] = n + 1
         return label
 
+    def applied(self) -> str:
+        """``add`` of an applied message's outcome (the quiet path's: no outcome is made for it)."""
+        n = self.counts.get(APPLIED_LABEL)
+        if n is None:
+            self.results[APPLIED_LABEL] = (APPLIED, None)
+            self.counts[APPLIED_LABEL] = 1
+        else:
+            self.counts[APPLIED_LABEL] = n + 1
+        return APPLIED_LABEL
+
     def by_result(self) -> list[tuple[Result, str | None, int]]:
         """(result, why, how many) of every label counted."""
         return [(*self.results[label], n) for label, n in self.counts.items()]
@@ -291,7 +301,7 @@ class Engine:
                          event.wall_ms if log_ms is None else log_ms)
         if out is None:
             return None
-        label = self.tally.add(Outcome(APPLIED, None, out))
+        label = self.tally.applied()
         if self.outcomes is not None:
             self.outcomes.append((partition, offset, label))
         return out
