@@ -119,6 +119,16 @@ def spark_conf(shuffle_partitions: int, extra: dict[str, str] | None = None, ui:
         # the codec from the offset log (test_checkpoint_checks.py).
         "spark.sql.streaming.stateStore.compression.codec": "zstd",
         "spark.sql.streaming.stateStore.rocksdb.compression": "zstd",
+        # RocksDB's tables in blocks of 64 kB, not Spark's 4: RocksDB compresses each block alone,
+        # and with several clusters a bucket's value is 1.5-2.5 kB (eight clusters of 125 nodes in
+        # 8 buckets: 16 nodes a value), so a 4 kB block held two or three values and zstd learned
+        # their field names and timestamps again in each. The benchmark's checkpoint state/ at the
+        # end of its backlog (the snapshot's table, with the changelog files the same): eight
+        # clusters on 2 shuffle partitions, tables 48.2 -> 31.8 kB (144 -> 128 B per open hold);
+        # one cluster, whose values are 16 kB and more, 28.8 -> 26.1 kB (99 -> 96 B). A lookup reads
+        # (and caches) one block: a bucket's 64 kB at most. Tables already written keep their
+        # blocks; the setting applies to the ones written after.
+        "spark.sql.streaming.stateStore.rocksdb.blockSizeKB": "64",
         # The changelog files at zstd's level 9, not Spark's 1 (it sets the level of every zstd
         # stream Spark writes; shuffles keep lz4): a batch writes each touched bucket whole, tens of
         # kB, so the level costs a few ms a batch at most. The benchmark's checkpoint state/ at the

@@ -284,6 +284,7 @@ def test_the_spark_ui_is_a_setting_and_off_by_default() -> None:
     assert spark_conf(2, ui=True)["spark.ui.enabled"] == "true"
     assert spark_conf(2)["spark.driver.memory"] == Settings().driver_memory == "1g"
     assert spark_conf(2, driver_memory="1536m")["spark.driver.memory"] == "1536m"
+    assert spark_conf(2)["spark.sql.streaming.stateStore.rocksdb.blockSizeKB"] == "64"  # small values compress in blocks
 
 
 def test_the_class_data_archive_is_used_only_where_there_is_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
