@@ -268,3 +268,80 @@ def test_the_jobs_batches_take_a_gap_as_replay_does() -> None:
     want = by_topic(expected)
     assert any(a[1]["kind"] == "events_lost" for a in want.get("al", [])), "the gap reached a cluster"
     assert got.get("dir") == want.get("dir") and got.get("al") == want.get("al")
+
+
+# -- a node's processes the job could not see ------------------------------------------------------
+
+T0 = 1_700_000_000_000
+M0 = 1_000_000
+GAP_POLICY = Policy(retention=0, node_lease_ms=1_000, incarnation_grace_ms=0, directive_interval_ms=0,
+                    max_service_hold_ttl_ms=0)
+
+
+def _through_gap(events: list[dict[str, Any] | None]) -> list[tuple[int, int]]:
+    """``events`` of node n0 on partition 0 (the topology on partition 1 first), None where a
+    message was lost: the gap is taken before the first message after the lost ones. (offset,
+    safe_ts) of each compaction directive made after the gap."""
+    engine = Engine(GAP_POLICY)
+    engine.process(json.dumps({"v": 1, "type": "topology", "version": 1, "wall_ms": T0, "nodes": {"n0": []}}).encode(),
+                   Position(EVENTS_TOPIC, 1, 0, None))
+    made: list[tuple[int, int]] = []
+    lost: list[int] = []
+    for offset, ev in enumerate(events):
+        if ev is None:
+            lost.append(offset)
+            continue
+        if lost and offset == lost[-1] + 1:
+            engine.gap(Gap(1, EVENTS_TOPIC, 0, lost[0], offset, "lost", 0))
+        outs = engine.process(json.dumps({"v": 1, "node": "n0", **ev}).encode(), Position(EVENTS_TOPIC, 0, offset, None))
+        if lost:
+            made += [(offset, o.value["safe_ts"]) for o in outs
+                     if o.channel == "directives" and o.value["type"] == "compaction"]
+    return made
+
+
+def _hb(inc: int, seq: int, wall: int, mvcc: int) -> dict[str, Any]:
+    return {"type": "heartbeat", "incarnation": inc, "seq": seq, "wall_ms": T0 + wall, "mvcc_now": M0 + mvcc}
+
+
+def _open(inc: int, seq: int, wall: int, rid: str, ts: int) -> dict[str, Any]:
+    return {"type": "reader_open", "incarnation": inc, "seq": seq, "wall_ms": T0 + wall, "reader_id": rid, "read_ts": M0 + ts}
+
+
+def _close(inc: int, seq: int, wall: int, rid: str) -> dict[str, Any]:
+    return {"type": "reader_close", "incarnation": inc, "seq": seq, "wall_ms": T0 + wall, "reader_id": rid}
+
+
+def _snapshot(inc: int, seq: int, wall: int, cut: int, *readers: tuple[str, int]) -> dict[str, Any]:
+    return {"type": "snapshot", "incarnation": inc, "seq": seq, "wall_ms": T0 + wall, "cut": M0 + cut,
+            "readers": [{"reader_id": rid, "read_ts": M0 + ts} for rid, ts in readers], "txs": []}
+
+
+def test_an_incarnation_whose_every_event_was_lost_is_a_second_live_process_when_it_speaks() -> None:
+    """Incarnation 2 started and spoke only in the lost messages; incarnation 3 restated after the
+    gap. When 2 speaks again (a reader, after 3 started) the job has never heard of it: it may be a
+    second live process, so its reader holds the safe point until it closes (it was ignored as
+    stale, and the next directive passed it); the round goes on once 2 restated and 0 (superseded
+    where its successor's start was lost) was silent for a lease."""
+    made = _through_gap([_hb(0, 0, 0, 0), _open(0, 1, 0, "r1", 0), _close(0, 2, 0, "r1"),
+                         None, None,  # incarnation 2's heartbeats
+                         _hb(3, 0, 500, 225), _snapshot(3, 1, 500, 225), _open(2, 10_001, 501, "z1", 194),
+                         _hb(3, 2, 501, 225), _snapshot(2, 10_002, 1_200, 194, ("z1", 194)), _hb(3, 3, 1_300, 225),
+                         _hb(3, 4, 1_600, 225), _close(2, 10_003, 1_700, "z1"), _hb(3, 5, 1_800, 225)])
+    z1_closed = 12
+    assert made and all(ts <= M0 + 194 for offset, ts in made if offset < z1_closed), made
+    assert made[-1] == (z1_closed, M0 + 225), made
+
+
+def test_an_older_incarnation_that_speaks_after_a_start_that_was_lost_is_a_second_live_process() -> None:
+    """Incarnation 1's first message was lost; incarnation 0 opened a reader after it (the job read
+    that as 0's own next message), then 1 spoke: the job cannot tell that 0 outlived 1's start, so
+    0's holds stay as a second live process's until it is silent for a lease (with no grace they went
+    at once, and the next directive passed the reader)."""
+    made = _through_gap([_hb(0, 0, 0, 0), _open(0, 1, 0, "r1", 0), _close(0, 2, 0, "r1"),
+                         None,  # incarnation 1's first heartbeat
+                         _open(0, 10_001, 332, "z2", -61), _hb(1, 1, 332, 10), _snapshot(1, 2, 332, 10),
+                         _hb(1, 3, 333, 10), _hb(1, 4, 1_000, 10), _hb(1, 5, 1_400, 10)])
+    silent = 9  # incarnation 0 silent for node_lease_ms since its reader opened
+    assert all(ts <= M0 - 61 for offset, ts in made if offset < silent), made
+    assert made and made[-1] == (9, M0 + 10), made

@@ -169,11 +169,17 @@ def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, p
             return Outcome(IGNORED, why, state.refuse_node_event(event, why))
         if state.alerts.raised:
             accepted = state.accept_node_event(event["node"])
-    node = nodes.node(state.name, event["node"])
+    name = event["node"]
+    node = nodes.node(state.name, name)
     took = state.take_quiet(node, event, policy, partition) if quiet else None
     if took is not None:
         return Outcome(APPLIED, None, accepted + took if accepted else took)
-    update = node.apply(event, policy)
+    rec = state.recovery  # (the quiet path takes no event while the cluster recovers)
+    lost = rec is not None and rec.may_have_lost(name, partition, -1 if state.cluster_time is None else state.cluster_time,
+                                                 name not in state.members.nodes)
+    if lost:
+        node.incs.lost_since(node.incarnation)  # an incarnation it never heard from may have spoken unseen
+    update = node.apply(event, policy, lost)
     if isinstance(update, str):
         return Outcome(IGNORED, update, accepted)
     update.partition = partition

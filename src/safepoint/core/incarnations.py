@@ -54,7 +54,7 @@ def own_id(key: str, incarnation: int) -> str | None:
 class Incarnations:
     """A node's incarnations besides the newest. Stored as ``[lives, gone, raised]`` (absent: one process)."""
 
-    __slots__ = ("node", "lives", "gone", "raised")
+    __slots__ = ("node", "lives", "gone", "raised", "lost_above")
 
     def __init__(self, node: str, stored: list[Any] | None = None) -> None:
         self.node = node
@@ -67,27 +67,44 @@ class Incarnations:
         whose holds were dropped."""
         self.raised = False
         """``duplicate_node`` is raised."""
+        self.lost_above: int | None = None
+        """The node's events may have been lost (a gap, a start on empty state) while this was its
+        newest incarnation (the lowest such): an older incarnation above it that the job never heard
+        from may have spoken in them, so when it speaks it is a second live process, not stale."""
         if stored:
             self.lives = {int(k): [*v, None][:4] for k, v in (stored[0] or {}).items()}
             self.gone = {int(k): list(v) for k, v in (stored[1] or {}).items()}
             self.raised = bool(stored[2]) if len(stored) > 2 else False
+            self.lost_above = stored[3] if len(stored) > 3 else None
 
     def __bool__(self) -> bool:
         return bool(self.lives)
 
     def to_stored(self) -> list[Any] | None:
-        if not self.lives and not self.gone:
+        if not self.lives and not self.gone and self.lost_above is None:
             return None
-        return [self.lives or None, self.gone or None, 1 if self.raised else 0]
+        stored = [self.lives or None, self.gone or None, 1 if self.raised else 0]
+        if self.lost_above is not None:
+            stored.append(self.lost_above)
+        return stored
+
+    def lost_since(self, newest: int) -> None:
+        """The node's events may have been lost while ``newest`` was its newest incarnation
+        (``lost_above``; -1: before the job knew any)."""
+        if self.lost_above is None or newest < self.lost_above:
+            self.lost_above = newest
 
     def order(self, incarnation: int, seq: int, wall: int) -> str:
         """For a message of an incarnation below the newest: why it is ignored (``stale_incarnation``,
         ``duplicate``, ``older_seq``), ``LATE`` when the process sent it before the newer one started
-        (``wall``: its ``wall_ms``), or ``TWIN`` when it is that live process's next message."""
+        (``wall``: its ``wall_ms``; not known: ``supersede``), or ``TWIN`` when it is that live process's
+        next message, or the first the job read of one never heard from above ``lost_above`` (it may
+        have spoken in events that were lost; ``speak`` asks it to restate)."""
         live = self.lives.get(incarnation)
         entry = [live[0], live[3]] if live is not None else self.gone.get(incarnation)
-        if entry is None:
-            return "stale_incarnation"
+        if entry is None:  # never heard from: stale, unless it may have spoken in events that were lost
+            lost = self.lost_above
+            return TWIN if lost is not None and incarnation > lost else "stale_incarnation"
         last, since = entry
         if seq == last:
             return "duplicate"
@@ -100,10 +117,13 @@ class Incarnations:
             return LATE
         return TWIN
 
-    def supersede(self, incarnation: int, seq: int, log: int, wall: int) -> None:
+    def supersede(self, incarnation: int, seq: int, log: int, wall: int | None) -> None:
         """The newest incarnation ``incarnation`` (its last ``seq``) was just superseded at log time
-        ``log`` by an event sent at ``wall``: its silence is measured from then."""
-        self.lives[incarnation] = [seq, log, 0, wall]
+        ``log`` by an event sent at ``wall``: its silence is measured from then. ``wall`` None: when
+        the newer one started is not known (its first events may have been lost), so the older one
+        may have spoken after it: it is taken as a second live process (its holds kept for a lease,
+        every later message its own, none late)."""
+        self.lives[incarnation] = [seq, log, 0 if wall is not None else 1, wall]
 
     def still(self, incarnation: int) -> bool:
         """An event of ``incarnation`` (the newest) settles nothing here: no other process lives, and

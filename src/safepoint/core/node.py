@@ -214,8 +214,10 @@ class NodeState:
                 return IGNORED_OLDER_SEQ
         return None
 
-    def apply(self, event: NodeEvent, policy: Policy) -> NodeUpdate | str:
-        """Apply one validated node event. Returns the update, or the reason it was ignored."""
+    def apply(self, event: NodeEvent, policy: Policy, lost: bool = False) -> NodeUpdate | str:
+        """Apply one validated node event. Returns the update, or the reason it was ignored. ``lost``:
+        the node's events may have been lost before this one (it owes a snapshot after a gap): a
+        newer incarnation's start is then known only as late as this event (``_supersede``)."""
         incarnation = event["incarnation"]
         twin = incarnation < self.incarnation  # an older process that still speaks (core/incarnations.py)
         verdict = self.incs.order(incarnation, event["seq"], event["wall_ms"]) if twin else self.check_order(event)
@@ -226,7 +228,7 @@ class NodeState:
         if self.parts is not None and not (event["type"] == "snapshot" and event.get("part", 0) > 0):
             self.parts = None  # another event between a snapshot's parts: they are not one set any more
         log = log_time(event)
-        restarted, said, (opened, closed) = self._identity(event, verdict == TWIN or not twin, log, policy)
+        restarted, said, (opened, closed) = self._identity(event, verdict == TWIN or not twin, log, policy, lost)
         restarted = restarted or twin
         wall = event["wall_ms"]
         if wall > self.last_wall_ms:
@@ -283,7 +285,7 @@ class NodeState:
         return update
 
     def _identity(self, event: NodeEvent, speaks: bool, log: int,
-                  policy: Policy) -> tuple[bool, list[Signal], Moved]:
+                  policy: Policy, lost: bool = False) -> tuple[bool, list[Signal], Moved]:
         """The event's process: a newer incarnation supersedes the newest (``_supersede``), an older one
         that speaks after it (``speaks``; or the newest after its holds went) is a second live process;
         the newest's ``seq`` moves on. Returns (the incarnations changed or others live: no shortcut,
@@ -299,7 +301,7 @@ class NodeState:
         restarted = not self.incs.still(incarnation)
         if incarnation > self.incarnation:
             if self.incarnation >= 0:
-                moved = self._supersede(log, event["wall_ms"])
+                moved = self._supersede(log, event["wall_ms"], lost)
                 restarted = True
             self.incarnation = incarnation
             self.seq = -1
@@ -374,15 +376,17 @@ class NodeState:
                 return hid
         return key
 
-    def _supersede(self, log: int, wall: int) -> Moved:
+    def _supersede(self, log: int, wall: int, lost: bool = False) -> Moved:
         """A newer incarnation appeared: the newest one's unprepared holds stay held, under
-        ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``); its
-        prepared transactions pass to the new process, which must learn their decision. The holds
-        it moved (each closed under its id, opened under the new key)."""
+        ``id@incarnation``, until it has been silent for the grace (``core/incarnations.py``; where
+        the node's events may have been lost, ``lost``, for a lease, as a second live process's:
+        it may have spoken after the newer one's unseen start); its prepared transactions pass to
+        the new process, which must learn their decision. The holds it moved (each closed under its
+        id, opened under the new key)."""
         opened: list[OpenedHold] = []
         closed: list[HoldRef] = []
         old = self.incarnation
-        self.incs.supersede(old, self.seq, log, wall)
+        self.incs.supersede(old, self.seq, log, None if lost else wall)
         for kind, holds in self.holds.maps():
             mine = [k for k, h in holds.items() if h.incarnation == old and not h.prepared]
             for hid in mine:

@@ -224,6 +224,16 @@ class Recovery:
         self.requested[u.node] = now
         return ASK
 
+    def may_have_lost(self, node: str, partition: int, now: int, fresh: bool) -> bool:
+        """Whether ``node``'s events may have been lost (``Incarnations.lost_since``): it owes a
+        snapshot, or, at its first event (``fresh``, on ``partition`` at cluster time ``now``), it would
+        owe one as ``take`` decides (a superset: ``take`` sees the time after the event)."""
+        if node in self.complete:
+            return False
+        if self.whole or node in self.expected:
+            return True
+        return fresh and any(w[0] in (-1, partition) and now <= w[1] for w in self.windows)
+
     def finished(self, now: int) -> bool:
         """A gap's recovery is over: no node owes a snapshot (a member or not: one that joins the
         topology later must still restate before it counts) and no window is open (a start on empty
