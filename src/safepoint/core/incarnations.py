@@ -52,7 +52,8 @@ def own_id(key: str, incarnation: int) -> str | None:
 
 
 class Incarnations:
-    """A node's incarnations besides the newest. Stored as ``[lives, gone, raised]`` (absent: one process)."""
+    """A node's incarnations besides the newest. Stored as ``[lives, gone, raised]``, with
+    ``lost_above`` after them where it is set (absent: one process, and no event lost)."""
 
     __slots__ = ("node", "lives", "gone", "raised", "lost_above")
 
