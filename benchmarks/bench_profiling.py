@@ -73,9 +73,9 @@ def profile_plain(values: list[bytes]) -> dict[str, Any]:
 
 BATCH_PARTS = ("route", "unpack", "parse", "state_in", "run", "encode", "state_out")
 """The parts of a batch ``operator_passes`` times: the router (before the shuffle), then the operator's
-unpacking, its parse (``admit``), the cluster's state read (``decode_cluster``), the batch through
+unpacking, its parse (``admit``), the cluster's state read (``stored_cluster``), the batch through
 the rules (``run_batch``: the nodes' buckets read as touched, the status parts made), the outputs
-encoded as the operator sends them, and the state written (``encode_cluster``, ``stored_buckets``)."""
+encoded as the operator sends them, and the state written (``written_cluster``, ``written_buckets``)."""
 
 
 def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions: int, policy: Any,
@@ -99,12 +99,12 @@ def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions
     from safepoint.core.codec import encode
     from safepoint.streaming.stored import (
         Kept,
-        decode_cluster,
-        encode_cluster,
         pack_group,
+        stored_cluster,
         stored_nodes,
         unpack_groups,
         written_buckets,
+        written_cluster,
     )
 
     kept = Kept() if keep else None
@@ -143,8 +143,7 @@ def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions
                 items = group.routed + admit(cluster, group.raw, topics, policy)
                 t = _lap(took, "parse", t)
                 stored = clusters.get(cluster)
-                state = (None if stored is None else decode_cluster(stored) if kept is None
-                         else kept.cluster(scope, cluster, stored))
+                state = None if stored is None else stored_cluster(cluster, stored, kept, scope)
                 t = _lap(took, "state_in", t)
                 read = stored_nodes(cluster, buckets, lambda b, c=cluster: nodes.get((c, b)), kept, scope)
                 result = run_batch(cluster, state, read, items, policy, False)
@@ -153,9 +152,7 @@ def operator_passes(values: list[tuple[str, bytes]], batch_rows: int, partitions
                     encode(value)
                 t = _lap(took, "encode", t)
                 if result.cluster is not None:
-                    clusters[cluster] = encode_cluster(result.cluster)
-                    if kept is not None:
-                        kept.wrote((scope, cluster, Kept.CLUSTER), clusters[cluster], result.cluster)
+                    clusters[cluster] = written_cluster(result.cluster, kept, scope)
                 nodes.update({(cluster, b): v for b, v in written_buckets(read, result.buckets, buckets, kept, scope).items()})
                 t = _lap(took, "state_out", t)
                 outs += len(result.outputs)

@@ -9,8 +9,8 @@ produces the outputs itself (``produce``): each is sent the moment the batch log
 every delivery is confirmed when the task ends, before Spark commits its state. Behind Spark's
 Kafka sink it returns them as (topic, key, value) rows instead. It also returns one row of the
 batch's accounting counters; what it stores it keeps in its process too (``stored.KEPT``), for the
-next batch to take as it is if the store gives back those very bytes. Neither holds a rule: they unpack, read and write state values, and
-translate rows; the bytes are ``streaming/stored.py``'s. Packed rows (a cluster's ``Group``,
+next batch to take as it is if the store gives back those very bytes. Neither holds a rule: they
+unpack, read and write state values, and translate rows; the bytes are ``streaming/stored.py``'s. Packed rows (a cluster's ``Group``,
 ``pack_group``) live only inside one micro-batch.
 """
 
@@ -36,12 +36,12 @@ from safepoint.gcfreeze import freeze_once, paused
 from safepoint.streaming.kafka_sink import Outbox
 from safepoint.streaming.stored import (
     KEPT,
-    Kept,
-    encode_cluster,
     pack_group,
+    stored_cluster,
     stored_nodes,
     unpack_groups,
     written_buckets,
+    written_cluster,
 )
 
 __all__ = ["Router", "origins", "ClusterJob", "ROUTED_SCHEMA", "OUTPUT_SCHEMA", "SINK_COLUMNS"]
@@ -206,8 +206,8 @@ class ClusterJob(StatefulProcessor):
             cluster, scope = key[0], self.scope
             stored = self.cluster.get()  # None when missing: no exists() round trip first
             nodes = stored_nodes(cluster, self.buckets, self._bucket, KEPT, scope)
-            run = BatchRun(cluster, None if stored is None else KEPT.cluster(scope, cluster, bytes(stored[0])), nodes,
-                           items, self.policies.of(cluster), bool(self.accounting_topic), self.start)
+            run = BatchRun(cluster, None if stored is None else stored_cluster(cluster, bytes(stored[0]), KEPT, scope),
+                           nodes, items, self.policies.of(cluster), bool(self.accounting_topic), self.start)
             if self.outbox is not None:  # each output sent the moment the batch logic makes it
                 send = self.outbox.send
                 for channel, okey, ovalue in run.outputs():
@@ -220,9 +220,7 @@ class ClusterJob(StatefulProcessor):
         for bucket, value in written_buckets(nodes, result.buckets, self.buckets, KEPT, scope).items():
             self.nodes.updateValue((bucket,), (value,))
         if result.cluster is not None:
-            value = encode_cluster(result.cluster)
-            self.cluster.update((value,))
-            KEPT.wrote((scope, cluster, Kept.CLUSTER), value, result.cluster)
+            self.cluster.update((written_cluster(result.cluster, KEPT, scope),))
         for channel, okey, ovalue in returned:  # none when the operator produced them itself
             yield Row(topic=topics[channel], key=okey, value=encode(ovalue), **_NO_COUNTS)
         yield Row(topic="", key=None, value="", **result.counts)

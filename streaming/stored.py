@@ -14,7 +14,8 @@ and back, so that a layout change is made here and nowhere in the core.
   MessagePack (JSON text, the older layout, still read).
 
 ``stored_nodes`` reads a ``BucketNodes``'s buckets from their stored values, and ``stored_buckets``
-(``written_buckets``, keeping them) writes back the ones a batch touched.
+(``written_buckets``, keeping them) writes back the ones a batch touched; ``stored_cluster`` and
+``written_cluster`` do the same for a cluster's value.
 
 **Kept states** (``Kept``, one per process: ``KEPT``): what an operator wrote at the end of a batch,
 its bytes beside the states they were made from. When the store gives back the very bytes this
@@ -49,10 +50,12 @@ __all__ = [
     "encode_cluster",
     "pack_group",
     "stored_buckets",
+    "stored_cluster",
     "stored_nodes",
     "unpack_group",
-    "written_buckets",
     "unpack_groups",
+    "written_buckets",
+    "written_cluster",
 ]
 
 BUCKET_STATE_VERSION = 4
@@ -101,7 +104,12 @@ def unpack_groups(blobs: Iterable[bytes]) -> Group:
 def encode_bucket(nodes: Iterable[NodeState | list[Any]], buckets: int) -> bytes:
     """A bucket's stored value: the states of its nodes, each in its compact form (a node given in
     that form already is written as it is)."""
-    return _PACK.encode([BUCKET_STATE_VERSION, buckets, _forms(nodes)])
+    return _bucket_value(_forms(nodes), buckets)
+
+
+def _bucket_value(forms: list[list[Any]], buckets: int) -> bytes:
+    """A bucket's stored value of its nodes' compact forms."""
+    return _PACK.encode([BUCKET_STATE_VERSION, buckets, forms])
 
 
 def _forms(nodes: Iterable[NodeState | list[Any]]) -> list[list[Any]]:
@@ -141,6 +149,21 @@ def decode_cluster(stored: bytes) -> ClusterState:
     return ClusterState.from_json(json.loads(stored) if stored[:1] == b"{" else _UNPACK.decode(stored))
 
 
+def stored_cluster(cluster: str, stored: bytes, kept: Kept | None = None, scope: str = "") -> ClusterState:
+    """The cluster's state of its stored value (``decode_cluster``); with ``kept``, the state this
+    process kept with those very bytes (``written_cluster``, under ``scope``) where it has it."""
+    state: ClusterState | None = None if kept is None else kept.take((scope, cluster, Kept.CLUSTER), stored)
+    return decode_cluster(stored) if state is None else state
+
+
+def written_cluster(state: ClusterState, kept: Kept | None = None, scope: str = "") -> bytes:
+    """``encode_cluster`` of a batch's cluster state, and with ``kept`` the state kept with it."""
+    value = encode_cluster(state)
+    if kept is not None:
+        kept.wrote((scope, state.name, Kept.CLUSTER), value, state)
+    return value
+
+
 def stored_nodes(cluster: str, buckets: int, load: Callable[[int], bytes | None],
                  kept: Kept | None = None, scope: str = "") -> BucketNodes:
     """A ``BucketNodes`` over encoded buckets: ``load(bucket)`` gives a bucket's stored value or None.
@@ -172,7 +195,7 @@ def written_buckets(nodes: BucketNodes, touched: Mapping[int, Iterable[NodeState
     out: dict[int, bytes] = {}
     for bucket, entries in touched.items():
         forms = _forms(entries)
-        value = out[bucket] = _PACK.encode([BUCKET_STATE_VERSION, buckets, forms])
+        value = out[bucket] = _bucket_value(forms, buckets)
         if kept is not None:
             states = nodes.loaded[bucket]
             kept.wrote((scope, nodes.cluster, bucket), value,
@@ -222,11 +245,6 @@ class Kept:
         while self.size > self.limit and self.entries:
             _key, (dropped, _value) = self.entries.popitem(last=False)
             self.size -= len(dropped)
-
-    def cluster(self, scope: str, cluster: str, stored: bytes) -> ClusterState:
-        """The cluster's state of ``stored``: the one kept with these bytes, else decoded."""
-        state: ClusterState | None = self.take((scope, cluster, self.CLUSTER), stored)
-        return decode_cluster(stored) if state is None else state
 
     def forget(self, scope: str | None = None, which: Callable[[tuple[str, str, int]], bool] | None = None) -> None:
         """Drop every state kept (under ``scope``: that scope's only; with ``which``, those it picks)."""

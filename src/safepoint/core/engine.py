@@ -177,8 +177,6 @@ def step(state: ClusterState, nodes: NodeSource, event: Event, policy: Policy, p
     rec = state.recovery  # (the quiet path takes no event while the cluster recovers)
     lost = rec is not None and rec.may_have_lost(name, partition, -1 if state.cluster_time is None else state.cluster_time,
                                                  name not in state.members.nodes)
-    if lost:
-        node.incs.lost_since(node.incarnation)  # an incarnation it never heard from may have spoken unseen
     update = node.apply(event, policy, lost)
     if isinstance(update, str):
         return Outcome(IGNORED, update, accepted)

@@ -216,8 +216,11 @@ class NodeState:
 
     def apply(self, event: NodeEvent, policy: Policy, lost: bool = False) -> NodeUpdate | str:
         """Apply one validated node event. Returns the update, or the reason it was ignored. ``lost``:
-        the node's events may have been lost before this one (it owes a snapshot after a gap): a
-        newer incarnation's start is then known only as late as this event (``_supersede``)."""
+        the node's events may have been lost before this one (it owes a snapshot after a gap): an
+        incarnation it never heard from may have spoken in them (``Incarnations.lost_since``), and a
+        newer incarnation's start is known only as late as this event (``_supersede``)."""
+        if lost:
+            self.incs.lost_since(self.incarnation)
         incarnation = event["incarnation"]
         twin = incarnation < self.incarnation  # an older process that still speaks (core/incarnations.py)
         verdict = self.incs.order(incarnation, event["seq"], event["wall_ms"]) if twin else self.check_order(event)
